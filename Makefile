@@ -1,0 +1,41 @@
+# The two commands of the README:
+#   make demo   runs the main job end to end on the embedded defaults
+#   make test   installs what the tests need and runs them
+SHELL := /bin/bash
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/pip install -q --disable-pip-version-check -c constraints.txt
+# pip on these machines warns about absent local index folders; keep the output readable
+QUIET := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
+STAMP := $(VENV)/.installed
+export ODL_HOME ?= $(CURDIR)/.odl
+
+.PHONY: demo test install system-deps lint down clean
+
+$(STAMP): pyproject.toml constraints.txt deploy/system-packages.txt
+	@command -v $(PY) >/dev/null || { echo "need $(PY) (Python 3.11)"; exit 1; }
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@echo "installing Python packages from constraints.txt into $(VENV) (first time: a few minutes)"
+	set -o pipefail; $(PIP) -e '.[test]' $(QUIET)
+	@! $(BIN)/pip show -q onnxruntime 2>/dev/null || { echo "plain onnxruntime is installed beside onnxruntime-training: remove it"; exit 1; }
+	@touch $(STAMP)
+
+install: $(STAMP) system-deps
+
+system-deps:
+	@bash deploy/install-system-packages.sh
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+demo: install
+	$(BIN)/odl prepare recipes/digits.toml --out $(ODL_HOME)/prepared/digits
+	$(BIN)/odl prepare recipes/mobilenet_v2.toml --out $(ODL_HOME)/prepared/mobilenet_v2
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Prefect flows of the ODL pipeline and the ``odl`` command line."""
