@@ -1,0 +1,1 @@
+"""Session fixtures of the flow area."""
