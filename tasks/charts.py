@@ -1,0 +1,116 @@
+"""Small PNG charts drawn with Pillow (no matplotlib): line charts and confusion matrices.
+
+Images are returned as PNG bytes; :func:`data_url` turns them into ``data:image/png;base64,...``
+URLs that Prefect's markdown artifacts render inline.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+from collections.abc import Sequence
+
+from PIL import Image, ImageDraw, ImageFont
+
+PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"]
+Series = dict[str, Sequence[tuple[float, float]]]
+
+
+def data_url(png: bytes) -> str:
+    """A ``data:`` URL for PNG bytes."""
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def _png(img: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format="PNG", optimize=True)
+    return buf.getvalue()
+
+
+def _font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+    return ImageFont.load_default(size=size)
+
+
+def _ticks(lo: float, hi: float, count: int = 5) -> list[float]:
+    """Round tick values covering [lo, hi]."""
+    if hi <= lo:
+        hi = lo + 1.0
+    raw = (hi - lo) / count
+    step = 10 ** math.floor(math.log10(raw))
+    step *= next(m for m in (1, 2, 5, 10) if raw <= m * step)
+    first = math.floor(lo / step) * step
+    return [first + i * step for i in range(int(math.ceil((hi - first) / step)) + 1)]
+
+
+def line_chart(
+    series: Series, title: str, xlabel: str, ylabel: str, size: tuple[int, int] = (640, 360)
+) -> bytes:
+    """Draw one or more (x, y) series as lines with axes, ticks and a legend; returns PNG bytes."""
+    points = [p for s in series.values() for p in s if math.isfinite(p[1])]
+    img = Image.new("RGB", size, "white")
+    draw = ImageDraw.Draw(img)
+    w, h = size
+    left, right, top, bottom = 64, w - 16, 36, h - 44
+    draw.text((w // 2, 8), title, fill="black", font=_font(15), anchor="ma")
+    if not points:
+        draw.text((w // 2, h // 2), "no data", fill="gray", font=_font(14), anchor="mm")
+        return _png(img)
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    xt, yt = _ticks(min(xs), max(xs)), _ticks(min(ys), max(ys))
+    x0, x1, y0, y1 = xt[0], xt[-1], yt[0], yt[-1]
+
+    def to_px(x: float, y: float) -> tuple[float, float]:
+        return (left + (x - x0) / (x1 - x0) * (right - left), bottom - (y - y0) / (y1 - y0) * (bottom - top))
+
+    small = _font(11)
+    for y in yt:
+        py = to_px(x0, y)[1]
+        draw.line([(left, py), (right, py)], fill="#e5e5e5")
+        draw.text((left - 6, py), f"{y:g}", fill="black", font=small, anchor="rm")
+    for x in xt:
+        px = to_px(x, y0)[0]
+        draw.text((px, bottom + 6), f"{x:g}", fill="black", font=small, anchor="ma")
+    draw.rectangle([left, top, right, bottom], outline="black")
+    draw.text(((left + right) // 2, h - 6), xlabel, fill="black", font=_font(12), anchor="md")
+    draw.text((8, top - 18), ylabel, fill="black", font=_font(12))
+    for i, (name, pts) in enumerate(series.items()):
+        color = PALETTE[i % len(PALETTE)]
+        pix = [to_px(x, y) for x, y in pts if math.isfinite(y)]
+        if len(pix) > 1:
+            draw.line(pix, fill=color, width=2)
+        for px, py in pix if len(pix) <= 60 else []:
+            draw.ellipse([px - 2.5, py - 2.5, px + 2.5, py + 2.5], fill=color)
+        draw.text((right - 8, top + 8 + 16 * i), name, fill=color, font=_font(12), anchor="ra")
+    return _png(img)
+
+
+def confusion_chart(cm: Sequence[Sequence[int]], title: str, labels: Sequence[str] | None = None) -> bytes:
+    """Draw a confusion matrix (rows = true class, columns = predicted) as a heat map; PNG bytes."""
+    n = len(cm)
+    labels = list(labels) if labels else [str(i) for i in range(n)]
+    cell = max(28, min(56, 480 // max(n, 1)))
+    left, top = 70, 56
+    img = Image.new("RGB", (left + n * cell + 20, top + n * cell + 40), "white")
+    draw = ImageDraw.Draw(img)
+    draw.text((img.width // 2, 8), title, fill="black", font=_font(15), anchor="ma")
+    peak = max((max(row) for row in cm), default=0) or 1
+    font = _font(max(10, cell // 3))
+    for r, row in enumerate(cm):
+        for c, count in enumerate(row):
+            shade = int(255 - 200 * (count / peak))
+            fill = (shade, shade, 255) if r != c else (shade, 255, shade)
+            box = [left + c * cell, top + r * cell, left + (c + 1) * cell, top + (r + 1) * cell]
+            draw.rectangle(box, fill=fill, outline="#999999")
+            if count:
+                draw.text(
+                    (box[0] + cell / 2, box[1] + cell / 2), str(count), fill="black", font=font, anchor="mm"
+                )
+        draw.text((left - 6, top + r * cell + cell / 2), labels[r], fill="black", font=_font(12), anchor="rm")
+    for c in range(n):
+        draw.text((left + c * cell + cell / 2, top - 4), labels[c], fill="black", font=_font(12), anchor="md")
+    draw.text(
+        (left + n * cell / 2, top + n * cell + 8), "predicted", fill="black", font=_font(12), anchor="ma"
+    )
+    draw.text((6, top - 20), "true", fill="black", font=_font(12))
+    return _png(img)
