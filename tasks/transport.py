@@ -1,0 +1,317 @@
+"""SSH transport to a board: strict host keys, keys only, a socket that notices a dead link.
+
+``SSHTransport`` and ``LocalTransport`` share one small interface (``run``, ``put``, ``get``,
+``exists``, ``read_from``, ``close``) so the deployment code runs unchanged against the local
+machine. Every remote command is an argv list; each argument is ``shlex.quote``-d.
+
+Errors (all from :mod:`tasks.errors`): ``DeviceUnreachable`` (link down, timeout; retryable),
+``HostKeyRejected`` (unknown or changed host key; never retried), ``RemoteCommandFailed``
+(non-zero exit with command, code and output tail), ``TransferError`` (put/get failed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import select
+import shlex
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import paramiko
+
+from tasks.errors import DeviceUnreachable, HostKeyRejected, RemoteCommandFailed, TransferError
+from tasks.inventory import Board
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int], None]  # (bytes done, bytes total)
+USER_TIMEOUT_MS = 10_000
+WINDOW = 16 * 1024 * 1024
+PACKET = 256 * 1024
+CHUNK = 256 * 1024
+CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr", "aes256-ctr")
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a command did: truthy when it exited 0."""
+
+    command: list[str]
+    code: int
+    stdout: str
+    stderr: str
+
+    def __bool__(self) -> bool:
+        return self.code == 0
+
+
+class Transport(Protocol):
+    """What the deployment code needs from a connection to a board."""
+
+    def run(
+        self, argv: list[str], *, input: bytes | None = None, check: bool = True, timeout: float | None = None
+    ) -> Result: ...
+    def put(self, local: Path, remote: str, progress: Progress | None = None) -> None: ...
+    def get(self, remote: str, local: Path, progress: Progress | None = None) -> None: ...
+    def exists(self, remote: str) -> bool: ...
+    def read_from(self, remote: str, offset: int) -> bytes: ...
+    def close(self) -> None: ...
+
+
+def quote_argv(argv: list[str]) -> str:
+    """The shell command line for ``argv``, each argument quoted."""
+    if not argv or not all(isinstance(a, str) for a in argv):
+        raise ValueError(f"argv must be a non-empty list of strings, got {argv!r}")
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def dead_link_socket(host: str, port: int, timeout: float) -> socket.socket:
+    """A TCP connection whose writes fail ~10 s after the link dies (TCP_USER_TIMEOUT + keepalive)."""
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as exc:
+        raise DeviceUnreachable(f"cannot connect to {host}:{port}: {exc}") from exc
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, USER_TIMEOUT_MS)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 3)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 2)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _fast_transport(sock: socket.socket, **kwargs: object) -> paramiko.Transport:
+    t = paramiko.Transport(sock, default_window_size=WINDOW, default_max_packet_size=PACKET, **kwargs)
+    opts = t.get_security_options()
+    opts.ciphers = [c for c in CIPHERS if c in opts.ciphers] + [c for c in opts.ciphers if c not in CIPHERS]
+    return t
+
+
+@contextlib.contextmanager
+def link_errors(board: str, what: str) -> Iterator[None]:
+    """Map socket/SSH failures inside the block to DeviceUnreachable."""
+    try:
+        yield
+    except (OSError, EOFError, paramiko.SSHException) as exc:
+        raise DeviceUnreachable(
+            f"board {board}: link lost during {what}: {exc or type(exc).__name__}"
+        ) from exc
+
+
+class SSHTransport:
+    """A paramiko connection to one board of the inventory (RejectPolicy, keys only)."""
+
+    def __init__(self, board: Board) -> None:
+        self.board = board
+        self.client = self._connect()
+        self._sftp: paramiko.SFTPClient | None = None
+
+    def _connect(self) -> paramiko.SSHClient:
+        b = self.board
+        if b.known_hosts is None or not Path(b.known_hosts).exists():
+            raise HostKeyRejected(
+                f"board {b.name}: no pinned known_hosts file ({b.known_hosts}); refusing to connect"
+            )
+        client = paramiko.SSHClient()
+        client.load_host_keys(str(b.known_hosts))
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        sock = dead_link_socket(b.host, b.port, b.connect_timeout)
+        try:
+            client.connect(
+                b.host,
+                port=b.port,
+                username=b.user,
+                key_filename=str(b.key),
+                sock=sock,
+                look_for_keys=False,
+                allow_agent=False,
+                timeout=b.connect_timeout,
+                banner_timeout=b.connect_timeout,
+                auth_timeout=b.connect_timeout,
+                transport_factory=_fast_transport,
+            )
+        except paramiko.BadHostKeyException as exc:
+            sock.close()
+            raise HostKeyRejected(
+                f"board {b.name}: host key CHANGED for {b.host}:{b.port} "
+                f"(got {exc.key.get_name()} {exc.key.fingerprint}); refusing"
+            ) from exc
+        except paramiko.AuthenticationException as exc:
+            sock.close()
+            raise DeviceUnreachable(f"board {b.name}: key authentication failed as {b.user}: {exc}") from exc
+        except paramiko.SSHException as exc:
+            sock.close()
+            if "not found in known_hosts" in str(exc):
+                raise HostKeyRejected(
+                    f"board {b.name}: host {b.host}:{b.port} is not in {b.known_hosts}"
+                ) from exc
+            raise DeviceUnreachable(f"board {b.name}: SSH handshake failed: {exc}") from exc
+        except (OSError, EOFError) as exc:
+            sock.close()
+            raise DeviceUnreachable(f"board {b.name}: cannot connect: {exc}") from exc
+        client.get_transport().set_keepalive(5)
+        return client
+
+    @property
+    def sftp(self) -> paramiko.SFTPClient:
+        """The connection's SFTP session, opened on first use."""
+        if self._sftp is None:
+            with link_errors(self.board.name, "sftp open"):
+                self._sftp = self.client.open_sftp()
+                self._sftp.get_channel().settimeout(60)
+        return self._sftp
+
+    def run(
+        self, argv: list[str], *, input: bytes | None = None, check: bool = True, timeout: float | None = 600
+    ) -> Result:
+        """Run ``argv`` on the board (no pty: the process survives a closed channel)."""
+        cmd = quote_argv(argv)
+        log.debug("%s$ %s", self.board.name, cmd)
+        with link_errors(self.board.name, f"'{cmd[:80]}'"):
+            chan = self.client.get_transport().open_session(timeout=self.board.connect_timeout)
+            chan.settimeout(timeout)
+            chan.exec_command(cmd)
+            if input is not None:
+                chan.sendall(input)
+            chan.shutdown_write()
+            out, err = _drain(chan, timeout)
+            code = chan.recv_exit_status()
+            chan.close()
+        res = Result(argv, code, out.decode(errors="replace"), err.decode(errors="replace"))
+        if check and code != 0:
+            raise RemoteCommandFailed(argv, code, res.stderr or res.stdout)
+        return res
+
+    def put(self, local: Path, remote: str, progress: Progress | None = None) -> None:
+        """Upload ``local`` to ``remote`` (pipelined SFTP writes)."""
+        total = Path(local).stat().st_size
+        with _transfer(self.board.name, f"upload {local} -> {remote}"):
+            with open(local, "rb") as src, self.sftp.open(remote, "wb") as dst:
+                dst.set_pipelined(True)
+                _copy(src, dst, total, progress)
+
+    def get(self, remote: str, local: Path, progress: Progress | None = None) -> None:
+        """Download ``remote`` to ``local`` (SFTP with prefetch)."""
+        with _transfer(self.board.name, f"download {remote} -> {local}"):
+            total = self.sftp.stat(remote).st_size or 0
+            with self.sftp.open(remote, "rb") as src, open(local, "wb") as dst:
+                src.prefetch(total, max_concurrent_requests=64)
+                _copy(src, dst, total, progress)
+
+    def exists(self, remote: str) -> bool:
+        """True when ``remote`` exists on the board."""
+        with link_errors(self.board.name, f"stat {remote}"):
+            try:
+                self.sftp.stat(remote)
+                return True
+            except FileNotFoundError:
+                return False
+
+    def read_from(self, remote: str, offset: int) -> bytes:
+        """The bytes of ``remote`` from ``offset`` to its current end (b'' when absent)."""
+        with link_errors(self.board.name, f"read {remote}"):
+            try:
+                with self.sftp.open(remote, "rb") as f:
+                    f.seek(offset)
+                    return f.read()
+            except FileNotFoundError:
+                return b""
+
+    def close(self) -> None:
+        """Close the SFTP session and the connection (never raises)."""
+        with contextlib.suppress(Exception):
+            if self._sftp is not None:
+                self._sftp.close()
+        with contextlib.suppress(Exception):
+            self.client.close()
+
+
+class LocalTransport:
+    """The same interface on this machine (dry runs, tests of the deployment logic)."""
+
+    def run(
+        self, argv: list[str], *, input: bytes | None = None, check: bool = True, timeout: float | None = 600
+    ) -> Result:
+        """Run ``argv`` locally without a shell."""
+        proc = subprocess.run(argv, input=input, capture_output=True, timeout=timeout, check=False)
+        res = Result(
+            argv, proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace")
+        )
+        if check and proc.returncode != 0:
+            raise RemoteCommandFailed(argv, proc.returncode, res.stderr or res.stdout)
+        return res
+
+    def put(self, local: Path, remote: str, progress: Progress | None = None) -> None:
+        """Copy ``local`` to ``remote``."""
+        shutil.copyfile(local, remote)
+
+    def get(self, remote: str, local: Path, progress: Progress | None = None) -> None:
+        """Copy ``remote`` to ``local``."""
+        shutil.copyfile(remote, local)
+
+    def exists(self, remote: str) -> bool:
+        """True when ``remote`` exists."""
+        return Path(remote).exists()
+
+    def read_from(self, remote: str, offset: int) -> bytes:
+        """Bytes of ``remote`` from ``offset`` on (b'' when absent)."""
+        try:
+            with open(remote, "rb") as f:
+                f.seek(offset)
+                return f.read()
+        except FileNotFoundError:
+            return b""
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+def connect(board: Board) -> SSHTransport:
+    """Open an SSH transport to ``board``."""
+    return SSHTransport(board)
+
+
+@contextlib.contextmanager
+def _transfer(board: str, what: str) -> Iterator[None]:
+    try:
+        yield
+    except (OSError, EOFError, paramiko.SSHException) as exc:
+        raise TransferError(f"board {board}: {what} failed: {exc or type(exc).__name__}") from exc
+
+
+def _copy(src, dst, total: int, progress: Progress | None) -> None:  # noqa: ANN001
+    done = 0
+    while chunk := src.read(CHUNK):
+        dst.write(chunk)
+        done += len(chunk)
+        if progress:
+            progress(done, total)
+
+
+def _drain(chan: paramiko.Channel, timeout: float | None) -> tuple[bytes, bytes]:
+    out, err = bytearray(), bytearray()
+    deadline = time.monotonic() + timeout if timeout else None
+    while True:
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"remote command still running after {timeout} s")
+        got = False
+        while chan.recv_ready():
+            out += chan.recv(65536)
+            got = True
+        while chan.recv_stderr_ready():
+            err += chan.recv_stderr(65536)
+            got = True
+        if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+            if chan.eof_received or chan.closed:
+                return bytes(out), bytes(err)
+        if not got:
+            r, _, _ = select.select([chan], [], [], 0.2)
+            if not r and chan.get_transport() is not None and not chan.get_transport().is_active():
+                raise EOFError("SSH transport closed")
