@@ -9,6 +9,7 @@ Callers catch at the level they care about::
     ├── ValidationFailed               the offline dry-run of the recipe failed a check
     ├── DataError                      a dataset is missing or has the wrong shape/dtype/labels
     ├── BoardError                     inventory / virtual board problems (unknown board, bad entry)
+    ├── InvalidJob                     a job id or job spec is unsafe or conflicts (never retried)
     ├── DeviceError                    talking to a board went wrong
     │   ├── DeviceUnreachable          link down, timeout, refused (retryable)
     │   ├── HostKeyRejected            unknown or changed host key (never retried)
@@ -78,6 +79,12 @@ class BoardError(PipelineError):
     """An inventory entry or the virtual board is wrong or unusable."""
 
     exit_code = 7
+
+
+class InvalidJob(PipelineError):
+    """A job id or job spec is unsafe or conflicts with the job already on the board; never retried."""
+
+    exit_code = 17
 
 
 class DeviceError(PipelineError):
