@@ -1,0 +1,100 @@
+"""Deterministic data generators of the reference recipes (``[data].make = "datasets:<callable>"``).
+
+Each generator takes the folder the recipe's data files live in and writes ``.npz`` files with
+``x`` (float32, NCHW) and ``y`` (int64 class labels) there, seeded so every run writes the same data.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+SHIFT_ANGLE = 35.0  # degrees: the "device domain" is rotated digits ...
+SHIFT_NOISE = 0.2  # ... with additive Gaussian noise
+
+
+def _sibling_models():
+    """Import models.py from this folder (works wherever the recipes folder was copied)."""
+    spec = importlib.util.spec_from_file_location(
+        "_odl_recipes_models", Path(__file__).with_name("models.py")
+    )
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+def _save(path: Path, x: np.ndarray, y: np.ndarray, **extra: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, x=x.astype(np.float32), y=y.astype(np.int64), **extra)
+    tmp.replace(path)
+
+
+def shift_domain(x: np.ndarray, seed: int) -> np.ndarray:
+    """Rotate each 8x8 digit by about SHIFT_ANGLE degrees and add Gaussian noise."""
+    from scipy.ndimage import rotate
+
+    rng = np.random.default_rng(seed)
+    angles = SHIFT_ANGLE + rng.uniform(-8, 8, len(x))
+    out = np.stack(
+        [
+            rotate(img[0], a, reshape=False, order=1, mode="constant")[None]
+            for img, a in zip(x, angles, strict=True)
+        ]
+    )
+    return (out + rng.normal(0, SHIFT_NOISE, out.shape)).astype(np.float32)
+
+
+def _digits(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    order = np.random.default_rng(seed).permutation(len(d.target))
+    x = (d.images[order] / 16.0).astype(np.float32)[:, None]
+    return x, d.target[order].astype(np.int64)
+
+
+def digits_shifted(out_dir: Path) -> None:
+    """Write base_weights.pt (pretrained on clean digits), train/eval/test (shifted) and clean_test."""
+    out_dir = Path(out_dir)
+    x, y = _digits()
+    pre, clean, rest = slice(0, 900), slice(900, 1100), slice(1100, None)
+    xs, ys = shift_domain(x[rest], seed=1), y[rest]
+    _save(out_dir / "clean_test.npz", x[clean], y[clean])
+    _save(out_dir / "train.npz", xs[:400], ys[:400])
+    _save(out_dir / "eval.npz", xs[400:500], ys[400:500])
+    _save(out_dir / "test.npz", xs[500:], ys[500:])
+    _sibling_models().pretrain_digits(x[pre], y[pre], out_dir / "base_weights.pt")
+
+
+def digits_two_head(out_dir: Path) -> None:
+    """Shifted digits with an extra ``aux`` target (mean ink per image) for the two-head recipe."""
+    out_dir = Path(out_dir)
+    x, y = _digits(seed=2)
+    xs = shift_domain(x, seed=3)
+    aux = x.reshape(len(x), -1).mean(axis=1, keepdims=True).astype(np.float32)
+    _save(out_dir / "train.npz", xs[:1200], y[:1200], aux=aux[:1200])
+    _save(out_dir / "test.npz", xs[1200:], y[1200:], aux=aux[1200:])
+
+
+def two_textures(out_dir: Path, *, n_train: int = 256, n_test: int = 64, size: int = 224) -> None:
+    """Two learnable 3x``size``x``size`` image classes: horizontal vs vertical stripes, random phase/colour."""
+    out_dir = Path(out_dir)
+    rng = np.random.default_rng(7)
+
+    def make(n: int) -> tuple[np.ndarray, np.ndarray]:
+        y = rng.integers(0, 2, n)
+        grid = np.arange(size, dtype=np.float32)
+        x = np.empty((n, 3, size, size), np.float32)
+        for i in range(n):
+            period, phase = rng.uniform(8, 24), rng.uniform(0, 2 * np.pi)
+            wave = np.sin(2 * np.pi * grid / period + phase)
+            img = wave[:, None] * np.ones(size)[None] if y[i] == 0 else np.ones(size)[:, None] * wave[None]
+            colour = rng.uniform(0.5, 1.5, 3).astype(np.float32)[:, None, None]
+            x[i] = colour * img[None] + rng.normal(0, 0.3, (3, size, size))
+        return x, y
+
+    _save(out_dir / "train.npz", *make(n_train))
+    _save(out_dir / "test.npz", *make(n_test))
