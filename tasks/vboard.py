@@ -44,8 +44,20 @@ def known_hosts_path() -> Path:
     return odl_home() / "known_hosts"
 
 
-def board_up(name: str, *, mem_mb: int | None = None, cpus: int | None = None, netns: bool = True) -> Board:
-    """Bring up (or confirm) virtual board ``name``; returns its inventory entry."""
+def board_up(
+    name: str,
+    *,
+    mem_mb: int | None = None,
+    cpus: int | None = None,
+    netns: bool = True,
+    venv: Path | None = None,
+) -> Board:
+    """Bring up (or confirm) virtual board ``name``; returns its inventory entry.
+
+    ``mem_mb`` caps the RAM the agent sees (``ODL_AGENT_FAKE_MEM_MB``), ``cpus`` pins sshd and
+    everything it starts to that many CPUs, ``venv`` shares an existing board venv (default:
+    ``~odl-NAME/venv``).
+    """
     bdir = board_dir(name)
     state = _load_state(bdir)
     if _sshd_alive(bdir) and state.get("mem_mb") == mem_mb and state.get("cpus") == cpus:
@@ -57,7 +69,7 @@ def board_up(name: str, *, mem_mb: int | None = None, cpus: int | None = None, n
     home = _ensure_user(user)
     key = _ensure_key(bdir / "id_ed25519", f"odl-host@{name}")
     _authorize(user, home, key.with_suffix(".pub"))
-    python = _ensure_env(user, home)
+    python = _ensure_env(venv or home / "venv")
     host_key = _ensure_key(bdir / "ssh_host_ed25519_key", f"odl-board@{name}")
     state = _network(name, netns) | {
         "mem_mb": mem_mb,
@@ -183,10 +195,10 @@ def _authorize(user: str, home: Path, pub: Path) -> None:
     ssh.chmod(0o700)
 
 
-def _ensure_env(user: str, home: Path) -> str:
+def _ensure_env(venv: Path) -> str:
     from tasks.boardenv import ensure_board_venv  # the agent area's board-like env
 
-    return str(ensure_board_venv(home / "venv"))
+    return str(ensure_board_venv(venv))
 
 
 def _network(name: str, use_netns: bool) -> dict[str, Any]:

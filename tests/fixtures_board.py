@@ -1,1 +1,56 @@
-"""Session fixtures of the board area."""
+"""Session fixtures of the board area: a real virtual board (private sshd, own user, own netns).
+
+``virtual_board`` yields the :class:`tasks.inventory.Board` of a board brought up for this test
+session (unique name per session, purged at the end); ``virtual_board_home`` is the ODL_HOME that
+holds its inventory, keys and pinned known_hosts (set ``ODL_HOME`` to it to use the board by name).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# The board venv (numpy + onnxruntime-training-cpu) is kept between sessions: rebuilt only when
+# deploy/board-requirements.txt or constraints.txt change (tasks.boardenv's stamp).
+BOARD_VENV = Path(os.environ.get("ODL_TEST_BOARD_VENV", "/var/tmp/odl-test-board-venv"))
+
+
+@contextlib.contextmanager
+def odl_home_env(home: Path) -> Iterator[None]:
+    """Temporarily point ``ODL_HOME`` at ``home``."""
+    old = os.environ.get("ODL_HOME")
+    os.environ["ODL_HOME"] = str(home)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("ODL_HOME", None)
+        else:
+            os.environ["ODL_HOME"] = old
+
+
+@pytest.fixture(scope="session")
+def virtual_board_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The ODL_HOME of the session's virtual board (inventory.toml, known_hosts, boards/NAME)."""
+    return tmp_path_factory.mktemp("odl-board-home")
+
+
+@pytest.fixture(scope="session")
+def virtual_board(virtual_board_home: Path) -> Iterator:
+    """A virtual board for the whole session; torn down (user, netns, sshd) at the end."""
+    from tasks.vboard import board_down, board_up
+
+    if os.geteuid() != 0:
+        pytest.skip("the virtual board needs root (useradd, ip netns, sshd)")
+    name = f"t{os.getpid()}"
+    with odl_home_env(virtual_board_home):
+        board = board_up(name, venv=BOARD_VENV)
+    try:
+        yield board
+    finally:
+        with odl_home_env(virtual_board_home):
+            board_down(name, purge=True)
