@@ -1,0 +1,120 @@
+"""Content-addressed upload, agent install and job-id safety against the virtual board."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+import secrets
+from pathlib import Path
+
+import pytest
+
+from device_agent.protocol import BlobRef, DataRef, JobSpec, TrainParams
+from tasks import remote
+from tasks.errors import InvalidJob, TransferError
+from tasks.inventory import Board
+from tasks.transport import connect
+
+pytestmark = pytest.mark.board
+BAD_IDS = ["../evil", "a;touch x", "$(id)", "..", "a/b", "-rf", "x`id`", "ok..no", "", "a b"]
+
+
+def _blob(tmp: Path, size: int) -> tuple[str, Path]:
+    path = tmp / f"blob-{secrets.token_hex(4)}.bin"
+    path.write_bytes(secrets.token_bytes(size))
+    return hashlib.sha256(path.read_bytes()).hexdigest(), path
+
+
+def _spec(job_id: str) -> JobSpec:
+    ref = BlobRef("0" * 64, 1)
+    return JobSpec(
+        job_id=job_id,
+        artifacts={k: ref for k in ("training_model", "eval_model", "optimizer_model", "checkpoint")},
+        train_data=DataRef("npz", blob=ref),
+        train=TrainParams(batch_size=1, epochs=1, lr=0.1),
+        task="classification",
+        output_names=("logits",),
+    )
+
+
+def _tree(path: str) -> list[tuple[str, int]]:
+    """Every file under ``path`` with its mtime (ns), as root sees it on this machine."""
+    out = []
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            full = os.path.join(dirpath, name)
+            out.append((full, os.lstat(full).st_mtime_ns))
+    return sorted(out)
+
+
+def test_upload_sends_only_what_the_board_lacks(virtual_board: Board, tmp_path: Path) -> None:
+    files = dict([_blob(tmp_path, 1_500_000), _blob(tmp_path, 10)])
+    conn = connect(virtual_board)
+    try:
+        seen: list[tuple[int, int]] = []
+        first = remote.upload_blobs(conn, virtual_board, files, progress=lambda d, t: seen.append((d, t)))
+        assert first.bytes_sent == 1_500_010 and sorted(first.uploaded) == sorted(files) and not first.skipped
+        assert seen[-1] == (1_500_010, 1_500_010)
+        second = remote.upload_blobs(conn, virtual_board, files)
+        assert (second.bytes_sent, second.uploaded, sorted(second.skipped)) == (0, [], sorted(files))
+        blobs = posixpath.join(virtual_board.root, "blobs")
+        for sha in files:
+            out = conn.run(["sha256sum", posixpath.join(blobs, sha)]).stdout.split()[0]
+            assert out == sha
+    finally:
+        conn.close()
+
+
+def test_wrong_size_blob_is_replaced_and_bad_hash_never_lands(virtual_board: Board, tmp_path: Path) -> None:
+    sha, path = _blob(tmp_path, 200_000)
+    blobs = posixpath.join(virtual_board.root, "blobs")
+    conn = connect(virtual_board)
+    try:
+        remote.upload_blobs(conn, virtual_board, {})  # creates blobs/
+        conn.run(["sh", "-c", 'head -c 1000 /dev/zero > "$1"', "sh", posixpath.join(blobs, sha)])
+        report = remote.upload_blobs(conn, virtual_board, {sha: path})
+        assert report.uploaded == [sha]
+        assert conn.run(["sha256sum", posixpath.join(blobs, sha)]).stdout.split()[0] == sha
+        liar = "f" * 64
+        with pytest.raises(TransferError, match="hash mismatch"):
+            remote.upload_blobs(conn, virtual_board, {liar: path}, retries=2)
+        names = conn.run(["ls", "-A", blobs]).stdout.split()
+        assert liar not in names and not [n for n in names if n.startswith(".tmp-")]
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("job_id", BAD_IDS)
+def test_unsafe_job_ids_are_refused_before_anything_runs(virtual_board: Board, job_id: str) -> None:
+    home = posixpath.dirname(virtual_board.root)
+    before, tmp_before = _tree(home), _tree("/tmp")
+    with pytest.raises(InvalidJob, match="refused"):
+        remote.train(virtual_board, _spec(job_id), {})
+    conn = connect(virtual_board)
+    try:
+        with pytest.raises(InvalidJob):
+            remote.create_job(conn, virtual_board, _spec(job_id))
+        with pytest.raises(InvalidJob):
+            remote.follow_job(conn, virtual_board, job_id)
+    finally:
+        conn.close()
+    assert _tree(home) == before
+    assert [p for p, _ in _tree("/tmp") if "evil" in p or p.endswith("/x")] == [
+        p for p, _ in tmp_before if "evil" in p or p.endswith("/x")
+    ]
+
+
+def test_same_job_id_with_another_spec_is_refused(virtual_board: Board) -> None:
+    job_id = f"conflict-{secrets.token_hex(3)}"
+    conn = connect(virtual_board)
+    try:
+        jdir = remote.create_job(conn, virtual_board, _spec(job_id))
+        assert jdir == posixpath.join(virtual_board.root, "jobs", job_id)
+        assert remote.create_job(conn, virtual_board, _spec(job_id)) == jdir  # same spec: idempotent
+        other = JobSpec.from_dict(_spec(job_id).to_dict() | {"task": "regression"})
+        with pytest.raises(InvalidJob, match="different spec"):
+            remote.create_job(conn, virtual_board, other)
+        conn.run(["rm", "-rf", jdir])
+    finally:
+        conn.close()
