@@ -59,7 +59,9 @@ class _Table:
         unknown = sorted(set(data) - allowed)
         if unknown:
             raise RecipeError(
-                _dot(where, unknown[0]), f"no such key (allowed: {', '.join(sorted(allowed))})", source=source
+                _dot(where, unknown[0]),
+                f"a known key, this one is unknown (allowed: {', '.join(sorted(allowed))})",
+                source=source,
             )
         self.d, self.where, self.source = data, where, source
 

@@ -25,4 +25,4 @@ def prepared_digits(tmp_path_factory: pytest.TempPathFactory, digits_recipe):
     from tasks.prepare import prepare
 
     out: Path = tmp_path_factory.mktemp("prepared_digits")
-    return prepare(digits_recipe, out, validate=False)
+    return prepare(digits_recipe, out)
