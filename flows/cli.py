@@ -15,6 +15,7 @@ from tasks.errors import PipelineError
 
 COMMAND_MODULES = [
     "flows.cmd_prepare",  # prepare / export / artifacts / validate
+    "flows.cmd_flow",  # stack / run / evaluate / registry / report
 ]
 
 

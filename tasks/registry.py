@@ -98,6 +98,11 @@ def decide(
     return Decision(promote, metric, new, ref, reference_name, gain, rule.min_gain, reason)
 
 
+def decision_from_dict(d: dict[str, Any]) -> Decision:
+    """Rebuild a Decision from ``asdict`` output (as stored in info.json or passed between tasks)."""
+    return Decision(**d)
+
+
 def _write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
 
