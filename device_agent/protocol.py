@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 import json
 import re
 import time
@@ -85,10 +86,21 @@ class SpecError(ValueError):
         super().__init__(f"field '{field_name}': expected {expected}{got_txt}")
 
 
+def file_sha256(path: object, chunk: int = 1 << 20) -> str:
+    """Lowercase hex sha256 of a file read in chunks (``path``: str or os.PathLike)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:  # type: ignore[arg-type]
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def valid_job_id(job_id: object) -> str:
     """Return ``job_id`` if it is a safe name (no separators, no '..', no shell metacharacters)."""
     if not isinstance(job_id, str) or not JOB_ID_RE.match(job_id) or ".." in job_id:
-        raise SpecError("job_id", "1-128 chars of [A-Za-z0-9._-], not starting with '.' or '-', no '..'", job_id)
+        raise SpecError(
+            "job_id", "1-128 chars of [A-Za-z0-9._-], not starting with '.' or '-', no '..'", job_id
+        )
     return job_id
 
 
@@ -274,8 +286,19 @@ class JobSpec:
             raise SpecError("protocol", f"protocol version {PROTOCOL_VERSION}", protocol)
         _reject_unknown(
             d,
-            {"protocol", "job_id", "recipe_name", "artifacts", "train_data", "eval_data", "train",
-             "task", "output_names", "feeds", "memory_estimate_mb"},
+            {
+                "protocol",
+                "job_id",
+                "recipe_name",
+                "artifacts",
+                "train_data",
+                "eval_data",
+                "train",
+                "task",
+                "output_names",
+                "feeds",
+                "memory_estimate_mb",
+            },
             "",
         )
         job_id = valid_job_id(d.get("job_id"))
@@ -332,8 +355,14 @@ class Event:
 
     def to_json(self) -> str:
         return json.dumps(
-            {"v": self.v, "type": self.type, "ts": self.ts, "job_id": self.job_id, "seq": self.seq,
-             "data": self.data},
+            {
+                "v": self.v,
+                "type": self.type,
+                "ts": self.ts,
+                "job_id": self.job_id,
+                "seq": self.seq,
+                "data": self.data,
+            },
             sort_keys=True,
             allow_nan=False,
         )

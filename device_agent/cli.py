@@ -1,0 +1,218 @@
+"""``python3 -m device_agent [--root ROOT] info|validate|run|start|status|cancel``.
+
+Stdout carries JSON lines only; human logs go to stderr and ``JOBDIR/agent.log``. The process
+exit status is a :class:`~device_agent.protocol.ExitCode` (see README.md for the table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from device_agent.errors import AgentError
+from device_agent.events import read_last_event
+from device_agent.jobdir import (
+    LOCK_FD_ENV,
+    JobDir,
+    check_resources,
+    inherited_lock,
+    load_spec,
+    lock_is_held,
+    open_lock,
+    read_result,
+    verify_inputs,
+)
+from device_agent.protocol import EXIT_HELP, ExitCode
+
+log = logging.getLogger("device_agent")
+PACKAGE_PARENT = Path(__file__).resolve().parent.parent
+
+
+def default_root() -> Path:
+    """``$ODL_ROOT``, else ``~/odl``."""
+    return Path(os.environ.get("ODL_ROOT") or Path.home() / "odl").expanduser()
+
+
+def emit(obj: dict[str, Any]) -> None:
+    """Print one JSON line on stdout."""
+    sys.stdout.write(json.dumps(obj, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def _job(args: argparse.Namespace) -> JobDir:
+    path = Path(args.jobdir).expanduser().resolve()
+    if not path.is_dir():
+        raise AgentError(ExitCode.JOB_NOT_FOUND, f"no job directory {path}")
+    return JobDir(path, args.root)
+
+
+def _log_to(job: JobDir) -> None:
+    handler = logging.FileHandler(job.log_file)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    """Print the board's versions, training API status, RAM and disk."""
+    from device_agent.sysinfo import board_info
+
+    info = board_info(args.root)
+    emit(info)
+    return ExitCode.OK if info["training_api"] else ExitCode.NO_TRAINING_API
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Check the spec, blobs and resources without training."""
+    job = _job(args)
+    spec = load_spec(job)
+    verify_inputs(job, spec)
+    check_resources(job, spec)
+    emit({"ok": True, "job_id": spec.job_id, "exit_code": 0})
+    return ExitCode.OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Train in the foreground (resuming if interrupted); prints the result as one JSON line."""
+    from device_agent.runner import run_job
+
+    job = _job(args)
+    spec = load_spec(job)
+    fd = inherited_lock()
+    if fd is None:
+        fd = open_lock(job)
+        job.cancel_file.unlink(missing_ok=True)
+    _log_to(job)
+    job.pid_file.write_text(f"{os.getpid()}\n")
+    try:
+        result = run_job(job, spec)
+    finally:
+        os.close(fd)
+    emit(result.to_dict())
+    return result.exit_code
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    """Start ``run`` detached (new session, stdio redirected); returns at once."""
+    job = _job(args)
+    spec = load_spec(job)
+    done = read_result(job)
+    if done is not None and done.status == "finished":
+        emit({"job_id": spec.job_id, "pid": None, "state": "finished"})
+        return ExitCode.OK
+    fd = open_lock(job)  # BUSY if running; handed to the child so there is no race
+    job.cancel_file.unlink(missing_ok=True)
+    env = dict(os.environ, **{LOCK_FD_ENV: str(fd), "PYTHONPATH": _pythonpath()})
+    argv = [sys.executable, "-m", "device_agent", "--root", str(args.root), "run", str(job.path)]
+    with open(os.devnull, "rb") as devnull, open(job.path / "agent.stderr", "ab") as err:
+        child = subprocess.Popen(argv, stdin=devnull, stdout=subprocess.DEVNULL, stderr=err, env=env,
+                                 pass_fds=(fd,), start_new_session=True, cwd=str(job.path))  # fmt: skip
+    os.close(fd)
+    job.pid_file.write_text(f"{child.pid}\n")
+    emit({"job_id": spec.job_id, "pid": child.pid, "state": "running"})
+    return ExitCode.OK
+
+
+def _pythonpath() -> str:
+    rest = os.environ.get("PYTHONPATH", "")
+    return f"{PACKAGE_PARENT}{os.pathsep}{rest}" if rest else str(PACKAGE_PARENT)
+
+
+def job_status(job: JobDir) -> dict[str, Any]:
+    """The ``status`` answer: state, pid, step, epoch, total_steps, events_bytes, last event."""
+    result = read_result(job)
+    running = lock_is_held(job)
+    last = read_last_event(job.events)
+    if running:
+        state = "running"
+    elif result is not None:
+        state = result.status
+    elif last is not None or (job.checkpoints.is_dir() and any(job.checkpoints.iterdir())):
+        state = "interrupted"
+    else:
+        state = "pending"
+    return {
+        "job_id": job.path.name, "state": state, "pid": _read_pid(job) if running else None,
+        "exit_code": result.exit_code if result and not running else None,
+        "events_bytes": job.events.stat().st_size if job.events.exists() else 0,
+        "last_event": last, **_progress_fields(job),
+    }  # fmt: skip
+
+
+def _read_pid(job: JobDir) -> int | None:
+    try:
+        return int(job.pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _progress_fields(job: JobDir) -> dict[str, Any]:
+    """step/epoch/total_steps from the events (a full read: events files stay small)."""
+    from device_agent.events import read_events
+
+    out: dict[str, Any] = {"step": 0, "epoch": 0, "total_steps": None}
+    for ev in read_events(job.events):
+        data = ev.get("data") or {}
+        if ev.get("type") == "started":
+            out["total_steps"] = data.get("total_steps")
+        if isinstance(data.get("step"), int | float):
+            out["step"] = int(data["step"])
+        if ev.get("type") in ("epoch", "checkpoint", "step") and isinstance(data.get("epoch"), int | float):
+            out["epoch"] = int(data["epoch"])
+    return out
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print the job's state as one JSON object."""
+    emit(job_status(_job(args)))
+    return ExitCode.OK
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """Ask a running job to stop at the next step boundary (it saves a checkpoint)."""
+    job = _job(args)
+    if not lock_is_held(job):
+        emit({"job_id": job.path.name, "state": job_status(job)["state"], "cancel": "not running"})
+        return ExitCode.OK
+    job.cancel_file.write_text("cancel\n")
+    emit({"job_id": job.path.name, "state": "cancelling", "pid": _read_pid(job)})
+    return ExitCode.OK
+
+
+COMMANDS = {"info": cmd_info, "validate": cmd_validate, "run": cmd_run, "start": cmd_start,
+            "status": cmd_status, "cancel": cmd_cancel}  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The agent's argument parser."""
+    epilog = "exit codes:\n" + "\n".join(
+        f"  {int(c):>2} {ExitCode(c).name:<18} {h}" for c, h in EXIT_HELP.items()
+    )
+    parser = argparse.ArgumentParser(prog="python3 -m device_agent", epilog=epilog,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--root", type=Path, default=None, help="agent root (default $ODL_ROOT or ~/odl)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="versions, training API, RAM and disk as one JSON object")
+    for name in ("validate", "run", "start", "status", "cancel"):
+        sub.add_parser(name, help=(COMMANDS[name].__doc__ or "").split("\n")[0]).add_argument("jobdir")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    args.root = (args.root or default_root()).expanduser().resolve()
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return int(COMMANDS[args.command](args))
+    except AgentError as exc:
+        log.error("%s", exc)
+        emit({"job_id": getattr(args, "jobdir", None) and Path(args.jobdir).name, **exc.to_dict()})
+        return int(exc.code)

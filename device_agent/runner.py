@@ -1,0 +1,160 @@
+"""One job from job.json to result.json: checks, resume, training, export, result.
+
+``run_job`` is idempotent on the job: a finished job (or one that failed for a reason that
+retrying cannot fix) returns its stored result; an interrupted or cancelled one resumes from its
+last checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from device_agent.checkpoints import Progress, latest_checkpoint, write_state
+from device_agent.checks import check_dataset, model_io
+from device_agent.data import ImageFolderDataset, NpzDataset
+from device_agent.errors import AgentError
+from device_agent.events import EventLog
+from device_agent.jobdir import JobDir, atomic_write, check_resources, read_result, verify_inputs
+from device_agent.protocol import NEVER_RETRY, DataRef, ExitCode, FileRef, JobResult, JobSpec, file_sha256
+from device_agent.sysinfo import peak_rss_mb, versions
+from device_agent.trainer import Cancelled, Session, Trainer
+
+log = logging.getLogger(__name__)
+
+
+def stored_outcome(job: JobDir) -> JobResult | None:
+    """The result of a job that must not train again (finished, or failed for good)."""
+    res = read_result(job)
+    if res is None:
+        return None
+    if res.status == "finished" or (res.status == "failed" and res.exit_code in NEVER_RETRY):
+        return res
+    return None
+
+
+def run_job(job: JobDir, spec: JobSpec) -> JobResult:
+    """Train (or resume) the job and write result.json; failures are written as results too."""
+    done = stored_outcome(job)
+    if done is not None:
+        log.info("job %s already %s: returning its result", spec.job_id, done.status)
+        return done
+    job.result_file.unlink(missing_ok=True)
+    events = EventLog(job.events, spec.job_id)
+    t0 = time.time()
+    trainer: Trainer | None = None
+    progress = Progress()
+    try:
+        trainer, progress = _prepare(job, spec, events)
+        _install_sigterm(trainer)
+        trainer.train(progress)
+        result = _finish(job, spec, trainer, progress, t0)
+        events.emit("finished", steps=result.steps, metrics=result.metrics, duration_s=result.duration_s)
+    except Cancelled as exc:
+        result = _result(spec, "cancelled", ExitCode.CANCELLED, progress, t0, error=str(exc))
+        events.emit("cancelled", step=progress.step, epoch=progress.epoch)
+    except AgentError as exc:
+        result = _result(spec, "failed", exc.code, progress, t0, error=str(exc))
+        events.emit("failed", step=progress.step, **exc.to_dict())
+    except Exception as exc:  # noqa: BLE001 - ORT raises RuntimeError, Fail, InvalidArgument...
+        log.exception("runtime error")
+        result = _result(
+            spec, "failed", ExitCode.RUNTIME_ERROR, progress, t0, error=f"{type(exc).__name__}: {exc}"
+        )
+        events.emit("failed", step=progress.step, exit_code=int(ExitCode.RUNTIME_ERROR), error=result.error)
+    finally:
+        events.close()
+    atomic_write(job.result_file, result.to_json())
+    return result
+
+
+def _prepare(job: JobDir, spec: JobSpec, events: EventLog) -> tuple[Trainer, Progress]:
+    paths = verify_inputs(job, spec)
+    check_resources(job, spec)
+    api = _training_api()
+    resume = latest_checkpoint(job.checkpoints)
+    try:
+        state = api.CheckpointState.load_checkpoint(str(resume or paths["checkpoint"]))
+        module = api.Module(str(paths["training_model"]), state, str(paths["eval_model"]))
+        optimizer = api.Optimizer(str(paths["optimizer_model"]), module)
+    except Exception as exc:  # noqa: BLE001
+        raise AgentError(ExitCode.ARTIFACT_INVALID, f"artifacts do not load in ONNX Runtime: {exc}") from exc
+    names = list(module.input_names())
+    inputs, classes = model_io(str(paths["eval_model"]), names)
+    train_ds = _dataset(spec.train_data, paths["train_data"], names, inputs, spec, "train_data")
+    eval_ds = None
+    if spec.eval_data is not None:
+        eval_ds = _dataset(spec.eval_data, paths["eval_data"], names, inputs, spec, "eval_data")
+    check_dataset(train_ds, inputs, spec.task, classes, "train_data")
+    if eval_ds is not None:
+        check_dataset(eval_ds, inputs, spec.task, classes, "eval_data")
+    progress = Progress.from_properties(state.properties) if resume else Progress()
+    trainer = Trainer(job, spec, Session(api, state, module, optimizer, inputs), train_ds, eval_ds, events)
+    events.emit("started", resumed_from_step=progress.step if resume else None, total_steps=trainer.total,
+                steps_per_epoch=trainer.spe, train_samples=len(train_ds), pid=os.getpid(),
+                eval_samples=len(eval_ds) if eval_ds is not None else 0)  # fmt: skip
+    return trainer, progress
+
+
+def _training_api() -> Any:
+    from device_agent.ort import load_training_api
+
+    try:
+        return load_training_api()
+    except ImportError as exc:
+        raise AgentError(ExitCode.NO_TRAINING_API, f"onnxruntime training API unavailable: {exc}") from exc
+
+
+def _dataset(ref: DataRef, path: Path, names: list[str], inputs: list, spec: JobSpec, field: str) -> Any:
+    if ref.format == "npz":
+        return NpzDataset(path, names, spec.feeds, field)
+    return ImageFolderDataset(path, inputs, field)
+
+
+def _install_sigterm(trainer: Trainer) -> None:
+    def handler(signum: int, frame: object) -> None:
+        trainer.cancel_flag = True
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _finish(job: JobDir, spec: JobSpec, trainer: Trainer, progress: Progress, t0: float) -> JobResult:
+    sess = trainer.sess
+    inference = job.path / "inference.onnx"
+    tmp = job.path / "inference.onnx.tmp"
+    try:
+        sess.module.export_model_for_inferencing(str(tmp), list(spec.output_names))
+    except Exception as exc:  # noqa: BLE001
+        raise AgentError(
+            ExitCode.RUNTIME_ERROR, f"export_model_for_inferencing({list(spec.output_names)}) failed: {exc}"
+        ) from exc
+    os.replace(tmp, inference)
+    write_state(sess.api, sess.state, job.checkpoints / "final")
+    outputs = {
+        name: _file_ref(job, p)
+        for name, p in (("inference", inference), ("checkpoint", job.checkpoints / "final"))
+    }
+    return _result(spec, "finished", ExitCode.OK, progress, t0, outputs=outputs)
+
+
+def _file_ref(job: JobDir, path: Path) -> FileRef:
+    return FileRef(str(path.relative_to(job.path)), file_sha256(path), path.stat().st_size)
+
+
+def _result(spec: JobSpec, status: str, code: int, progress: Progress, t0: float, error: str = "",
+            outputs: dict[str, FileRef] | None = None) -> JobResult:  # fmt: skip
+    metrics = {
+        k: v
+        for k, v in (progress.history[-1] if progress.history else {}).items()
+        if k not in ("epoch", "step")
+    }
+    return JobResult(
+        job_id=spec.job_id, status=status, exit_code=int(code), steps=progress.step,
+        epochs_done=progress.epoch, duration_s=round(time.time() - t0, 3),
+        train_loop_s=round(progress.train_loop_s, 4), peak_rss_mb=peak_rss_mb(), metrics=metrics,
+        history=progress.history, outputs=outputs or {}, error=error, versions=versions(),
+    )  # fmt: skip
