@@ -316,6 +316,7 @@ class _Follower:
         self.last_seq = -1
         self.ended = False
         self.idle_polls = 0
+        self.restarts = 0
 
     def poll(self, conn: Transport) -> JobResult | None:
         """One round: deliver new events; the JobResult once the job has ended."""
@@ -326,8 +327,21 @@ class _Follower:
         self.offset += end
         self.idle_polls = 0 if end else self.idle_polls + 1
         if self.ended or self.idle_polls % 20 == 19:
-            return read_result(conn, self.board, self.job_id)
+            result = read_result(conn, self.board, self.job_id)
+            if result is None and not self.ended:
+                self._revive(conn)
+            return result
         return None
+
+    def _revive(self, conn: Transport) -> None:
+        """The job shows no progress: resume it when the agent is not running it (crash, reboot)."""
+        state = job_status(conn, self.board, self.job_id).get("state")
+        if state in ("interrupted", "pending"):
+            if self.restarts >= 3:
+                raise TrainingFailed(f"job {self.job_id} stopped without a result {self.restarts} times")
+            self.restarts += 1
+            log.warning("job %s is %s on board %s: resuming it", self.job_id, state, self.board.name)
+            start_job(conn, self.board, self.job_id)
 
     def _deliver(self, line: str) -> None:
         if not line.strip():
@@ -378,17 +392,31 @@ def run_job(
     on_event: EventCallback | None = None,
     progress: Progress | None = None,
 ) -> tuple[UploadReport, JobResult]:
-    """Install + upload + create + start (or reattach to the same job id) + follow."""
-    job_dir(board, spec.job_id)
+    """Install + upload + create + start + follow; reattaches when the job id is already on the board.
+
+    A job that ended is returned as it is; one that runs is followed; one that was interrupted
+    is resumed by the agent (from its last checkpoint). Nothing is uploaded again in those cases.
+    """
+    jdir = job_dir(board, spec.job_id)
     install_agent(conn, board, spec.memory_estimate_mb)
-    if read_result(conn, board, spec.job_id) is not None:
-        log.info("job %s already ended on board %s; reattaching", spec.job_id, board.name)
-        return UploadReport(), follow_job(conn, board, spec.job_id, 0, on_event)
-    report = upload_blobs(conn, board, files, progress)
-    create_job(conn, board, spec)
-    how = start_job(conn, board, spec.job_id)
-    log.info("job %s %s on board %s", spec.job_id, how, board.name)
+    report = UploadReport()
+    if conn.exists(posixpath.join(jdir, "job.json")):
+        log.info("job %s already on board %s: reattaching", spec.job_id, board.name)
+    else:
+        report = upload_blobs(conn, board, files, progress)
+        create_job(conn, board, spec)
+    if read_result(conn, board, spec.job_id) is None:
+        log.info("job %s %s on board %s", spec.job_id, start_job(conn, board, spec.job_id), board.name)
     return report, follow_job(conn, board, spec.job_id, 0, on_event)
+
+
+def job_status(conn: Transport, board: Board, job_id: str) -> dict[str, Any]:
+    """The agent's ``status`` answer for the job (state: pending/running/interrupted/finished/...)."""
+    res = conn.run(agent_argv(board, "status", job_dir(board, job_id)), check=False, timeout=60)
+    try:
+        return json.loads(res.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        return {"state": "unknown", "exit_code": res.code, "error": (res.stderr or res.stdout)[-500:]}
 
 
 def train(
