@@ -6,6 +6,7 @@ STM32MP2 board. Built once per content of ``deploy/board-requirements.txt`` (a s
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -49,10 +50,27 @@ def ensure_board_venv(dest: Path) -> Path:
     """
     dest = Path(dest)
     python = dest / "bin" / "python"
-    stamp = board_requirements_stamp()
-    stamp_file = dest / STAMP_NAME
-    if python.exists() and stamp_file.exists() and stamp_file.read_text().strip() == stamp:
+    if _is_current(dest):
         return python
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest.parent / f".{dest.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent builders (two pytest runs) wait for one
+        if not _is_current(dest):
+            _build(dest)
+    return python
+
+
+def _is_current(dest: Path) -> bool:
+    stamp_file = dest / STAMP_NAME
+    return (
+        (dest / "bin" / "python").exists()
+        and stamp_file.exists()
+        and (stamp_file.read_text().strip() == board_requirements_stamp())
+    )
+
+
+def _build(dest: Path) -> None:
+    python = dest / "bin" / "python"
     if dest.exists():
         shutil.rmtree(dest)
     log.info("building the board venv at %s (numpy + onnxruntime-training-cpu)", dest)
@@ -60,9 +78,9 @@ def ensure_board_venv(dest: Path) -> Path:
     pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps"]
     _run([*pip, "-c", str(CONSTRAINTS), "-r", str(REQUIREMENTS)])
     _make_readable(dest)
-    stamp_file.write_text(stamp + "\n")
+    stamp_file = dest / STAMP_NAME
+    stamp_file.write_text(board_requirements_stamp() + "\n")
     os.chmod(stamp_file, 0o644)
-    return python
 
 
 def _run(argv: list[str]) -> None:
