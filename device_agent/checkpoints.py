@@ -32,23 +32,18 @@ class Progress:
     train_loop_s: float = 0.0
 
     def to_properties(self) -> dict[str, int | float | str]:
-        """ORT checkpoint properties (int, float and str only)."""
-        return {
-            "step": self.step, "epoch": self.epoch, "history": json.dumps(self.history),
-            "loss_sum": self.loss_sum, "seen": self.seen, "correct": self.correct,
-            "batches": self.batches, "train_loop_s": self.train_loop_s,
-        }  # fmt: skip
+        """ORT checkpoint properties; the running sums go as JSON text (ORT keeps floats as float32)."""
+        sums = {"history": self.history, "loss_sum": self.loss_sum, "seen": self.seen,
+                "correct": self.correct, "batches": self.batches, "train_loop_s": self.train_loop_s}  # fmt: skip
+        return {"step": self.step, "epoch": self.epoch, "progress": json.dumps(sums)}
 
     @classmethod
     def from_properties(cls, props: Any) -> Progress:
         """Rebuild from a loaded CheckpointState's properties (fresh artifacts have none)."""
         if "step" not in props:
             return cls()
-        return cls(
-            step=int(props["step"]), epoch=int(props["epoch"]), history=json.loads(str(props["history"])),
-            loss_sum=float(props["loss_sum"]), seen=int(props["seen"]), correct=int(props["correct"]),
-            batches=int(props["batches"]), train_loop_s=float(props["train_loop_s"]),
-        )  # fmt: skip
+        sums = json.loads(str(props["progress"]))
+        return cls(step=int(props["step"]), epoch=int(props["epoch"]), **sums)
 
     def reset_epoch(self) -> None:
         """Start the running sums of a new epoch."""

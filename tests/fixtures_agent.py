@@ -1,1 +1,118 @@
-"""Session fixtures of the agent area."""
+"""Session fixtures of the agent area: the board venv and helpers to lay out and run agent jobs.
+
+``board_python`` is a venv with only numpy + onnxruntime-training-cpu (no torch, no prefect);
+``AgentBoard`` is an agent root (``blobs/``, ``jobs/``) in a tmp dir with a ``run`` helper that
+executes ``python -m device_agent`` in that venv exactly as on a board.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from device_agent.protocol import JobSpec
+from tasks.paths import PROJECT_ROOT
+
+
+@dataclass
+class AgentRun:
+    """One agent invocation: exit code, JSON lines of stdout, stderr."""
+
+    code: int
+    out: list[dict[str, Any]]
+    err: str
+
+    @property
+    def last(self) -> dict[str, Any]:
+        return self.out[-1] if self.out else {}
+
+
+@dataclass
+class AgentBoard:
+    """An agent root on this machine, driven through the board venv's python."""
+
+    python: Path
+    root: Path
+
+    def job_dir(self, job_id: str) -> Path:
+        return self.root / "jobs" / job_id
+
+    def install(self, spec: JobSpec, files: dict[str, Path]) -> Path:
+        """Copy blobs (content-addressed) and write job.json; returns the job folder."""
+        blobs = self.root / "blobs"
+        blobs.mkdir(parents=True, exist_ok=True)
+        for sha, path in files.items():
+            if not (blobs / sha).exists():
+                shutil.copyfile(path, blobs / sha)
+        jdir = self.job_dir(spec.job_id)
+        jdir.mkdir(parents=True, exist_ok=True)
+        (jdir / "job.json").write_text(spec.to_json())
+        return jdir
+
+    def write_raw(self, job_id: str, spec: dict[str, Any]) -> Path:
+        """Write an arbitrary (possibly invalid) job.json dict."""
+        jdir = self.job_dir(job_id)
+        jdir.mkdir(parents=True, exist_ok=True)
+        (jdir / "job.json").write_text(json.dumps(spec))
+        return jdir
+
+    def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 120) -> AgentRun:
+        """``python -m device_agent --root ROOT ARGS`` in the board venv."""
+        full_env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), **(env or {})}
+        for key in ("ODL_AGENT_FAKE_MEM_MB", "ODL_AGENT_STEP_DELAY_S"):
+            if env is None or key not in env:
+                full_env.pop(key, None)
+        proc = subprocess.run(
+            [str(self.python), "-m", "device_agent", "--root", str(self.root), *args],
+            capture_output=True, text=True, env=full_env, timeout=timeout, cwd=str(self.root),
+        )  # fmt: skip
+        lines = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+        return AgentRun(proc.returncode, lines, proc.stderr)
+
+    def wait(self, job_id: str, pred: Any, timeout: float = 120) -> dict[str, Any]:
+        """Poll ``status`` until ``pred(status)`` is true; returns that status."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.run("status", str(self.job_dir(job_id))).last
+            if pred(status):
+                return status
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting on job {job_id}: {status}")
+            time.sleep(0.1)
+
+
+@pytest.fixture(scope="session")
+def board_python() -> Path:
+    """Python of the torch-free board venv (built once, reused across sessions)."""
+    from tasks.boardenv import ensure_board_venv
+    from tests.fixtures_board import BOARD_VENV  # shared with the virtual board
+
+    return ensure_board_venv(BOARD_VENV)
+
+
+@pytest.fixture
+def agent_board(board_python: Path, tmp_path: Path) -> AgentBoard:
+    """A fresh agent root for one test."""
+    root = tmp_path / "odl"
+    (root / "blobs").mkdir(parents=True)
+    return AgentBoard(board_python, root)
+
+
+@pytest.fixture(scope="session")
+def digits_job(digits_recipe, prepared_digits):
+    """A factory: ``digits_job(job_id, **train_overrides) -> (JobSpec, files)`` from odl prepare."""
+    from tasks.jobspec import build_job_spec
+
+    def make(job_id: str, **train: Any) -> tuple[JobSpec, dict[str, Path]]:
+        spec, files = build_job_spec(digits_recipe, prepared_digits, job_id)
+        return replace(spec, train=replace(spec.train, **train)), files
+
+    return make
