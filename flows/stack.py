@@ -84,10 +84,14 @@ def running_pid(home: Path, service: str) -> int | None:
         return None
     pid = int(pidfile.read_text().split()[0])
     try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
+    except (OSError, IndexError):
         return None
-    return pid if b"prefect" in cmdline else None
+    if state in ("Z", "X"):
+        return None
+    # an empty cmdline is a child still between fork and exec; any other command is a reused pid
+    return pid if not cmdline or b"prefect" in cmdline else None
 
 
 def _spawn(env: dict[str, str], service: str, argv: list[str]) -> int:

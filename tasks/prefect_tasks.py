@@ -20,8 +20,8 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import INPUTS, TASK_SOURCE
 
+from device_agent.protocol import file_sha256
 from tasks.errors import PipelineError
-from tasks.hashing import file_sha256
 from tasks.recipe import load_recipe
 from tasks.recipe_model import Recipe
 

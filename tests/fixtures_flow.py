@@ -46,3 +46,41 @@ def tiny_classifier(tmp_path_factory: pytest.TempPathFactory) -> TinyClassifier:
     )
     np.savez(out / "test.npz", x=x, y=y)
     return TinyClassifier(onnx_path, out / "test.npz", x, y, logits)
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """A temporary Prefect API for this session (heartbeats off: each flow call saves ~1 s)."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+            yield
+
+
+@pytest.fixture(scope="session")
+def flow_home(virtual_board, virtual_board_home):
+    """ODL_HOME pointed at the virtual board's home (inventory, keys, registry) for the session."""
+    from tests.fixtures_board import odl_home_env
+
+    with odl_home_env(virtual_board_home):
+        yield virtual_board_home
+
+
+@pytest.fixture(scope="session")
+def prefect_stack(virtual_board, virtual_board_home):
+    """A real Prefect server + process worker + deployment odl/full (flows.stack) on a free port."""
+    import socket
+
+    from flows import stack
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = stack.stack_env(port=port, home=virtual_board_home)
+    try:
+        stack.up(env)
+        yield env
+    finally:
+        stack.down(virtual_board_home)

@@ -1,0 +1,77 @@
+"""The odl flow under Prefect (test harness) against the virtual board: artifacts and both promotion outcomes."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.board]
+
+
+def _run(board: str, **kw):
+    from flows.odl import OdlParams, odl
+
+    state = odl(OdlParams(board=board, **kw), return_state=True)
+    assert state.is_completed(), state.message
+    return state.state_details.flow_run_id, state.result()
+
+
+def _artifacts(run_id):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]))
+        )
+    return {a.key: a for a in found}
+
+
+def _task_states(run_id):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+    return {r.name.rsplit("-", 1)[0]: r.state.name for r in runs}
+
+
+@pytest.fixture(scope="module")
+def promoted_run(prefect_harness, flow_home, virtual_board):
+    return _run(virtual_board.name)
+
+
+def test_first_run_is_promoted_with_report_and_progress(promoted_run, virtual_board, flow_home):
+    from tasks.registry import Registry
+
+    run_id, out = promoted_run
+    board = virtual_board.name
+    assert out["promoted"] and out["version"] == "v0001"
+    arts = _artifacts(run_id)
+    report = arts[f"odl-report-digits-{board}"].data
+    assert "**Promoted**" in report and "## Before / after on the host test set `test.npz`" in report
+    assert "data:image/png;base64," in report and "### Extra test set `clean`" in report
+    assert arts[f"odl-progress-digits-{board}"].data == 100
+    epochs = arts[f"odl-epochs-digits-{board}"].data
+    assert "train_loss" in epochs
+    base, cand = out["metrics"]["base"]["accuracy"], out["metrics"]["candidate"]["accuracy"]
+    assert cand > base  # fine-tuning on the shifted domain gains accuracy
+    current = Registry(flow_home / "registry").current("digits", board)
+    assert current.name == "v0001" and current.info["flow_run_id"] == str(run_id)
+    assert set(current.info["input_hashes"]) >= {"recipe", "data.train", "data.test"}
+
+
+def test_run_forced_to_lose_keeps_current_and_reuses_cache(promoted_run, virtual_board, flow_home):
+    from tasks.registry import Registry
+
+    board = virtual_board.name
+    reg = Registry(flow_home / "registry")
+    before = reg.current("digits", board).model.read_bytes()
+    run_id, out = _run(board, promotion_min_gain=1.0)
+    assert not out["promoted"] and out["version"] == "v0002"
+    assert "**Not promoted**" in _artifacts(run_id)[f"odl-report-digits-{board}"].data
+    current = reg.current("digits", board)
+    assert current.name == "v0001" and current.model.read_bytes() == before
+    assert [v.promoted for v in reg.versions("digits", board)] == [True, False]
+    states = _task_states(run_id)
+    assert states["export"] == "Cached" and states["generate artifacts"] == "Cached"
+    assert states["validate recipe"] == "Cached" and states[f"train on {board}"] == "Completed"

@@ -1,0 +1,98 @@
+"""End to end: a real Prefect server + worker (flows.stack), deployment odl/full from deploy/prefect.yaml,
+`prefect deployment run odl/full`, the nightly schedule, and the report rendered in the UI (headless Chromium)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tasks.paths import PROJECT_ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.board]
+SCREENSHOTS = PROJECT_ROOT / "tests" / "artifacts"
+
+
+def _api(env, path, body=None):
+    req = urllib.request.Request(
+        env["PREFECT_API_URL"] + path,
+        data=json.dumps(body or {}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+@pytest.fixture(scope="module")
+def deployment_run(prefect_stack, virtual_board):
+    from flows.stack import prefect_cli
+
+    params = json.dumps({"board": virtual_board.name, "epochs": 3})
+    out = prefect_cli(
+        prefect_stack,
+        "deployment",
+        "run",
+        "odl/full",
+        "--param",
+        f"params={params}",
+        "--watch",
+        "--watch-timeout",
+        "300",
+        timeout=330,
+    )
+    run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", out).group(1)
+    return run_id, out
+
+
+def test_deployment_run_completes_and_schedule_has_upcoming_runs(prefect_stack, deployment_run):
+    run_id, out = deployment_run
+    run = _api(prefect_stack, "/flow_runs/filter", {"flow_runs": {"id": {"any_": [run_id]}}})[0]
+    assert run["state"]["type"] == "COMPLETED", out[-2000:]
+    deadline, scheduled = time.monotonic() + 90, []
+    while not scheduled and time.monotonic() < deadline:
+        scheduled = _api(
+            prefect_stack,
+            "/flow_runs/filter",
+            {"flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}}, "limit": 5},
+        )
+        time.sleep(2)
+    assert scheduled, "the scheduler created no upcoming run for the nightly schedule"
+    assert all(s["deployment_id"] == run["deployment_id"] for s in scheduled)
+
+
+def test_report_renders_in_the_prefect_ui(prefect_stack, deployment_run, virtual_board, tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.fail("chromium is not installed (deploy/system-packages.txt lists it; run make install)")
+    key = f"odl-report-digits-{virtual_board.name}"
+    ui = prefect_stack["PREFECT_API_URL"].removesuffix("/api")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    shot = SCREENSHOTS / "prefect-report.png"
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'chrome'}",
+        "--window-size=1400,1000",
+        "--virtual-time-budget=15000",
+    ]
+    url = f"{ui}/artifacts/key/{key}"
+    dom = subprocess.run(
+        [chromium, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=120
+    ).stdout
+    subprocess.run([chromium, *flags, f"--screenshot={shot}", url], capture_output=True, timeout=120)
+    assert "ODL run:" in dom and "Before / after on the host test set" in dom, dom[-1500:]
+    assert "data:image/png;base64" in dom
+    assert Path(shot).stat().st_size > 10_000
