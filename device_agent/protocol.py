@@ -257,6 +257,7 @@ class JobSpec:
     feeds: dict[str, str] = field(default_factory=dict)  # model input name -> npz key
     memory_estimate_mb: float = 0.0
     recipe_name: str = ""
+    num_classes: int = 0  # classification: labels must be < num_classes (0 = take it from the model)
     protocol: int = PROTOCOL_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -272,6 +273,7 @@ class JobSpec:
             "output_names": list(self.output_names),
             "feeds": dict(self.feeds),
             "memory_estimate_mb": self.memory_estimate_mb,
+            "num_classes": self.num_classes,
         }
 
     def to_json(self) -> str:
@@ -298,6 +300,7 @@ class JobSpec:
                 "output_names",
                 "feeds",
                 "memory_estimate_mb",
+                "num_classes",
             },
             "",
         )
@@ -319,6 +322,11 @@ class JobSpec:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in feeds.items()):
             raise SpecError("feeds", "a mapping of input name to npz key (strings)", feeds)
         mem = _get(d, "memory_estimate_mb", (int, float), "", 0.0)
+        if mem < 0:
+            raise SpecError("memory_estimate_mb", "a number >= 0", mem)
+        num_classes = _get(d, "num_classes", int, "", 0)
+        if num_classes < 0:
+            raise SpecError("num_classes", "an integer >= 0 (0 = unknown)", num_classes)
         return cls(
             job_id=job_id,
             artifacts=artifacts,
@@ -330,6 +338,7 @@ class JobSpec:
             feeds=dict(feeds),
             memory_estimate_mb=float(mem),
             recipe_name=_get(d, "recipe_name", str, "", ""),
+            num_classes=num_classes,
             protocol=protocol,
         )
 

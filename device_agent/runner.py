@@ -85,6 +85,7 @@ def _prepare(job: JobDir, spec: JobSpec, events: EventLog) -> tuple[Trainer, Pro
         raise AgentError(ExitCode.ARTIFACT_INVALID, f"artifacts do not load in ONNX Runtime: {exc}") from exc
     names = list(module.input_names())
     inputs, classes = model_io(str(paths["eval_model"]), names)
+    classes = spec.num_classes or classes
     train_ds = _dataset(spec.train_data, paths["train_data"], names, inputs, spec, "train_data")
     eval_ds = None
     if spec.eval_data is not None:

@@ -76,6 +76,7 @@ def build_job_spec(
         feeds=dict(manifest.get("feeds") or recipe.data.feeds),
         memory_estimate_mb=float((prepared.validation or {}).get("board_peak_estimate_mb", 0.0)),
         recipe_name=recipe.name,
+        num_classes=(recipe.model.num_classes or 0) if recipe.task == "classification" else 0,
     )
     return spec, files
 

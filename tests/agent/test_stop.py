@@ -1,0 +1,65 @@
+"""Cancel, NaN stop, memory guard and BUSY, each with its exit code and message."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from device_agent.checkpoints import latest_checkpoint
+from device_agent.events import read_events
+from device_agent.protocol import ExitCode
+
+SLOW = {"ODL_AGENT_STEP_DELAY_S": "0.03"}
+
+
+def test_cancel_saves_checkpoint_then_start_resumes(agent_board, digits_job):
+    spec, files = digits_job("cancelme", epochs=4)
+    jdir = agent_board.install(spec, files)
+    started = agent_board.run("start", str(jdir), env=SLOW)
+    assert started.code == 0, started.err
+    agent_board.wait("cancelme", lambda s: s["step"] >= 3)
+    busy = agent_board.run("start", str(jdir))
+    assert busy.code == ExitCode.BUSY and "already running" in busy.last["error"]
+    cancel = agent_board.run("cancel", str(jdir))
+    assert cancel.code == 0 and cancel.last["state"] == "cancelling"
+    status = agent_board.wait("cancelme", lambda s: s["state"] != "running")
+    assert status["state"] == "cancelled" and status["exit_code"] == ExitCode.CANCELLED
+    stopped_at = status["step"]
+    assert 3 <= stopped_at < 4 * 13
+    ckpt = latest_checkpoint(jdir / "checkpoints")
+    assert ckpt is not None and int(ckpt.name.split("-")[1]) == stopped_at
+    assert read_events(jdir / "events.jsonl")[-1]["type"] == "cancelled"
+
+    again = agent_board.run("run", str(jdir))
+    assert again.code == 0 and again.last["status"] == "finished" and again.last["steps"] == 4 * 13
+    starts = [e["data"] for e in read_events(jdir / "events.jsonl") if e["type"] == "started"]
+    assert starts[-1]["resumed_from_step"] == stopped_at
+
+
+def test_nan_loss_fails_with_step_and_keeps_last_good_checkpoint(agent_board, digits_job):
+    spec, files = digits_job("diverge", epochs=3, lr=1e30, checkpoint_every=1)
+    jdir = agent_board.install(spec, files)
+    run = agent_board.run("run", str(jdir))
+    assert run.code == ExitCode.DIVERGED, run.err
+    res = run.last
+    assert res["status"] == "failed" and "loss became" in res["error"]
+    failed_step = int(res["error"].split("at step ")[1].split()[0])
+    assert failed_step == res["steps"] + 1 >= 2
+    ckpt = latest_checkpoint(jdir / "checkpoints")
+    assert ckpt is not None and int(ckpt.name.split("-")[1]) == res["steps"]
+    assert not (jdir / "inference.onnx").exists()
+    failed = [e for e in read_events(jdir / "events.jsonl") if e["type"] == "failed"]
+    assert failed and failed[-1]["data"]["exit_code"] == ExitCode.DIVERGED
+    again = agent_board.run("run", str(jdir))  # never retried: the stored failure comes back
+    assert again.code == ExitCode.DIVERGED and again.last == res
+
+
+def test_memory_guard_refuses_to_start(agent_board, digits_job):
+    spec, files = digits_job("bigjob")
+    spec = replace(spec, memory_estimate_mb=500.0)
+    jdir = agent_board.install(spec, files)
+    run = agent_board.run("run", str(jdir), env={"ODL_AGENT_FAKE_MEM_MB": "200"})
+    assert run.code == ExitCode.NO_MEMORY
+    assert "free RAM 200 MB is below the job's estimate 500 MB" in run.last["error"]
+    assert not (jdir / "checkpoints").exists()
+    ok = agent_board.run("run", str(jdir), env={"ODL_AGENT_FAKE_MEM_MB": "800"})
+    assert ok.code == 0 and ok.last["status"] == "finished", ok.err
