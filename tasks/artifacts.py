@@ -20,7 +20,7 @@ from typing import Any
 import onnx
 
 from tasks.errors import ArtifactError, RecipeError
-from tasks.export import check_onnx, feed_keys, quiet_stderr
+from tasks.export import check_onnx, feed_keys, load_onnx, quiet_stderr
 from tasks.graph import resolve_trainable
 from tasks.recipe import recipe_hash
 from tasks.recipe_model import Recipe
@@ -196,8 +196,10 @@ def generate(recipe: Recipe, model_onnx: Path, out_dir: Path, *, bn_fix: bool = 
     out_dir = Path(out_dir)
     with quiet_stderr("import onnxruntime.training"):  # imports torch, which prints a CUDA warning
         import onnxruntime.training.artifacts  # noqa: F401
-    model = check_onnx(Path(model_onnx))
+    model = load_onnx(Path(model_onnx))
     check_board_loadable(model, str(model_onnx))
+    check_onnx(Path(model_onnx), model)
+    out_dir.mkdir(parents=True, exist_ok=True)
     local = out_dir / "model.onnx"
     if Path(model_onnx).resolve() != local.resolve():
         shutil.copyfile(model_onnx, local)

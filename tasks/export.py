@@ -72,6 +72,12 @@ def example_arrays(recipe: Recipe, input_names: tuple[str, ...], n: int = EXAMPL
         if key not in arrays:
             raise RecipeError(f"data.feeds.{name}", f"an array of {path.name} (has {sorted(arrays)})", key)
         out.append(arrays[key][:n])
+    if tuple(out[0].shape[1:]) != tuple(recipe.model.input_shape):
+        raise RecipeError(
+            "model.input_shape",
+            f"the shape of one sample of '{input_names[0]}' in {path.name}, {list(out[0].shape[1:])}",
+            list(recipe.model.input_shape),
+        )
     return out
 
 
@@ -138,16 +144,26 @@ def export_torch(recipe: Recipe, model: Any, path: Path) -> Path:
     return path
 
 
-def check_onnx(path: Path) -> Any:
-    """Load and check an ONNX file; ModelError if it is missing, truncated or invalid."""
+def load_onnx(path: Path) -> Any:
+    """Read an ONNX file; RecipeError if missing, ModelError if truncated or not ONNX."""
     import onnx
 
     if not path.is_file():
         raise RecipeError("model.onnx", "an existing ONNX file", str(path))
     try:
-        model = onnx.load(str(path))
+        return onnx.load(str(path))
+    except Exception as exc:  # protobuf DecodeError and friends
+        raise ModelError(f"{path} is not a valid ONNX model (truncated or corrupt?): {exc}") from exc
+
+
+def check_onnx(path: Path, model: Any = None) -> Any:
+    """Load (unless given) and run the ONNX checker; ModelError if the model is invalid."""
+    import onnx
+
+    model = load_onnx(path) if model is None else model
+    try:
         onnx.checker.check_model(model)
-    except Exception as exc:  # protobuf DecodeError, ValidationError, ...
+    except Exception as exc:  # ValidationError, ...
         raise ModelError(f"{path} is not a valid ONNX model (truncated or corrupt?): {exc}") from exc
     return model
 

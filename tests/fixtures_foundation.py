@@ -26,3 +26,28 @@ def prepared_digits(tmp_path_factory: pytest.TempPathFactory, digits_recipe):
 
     out: Path = tmp_path_factory.mktemp("prepared_digits")
     return prepare(digits_recipe, out)
+
+
+def _prepared(tmp_path_factory: pytest.TempPathFactory, recipe_file: str):
+    from tasks.prepare import prepare
+    from tasks.recipe import load_recipe
+
+    return prepare(load_recipe(RECIPES / recipe_file), tmp_path_factory.mktemp(Path(recipe_file).stem))
+
+
+@pytest.fixture(scope="session")
+def prepared_embedded(tmp_path_factory: pytest.TempPathFactory):
+    """Prepared recipes/embedded_loss.toml (loss computed inside the model)."""
+    return _prepared(tmp_path_factory, "embedded_loss.toml")
+
+
+@pytest.fixture(scope="session")
+def prepared_two_head(tmp_path_factory: pytest.TempPathFactory):
+    """Prepared recipes/two_head_custom_loss.toml (custom onnxblock loss on two outputs)."""
+    return _prepared(tmp_path_factory, "two_head_custom_loss.toml")
+
+
+@pytest.fixture(scope="session")
+def prepared_mobilenet(tmp_path_factory: pytest.TempPathFactory):
+    """Prepared recipes/mobilenet_v2.toml (slow: ~15 s; use only in tests marked slow)."""
+    return _prepared(tmp_path_factory, "mobilenet_v2.toml")
