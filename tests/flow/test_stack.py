@@ -88,7 +88,10 @@ def test_report_renders_in_the_prefect_ui(prefect_stack, deployment_run, virtual
         "--window-size=1400,1000",
         "--virtual-time-budget=15000",
     ]
-    url = f"{ui}/artifacts/key/{key}"
+    found = _api(
+        prefect_stack, "/artifacts/filter", {"artifacts": {"key": {"any_": [key]}}, "sort": "CREATED_DESC"}
+    )
+    url = f"{ui}/artifacts/artifact/{found[0]['id']}"
     dom = subprocess.run(
         [chromium, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=120
     ).stdout

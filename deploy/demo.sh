@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The one-command demo (called by `make demo` after `make install`; `deploy/demo.sh down` for `make down`).
+#   up:   virtual board "vboard" -> Prefect server (SQLite under $ODL_HOME/prefect, telemetry off)
+#         -> work pool odl-pool -> deployment odl/full (deploy/prefect.yaml) -> process worker
+#         -> `prefect deployment run odl/full --watch` -> summary + UI address. Leaves it all running.
+#   down: stops the worker, the server (by the pids under $ODL_HOME/run) and the board; keeps the data.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-.venv/bin}
+export ODL_HOME=${ODL_HOME:-$PWD/.odl}
+PORT=${ODL_PREFECT_PORT:-4200}
+BOARD=${ODL_BOARD:-vboard}
+
+stack_env() {  # the environment flows.stack gives every process of the stack
+  eval "$("$BIN/python" - "$PORT" <<'PY'
+import shlex, sys
+from flows.stack import stack_env
+env = stack_env(port=int(sys.argv[1]))
+for k in ("ODL_HOME", "ODL_PROJECT_ROOT", "ODL_TIMEZONE", "PREFECT_HOME", "PREFECT_API_URL",
+          "PREFECT_SERVER_ANALYTICS_ENABLED", "DO_NOT_TRACK", "PREFECT_LOGGING_EXTRA_LOGGERS"):
+    print(f"export {k}={shlex.quote(env[k])}")
+PY
+)"
+}
+
+case "${1:-up}" in
+  up)
+    "$BIN/odl" board up --name "$BOARD"
+    "$BIN/odl" stack up --port "$PORT"
+    stack_env
+    start=$(date +%s)
+    "$BIN/prefect" --no-prompt deployment run odl/full --param "params={\"board\": \"$BOARD\"}" \
+      --watch --watch-timeout 1800
+    echo
+    echo "== evaluation summary ($(( $(date +%s) - start )) s for the run) =="
+    "$BIN/odl" report digits "$BOARD"
+    "$BIN/odl" registry digits "$BOARD"
+    echo
+    echo "Prefect UI: http://127.0.0.1:$PORT  (Runs > the latest 'odl' run > Artifacts: report, progress, epochs)"
+    echo "Everything keeps running; stop it with: make down"
+    ;;
+  down)
+    "$BIN/odl" stack down
+    "$BIN/odl" board down --name "$BOARD" || true
+    ;;
+  *)
+    echo "usage: $0 [up|down]" >&2; exit 2 ;;
+esac
