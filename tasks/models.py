@@ -103,7 +103,8 @@ def load_weights(model: Any, path: Path, *, replaced_head: bool = False) -> None
         skipped = [k for k, v in state.items() if k in own and tuple(v.shape) != tuple(own[k].shape)]
         if replaced_head and len(skipped) <= 2:
             state = {**state, **{k: own[k] for k in skipped}}
-            log.info("weights %s: kept the new classifier head for %s", path.name, skipped)
+            if skipped:
+                log.info("weights %s: kept the new classifier head for %s", path.name, skipped)
         model.load_state_dict(state, strict=True)
     except (RuntimeError, ValueError, OSError, EOFError, KeyError) as exc:
         raise ModelError(f"cannot load weights {path} into the model: {str(exc).splitlines()[0]}") from exc
