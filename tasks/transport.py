@@ -35,7 +35,7 @@ Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 USER_TIMEOUT_MS = 10_000
 WINDOW = 16 * 1024 * 1024
 PACKET = 256 * 1024
-CHUNK = 256 * 1024
+STREAM_CHUNK = 1024 * 1024
 CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr", "aes256-ctr")
 
 
@@ -190,20 +190,55 @@ class SSHTransport:
         return res
 
     def put(self, local: Path, remote: str, progress: Progress | None = None) -> None:
-        """Upload ``local`` to ``remote`` (pipelined SFTP writes)."""
+        """Upload ``local`` to ``remote``, streamed through an exec channel (``cat > remote``).
+
+        Streaming avoids SFTP's per-32 KB request round trips (about twice SFTP's throughput
+        here); integrity is checked by the caller (sha256 verified on the board before use).
+        """
         total = Path(local).stat().st_size
         with _transfer(self.board.name, f"upload {local} -> {remote}"):
-            with open(local, "rb") as src, self.sftp.open(remote, "wb") as dst:
-                dst.set_pipelined(True)
-                _copy(src, dst, total, progress)
+            chan = self._stream(["sh", "-c", 'cat > "$1"', "sh", remote])
+            with open(local, "rb") as src:
+                done = 0
+                while chunk := src.read(STREAM_CHUNK):
+                    chan.sendall(chunk)
+                    done += len(chunk)
+                    if progress:
+                        progress(done, total)
+            chan.shutdown_write()
+            self._finish(chan, f"upload to {remote}")
 
     def get(self, remote: str, local: Path, progress: Progress | None = None) -> None:
-        """Download ``remote`` to ``local`` (SFTP with prefetch)."""
-        with _transfer(self.board.name, f"download {remote} -> {local}"):
-            total = self.sftp.stat(remote).st_size or 0
-            with self.sftp.open(remote, "rb") as src, open(local, "wb") as dst:
-                src.prefetch(total, max_concurrent_requests=64)
-                _copy(src, dst, total, progress)
+        """Download ``remote`` to ``local`` (``cat remote`` on an exec channel); no partial file on failure."""
+        try:
+            with _transfer(self.board.name, f"download {remote} -> {local}"):
+                chan = self._stream(["cat", remote])
+                with open(local, "wb") as dst:
+                    done = 0
+                    while chunk := chan.recv(STREAM_CHUNK):
+                        dst.write(chunk)
+                        done += len(chunk)
+                        if progress:
+                            progress(done, done)
+                self._finish(chan, f"download of {remote}")
+        except BaseException:
+            Path(local).unlink(missing_ok=True)
+            raise
+
+    def _stream(self, argv: list[str]) -> paramiko.Channel:
+        chan = self.client.get_transport().open_session(
+            window_size=WINDOW, max_packet_size=PACKET, timeout=self.board.connect_timeout
+        )
+        chan.settimeout(60)
+        chan.exec_command(quote_argv(argv))
+        return chan
+
+    def _finish(self, chan: paramiko.Channel, what: str) -> None:
+        code = chan.recv_exit_status()
+        err = chan.recv_stderr(65536).decode(errors="replace") if chan.recv_stderr_ready() else ""
+        chan.close()
+        if code != 0:
+            raise TransferError(f"board {self.board.name}: {what} failed (exit {code}): {err.strip()}")
 
     def exists(self, remote: str) -> bool:
         """True when ``remote`` exists on the board."""
@@ -284,15 +319,6 @@ def _transfer(board: str, what: str) -> Iterator[None]:
         yield
     except (OSError, EOFError, paramiko.SSHException) as exc:
         raise TransferError(f"board {board}: {what} failed: {exc or type(exc).__name__}") from exc
-
-
-def _copy(src, dst, total: int, progress: Progress | None) -> None:  # noqa: ANN001
-    done = 0
-    while chunk := src.read(CHUNK):
-        dst.write(chunk)
-        done += len(chunk)
-        if progress:
-            progress(done, total)
 
 
 def _drain(chan: paramiko.Channel, timeout: float | None) -> tuple[bytes, bytes]:
