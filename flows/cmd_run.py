@@ -74,11 +74,12 @@ class ProgressLine:
             loss_txt = f" loss {loss:.4f}" if isinstance(loss, int | float) else ""
             self._show(f"train epoch {d.get('epoch', '?')} step {d.get('step', '?')}{loss_txt}", False)
         else:
-            self._show(
-                f"{ev.type} "
-                + " ".join(f"{k}={v}" for k, v in sorted(d.items()) if not isinstance(v, dict | list)),
-                True,
+            fields = " ".join(
+                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                for k, v in sorted(d.items())
+                if not isinstance(v, dict | list)
             )
+            self._show(f"{ev.type} {fields}", ev.type not in ("eval", "checkpoint"))
 
     def close(self) -> None:
         """End the progress line."""
