@@ -11,7 +11,7 @@ QUIET := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || 
 STAMP := $(VENV)/.installed
 export ODL_HOME ?= $(CURDIR)/.odl
 
-.PHONY: demo test install system-deps lint down clean
+.PHONY: demo down test install system-deps lint clean
 
 $(STAMP): pyproject.toml constraints.txt deploy/system-packages.txt
 	@command -v $(PY) >/dev/null || { echo "need $(PY) (Python 3.11)"; exit 1; }
@@ -33,9 +33,14 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# virtual board + Prefect server (SQLite) + pool + deployment odl/full + worker, then
+# `prefect deployment run odl/full --watch`; everything stays up for the UI until `make down`
 demo: install
-	$(BIN)/odl prepare recipes/digits.toml --out $(ODL_HOME)/prepared/digits
-	$(BIN)/odl prepare recipes/mobilenet_v2.toml --out $(ODL_HOME)/prepared/mobilenet_v2
+	BIN=$(BIN) bash deploy/demo.sh up
+
+# stop worker, server and virtual board (by their recorded pids); data stays under $(ODL_HOME)
+down:
+	BIN=$(BIN) bash deploy/demo.sh down
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
