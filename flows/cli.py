@@ -15,9 +15,9 @@ from tasks.errors import PipelineError
 
 COMMAND_MODULES = [
     "flows.cmd_prepare",  # prepare / export / artifacts / validate
-    "flows.cmd_flow",  # stack / run / evaluate / registry / report
+    "flows.cmd_flow",  # stack / flow / evaluate / registry / report
     "flows.cmd_board",  # board up / down / status / list / info
-    "flows.cmd_run",  # train: prepare -> deploy -> train -> retrieve without Prefect
+    "flows.cmd_run",  # run: prepare -> deploy -> train -> retrieve without Prefect
 ]
 
 

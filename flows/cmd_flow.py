@@ -1,4 +1,4 @@
-"""``odl stack``, ``odl run``, ``odl evaluate``, ``odl registry`` and ``odl report`` subcommands."""
+"""``odl stack``, ``odl flow``, ``odl evaluate``, ``odl registry`` and ``odl report`` subcommands."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     stack.add_argument("--port", type=int, default=4200, help="server port (default 4200)")
     stack.set_defaults(func=_stack)
 
-    run = sub.add_parser("run", help="run the odl flow in this process (no worker needed)")
+    run = sub.add_parser(
+        "flow", help="run the whole Prefect flow odl (evaluation and promotion included) in this process"
+    )
     run.add_argument("recipe", nargs="?", default="recipes/digits.toml")
     run.add_argument("--board", default="vboard")
     run.add_argument("--epochs", type=int)

@@ -1,6 +1,6 @@
-"""``odl train RECIPE --board NAME``: prepare -> deploy -> train on the board -> retrieve, no Prefect.
+"""``odl run RECIPE --board NAME``: prepare -> deploy -> train on the board -> retrieve, no Prefect.
 
-(Named ``train`` because ``odl run`` runs the whole Prefect flow, evaluation and promotion included.)
+(``odl flow`` runs the whole Prefect flow in-process, evaluation and promotion included.)
 Progress goes to stderr; re-running the same command reattaches to the job already on the board.
 """
 
@@ -15,8 +15,8 @@ from device_agent.protocol import Event
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``odl train`` to the ``odl`` parser."""
-    p = sub.add_parser("train", help="prepare, deploy, train on a board and retrieve (no Prefect)")
+    """Add ``odl run`` to the ``odl`` parser."""
+    p = sub.add_parser("run", help="prepare, deploy, train on a board and retrieve (no Prefect)")
     p.add_argument("recipe", type=Path, help="recipe TOML file")
     p.add_argument("--board", required=True, help="board name in the inventory")
     p.add_argument("--out", type=Path, help="output folder (default $ODL_HOME/runs/JOB_ID)")

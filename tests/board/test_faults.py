@@ -85,7 +85,7 @@ def test_killed_host_process_reattaches_instead_of_training_again(
     recipe_path = PROJECT_ROOT / "recipes" / "digits.toml"
     overrides = {"training.epochs": LONG_EPOCHS}
     job_id = default_job_id(load_recipe(recipe_path, overrides))
-    argv = [sys.executable, "-m", "flows.cli", "train", str(recipe_path), "--board", virtual_board.name,
+    argv = [sys.executable, "-m", "flows.cli", "run", str(recipe_path), "--board", virtual_board.name,
             "--set", f"training.epochs={LONG_EPOCHS}", "--no-validate", "--out", str(tmp_path / "out")]  # fmt: skip
     env = os.environ | {"ODL_HOME": str(virtual_board_home)}
     first = subprocess.Popen(
@@ -115,7 +115,7 @@ def _wait_for_step(conn, board: Board, job_id: str, proc: subprocess.Popen) -> N
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AssertionError(f"odl train ended early: {proc.stdout.read().decode()[-3000:]}")
+            raise AssertionError(f"odl run ended early: {proc.stdout.read().decode()[-3000:]}")
         try:
             if any(e.type == "step" for e in _board_events(conn, board, job_id)):
                 return
