@@ -46,7 +46,14 @@ def free_disk_mb(path: Path) -> float:
 
 
 def peak_rss_mb() -> float:
-    """This process's peak resident set size in MB."""
+    """This process's peak resident set size in MB (VmHWM: unlike ru_maxrss, it resets at exec)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return round(float(line.split()[1]) / 1024.0, 1)
+    except OSError:
+        pass
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
 
 

@@ -24,6 +24,7 @@ from device_agent.ort import seed_runtime
 from device_agent.protocol import ExitCode, JobSpec, TrainParams
 
 log = logging.getLogger(__name__)
+CANCEL_POLL_S = 0.2  # how often the loop looks for cancel.request (SIGTERM is seen at once)
 STEP_DELAY_ENV = "ODL_AGENT_STEP_DELAY_S"  # slows every step down (tests and demos of live progress)
 
 
@@ -65,6 +66,9 @@ class Trainer:
         self.total = min(full, p.max_steps) if p.max_steps else full
         self.delay = float(os.environ.get(STEP_DELAY_ENV) or 0)
         self.cancel_flag = False
+        self._perm: tuple[int, np.ndarray] | None = None
+        self._cancel_path = str(job.cancel_file)
+        self._cancel_polled = 0.0
 
     def train(self, progress: Progress) -> Progress:
         """Train until ``self.total`` steps; raises Cancelled or AgentError(DIVERGED)."""
@@ -75,7 +79,7 @@ class Trainer:
             if progress.step >= epoch_start + self.spe:
                 self._end_epoch(progress)
                 continue
-            perm = epoch_permutation(self.spec.train.seed, progress.epoch, len(self.train_ds))
+            perm = self._permutation(progress.epoch)
             pos = progress.step - epoch_start
             self._step(
                 progress, perm[pos * self.spec.train.batch_size : (pos + 1) * self.spec.train.batch_size]
@@ -86,6 +90,11 @@ class Trainer:
             elif self.spec.train.checkpoint_every and progress.step % self.spec.train.checkpoint_every == 0:
                 self.checkpoint(progress)
         return progress
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        if self._perm is None or self._perm[0] != epoch:
+            self._perm = (epoch, epoch_permutation(self.spec.train.seed, epoch, len(self.train_ds)))
+        return self._perm[1]
 
     def _step(self, progress: Progress, idx: np.ndarray) -> None:
         batch = self._feed(self.train_ds.take(idx))
@@ -166,11 +175,15 @@ class Trainer:
         )
 
     def _check_cancel(self, progress: Progress) -> None:
-        if self.cancel_flag or self.job.cancel_file.exists():
+        now = time.monotonic()
+        if now - self._cancel_polled >= CANCEL_POLL_S:  # a stat per step costs more than a small step
+            self._cancel_polled = now
+            self.cancel_flag = self.cancel_flag or os.path.exists(self._cancel_path)
+        if self.cancel_flag:
             self.checkpoint(progress)
             raise Cancelled(f"cancelled at step {progress.step}")
 
 
 def _scalar(outs: Any) -> float:
     first = outs[0] if isinstance(outs, tuple | list) else outs
-    return float(np.asarray(first).reshape(-1)[0])
+    return float(first.reshape(-1)[0]) if getattr(first, "ndim", 0) else float(first)
