@@ -51,13 +51,16 @@ def check_dataset(ds: Any, inputs: list[InputSpec], task: str, classes: int | No
     """Raise DATA_MISMATCH when shapes, dtypes, NaNs or label ranges do not fit the model."""
     if len(ds) == 0:
         raise AgentError(ExitCode.DATA_MISMATCH, f"{field}: the dataset is empty", field)
-    arrays = getattr(ds, "arrays", None)
-    if arrays is None:  # image folders: check one decoded batch
-        arrays = ds.take(np.arange(min(2, len(ds))))
+    arrays, n = getattr(ds, "arrays", None), len(ds)
+    if arrays is None:  # image folders: check one decoded batch, and the labels of every file
+        arrays = ds.take(np.arange(min(2, n)))
+        n = len(arrays[inputs[0].name])
     for spec in inputs:
-        _check_array(arrays[spec.name], spec, len(ds), field)
+        _check_array(arrays[spec.name], spec, n, field)
     if len(inputs) > 1 and task in ("classification", "binary"):
-        _check_labels(arrays[inputs[1].name], task, classes, f"{field}: input {inputs[1].name!r}", field)
+        labels = getattr(ds, "labels", None)
+        labels = arrays[inputs[1].name] if labels is None else labels
+        _check_labels(labels, task, classes, f"{field}: input {inputs[1].name!r}", field)
 
 
 def _check_array(arr: Any, spec: InputSpec, n: int, field: str) -> None:

@@ -129,6 +129,11 @@ class ImageFolderDataset:
     def __len__(self) -> int:
         return len(self.files)
 
+    @property
+    def labels(self) -> np.ndarray:
+        """The class index of every image (folder order, sorted by name)."""
+        return np.asarray([label for _, label in self.files], dtype=np.int64)
+
     def take(self, idx: np.ndarray) -> dict[str, np.ndarray]:
         """Decode, resize and stack the images ``idx``."""
         from PIL import Image
