@@ -12,7 +12,7 @@ from device_agent.events import read_events
 from device_agent.ort import load_training_api
 
 EPOCHS = 6  # 13 steps per epoch on the digits recipe (400 samples, batch 32)
-SLOW = {"ODL_AGENT_STEP_DELAY_S": "0.03"}
+SLOW = {"ODL_AGENT_STEP_DELAY_S": "0.05"}
 
 
 def final_weights(jdir) -> dict[str, np.ndarray]:
@@ -39,7 +39,7 @@ def test_sigkill_then_start_matches_uninterrupted_run(agent_board, digits_job):
     jdir = agent_board.install(spec, files)
     started = agent_board.run("start", str(jdir), env=SLOW)
     assert started.code == 0 and started.last["state"] == "running", started.err
-    status = agent_board.wait("killed", lambda s: s["step"] >= 22 or s["state"] != "running")
+    status = agent_board.wait("killed", lambda s: s["step"] >= 17 or s["state"] != "running")
     assert status["state"] == "running", status
     os.kill(started.last["pid"], signal.SIGKILL)
     status = agent_board.wait("killed", lambda s: s["state"] != "running")
