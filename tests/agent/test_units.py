@@ -103,3 +103,12 @@ def test_board_venv_is_readable_and_reused(board_python):
     site = next((venv / "lib").glob("python3*/site-packages"))
     dists = sorted(p.name.split("-")[0].lower() for p in site.glob("*.dist-info"))
     assert [d for d in dists if d not in ("pip", "setuptools")] == ["numpy", "onnxruntime_training_cpu"]
+
+
+def test_readme_lists_every_exit_code():
+    from device_agent.protocol import EXIT_HELP, ExitCode
+    from tasks.paths import PROJECT_ROOT
+
+    readme = (PROJECT_ROOT / "device_agent" / "README.md").read_text()
+    for code, text in EXIT_HELP.items():
+        assert f"| {int(code)} | `{ExitCode(code).name}` | {text} |" in readme
