@@ -12,18 +12,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import subprocess
+import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
 
-from device_agent.protocol import BlobRef, DataRef, file_sha256
-from tasks.paths import PROJECT_ROOT, state_dir
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-REPEATS = 3
-RESULTS = PROJECT_ROOT / "bench" / "results" / "agent.json"
+from bench._common import (  # noqa: E402
+    BOARD_VENV,
+    board_env,
+    install_job,
+    json_run,
+    run_agent,
+    table,
+    tiled_npz,
+    write_results,
+)
+from tasks.paths import PROJECT_ROOT, state_dir  # noqa: E402
+
+REPEATS = 5
 BARE_LOOP = r"""
 import json, sys, time
 import numpy as np
@@ -59,12 +67,6 @@ print(json.dumps({"samples_per_s": steps * bs / dt, "seconds": dt, "peak_rss_mb"
 """
 
 
-def _board_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ODL_AGENT_")}
-    env["PYTHONPATH"] = str(PROJECT_ROOT)
-    return env
-
-
 def bench_recipe(recipe_file: str, steps: int, python: Path) -> dict:
     """Agent vs bare loop on one recipe; returns the figures."""
     from tasks.jobspec import build_job_spec
@@ -75,7 +77,7 @@ def bench_recipe(recipe_file: str, steps: int, python: Path) -> dict:
     prepared = prepare(recipe, state_dir("cache", "bench", recipe.name), validate=False)
     spec, files = build_job_spec(recipe, prepared, f"bench-{recipe.name}", max_steps=steps)
     root = state_dir("cache", "bench", "agent-root")
-    train = _one_epoch_data(recipe.data.train, steps * spec.train.batch_size, root)
+    train = tiled_npz(recipe.data.train, steps * spec.train.batch_size, root)
     files[train.blob.sha256] = root / "blobs" / train.blob.sha256
     spec = replace(
         spec, eval_data=None, train_data=train, train=replace(spec.train, epochs=1, checkpoint_every=0)
@@ -84,16 +86,17 @@ def bench_recipe(recipe_file: str, steps: int, python: Path) -> dict:
     blobs = {k: str(root / "blobs" / ref.sha256) for k, ref in spec.artifacts.items()}
     args = {**blobs, "train": str(root / "blobs" / spec.train_data.blob.sha256), "feeds": spec.feeds,
             "batch_size": spec.train.batch_size, "steps": steps, "seed": spec.train.seed, "lr": spec.train.lr}  # fmt: skip
-    for _ in range(REPEATS):  # interleaved, best of N: the machine is shared and noisy
-        jdir = _install(root, spec, files)
+    for _ in range(REPEATS):  # interleaved pairs: the machine is shared and noisy
+        jdir = install_job(root, spec, files)
         agents.append(_agent_run(python, root, jdir))
-        bares.append(_json_run([str(python), "-c", BARE_LOOP, json.dumps(args)]))
+        bares.append(json_run([str(python), "-c", BARE_LOOP, json.dumps(args)], env=board_env()))
     agent = max(agents, key=lambda r: r["samples_per_s"])
     bare = max(bares, key=lambda r: r["samples_per_s"])
     return {
         "recipe": recipe.name, "steps": steps, "batch_size": spec.train.batch_size,
         "agent_samples_per_s": round(agent["samples_per_s"], 1), "bare_samples_per_s": round(bare["samples_per_s"], 1),
         "throughput_ratio": round(agent["samples_per_s"] / bare["samples_per_s"], 3),
+        "paired_ratio_median": round(statistics.median(a["samples_per_s"] / b["samples_per_s"] for a, b in zip(agents, bares, strict=True)), 3),
         "agent_peak_rss_mb": agent["peak_rss_mb"], "bare_peak_rss_mb": round(bare["peak_rss_mb"], 1),
         "rss_delta_mb": round(agent["peak_rss_mb"] - bare["peak_rss_mb"], 1),
         "agent_in_ort_fraction": agent["in_ort_fraction"],
@@ -102,41 +105,11 @@ def bench_recipe(recipe_file: str, steps: int, python: Path) -> dict:
     }  # fmt: skip
 
 
-def _one_epoch_data(path: Path, rows: int, root: Path) -> DataRef:
-    """The recipe's train set tiled to ``rows`` samples: the whole run is one epoch, so the figure
-    is the steady-state step loop (epoch-end checkpoints are timed separately)."""
-    import numpy as np
-
-    with np.load(path) as data:
-        arrays = {k: data[k] for k in data.files}
-    reps = -(-rows // len(arrays["x"]))
-    tmp = root / "bench-train.npz"
-    np.savez(tmp, **{k: np.concatenate([v] * reps)[:rows] for k, v in arrays.items()})
-    sha = file_sha256(tmp)
-    (root / "blobs").mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, root / "blobs" / sha)
-    return DataRef("npz", blob=BlobRef(sha, (root / "blobs" / sha).stat().st_size))
-
-
-def _install(root: Path, spec, files: dict[str, Path]) -> Path:
-    (root / "blobs").mkdir(parents=True, exist_ok=True)
-    for sha, path in files.items():
-        if not (root / "blobs" / sha).exists():
-            shutil.copyfile(path, root / "blobs" / sha)
-    jdir = root / "jobs" / spec.job_id
-    shutil.rmtree(jdir, ignore_errors=True)
-    jdir.mkdir(parents=True)
-    (jdir / "job.json").write_text(spec.to_json())
-    return jdir
-
-
 def _agent_run(python: Path, root: Path, jdir: Path) -> dict:
     """Run the agent; samples/s over the training loop wall time (first step -> last step event)."""
     from device_agent.events import read_events
 
-    result = _json_run([str(python), "-m", "device_agent", "--root", str(root), "run", str(jdir)])
-    if result.get("status") != "finished":
-        raise SystemExit(f"agent run failed: {result}")
+    result = run_agent(python, root, jdir)
     spec = json.loads((jdir / "job.json").read_text())
     events = read_events(jdir / "events.jsonl")
     start = next(e["ts"] for e in events if e["type"] == "started")
@@ -153,11 +126,13 @@ def _agent_run(python: Path, root: Path, jdir: Path) -> dict:
     }
 
 
-def _json_run(argv: list[str]) -> dict:
-    proc = subprocess.run(argv, capture_output=True, text=True, env=_board_env())
-    if proc.returncode != 0 and not proc.stdout.strip():
-        raise SystemExit(f"{argv[:3]} failed: {proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+COLUMNS = [
+    ("recipe", "recipe"), ("steps", "steps"), ("agent_samples_per_s", "agent samples/s"),
+    ("bare_samples_per_s", "bare samples/s"), ("throughput_ratio", "best/best"),
+    ("paired_ratio_median", "median pair"),
+    ("agent_peak_rss_mb", "agent MB"), ("bare_peak_rss_mb", "bare MB"), ("rss_delta_mb", "+MB"),
+    ("agent_in_ort_fraction", "in-ORT share"), ("epoch_end_checkpoint_ms", "ckpt ms"),
+]  # fmt: skip
 
 
 def main() -> int:
@@ -168,21 +143,18 @@ def main() -> int:
     parser.add_argument("--steps-digits", type=int, default=1000)
     parser.add_argument("--steps-mobilenet", type=int, default=24)
     args = parser.parse_args()
-    python = ensure_board_venv(state_dir("cache") / "board-venv")
+    python = ensure_board_venv(BOARD_VENV)
     rows = [bench_recipe("digits.toml", args.steps_digits, python),
             bench_recipe("mobilenet_v2.toml", args.steps_mobilenet, python)]  # fmt: skip
+    print(table(rows, COLUMNS))
     print(
-        f"{'recipe':<14}{'agent s/s':>11}{'bare s/s':>10}{'ratio':>7}{'agent MB':>10}{'bare MB':>9}{'dMB':>7}"
+        f"{REPEATS} interleaved agent/bare pairs: best/best = best agent over best bare; median pair = median"
     )
-    for r in rows:
-        print(f"{r['recipe']:<14}{r['agent_samples_per_s']:>11}{r['bare_samples_per_s']:>10}{r['throughput_ratio']:>7}"
-              f"{r['agent_peak_rss_mb']:>10}{r['bare_peak_rss_mb']:>9}{r['rss_delta_mb']:>7}{r['epoch_end_checkpoint_ms']:>9}")  # fmt: skip
-    for r in rows:
-        print(f"{r['recipe']}: share of the agent's loop wall time spent inside ORT calls "
-              f"(same process, immune to the noise between processes): {r['agent_in_ort_fraction']}")  # fmt: skip
-    print("targets: ratio >= 0.95, dMB <= +50")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"rows": rows, "cpu_count": os.cpu_count()}, indent=2) + "\n")
+    print(
+        "of the per-pair ratios. targets: ratio >= 0.95, +MB <= 50. in-ORT share: the fraction of the agent's loop wall time"
+    )
+    print("spent inside ORT calls (one process, so immune to the noise between processes).")
+    print(f"written to {write_results('agent', {'rows': rows, 'pairs': REPEATS})}")
     return 0
 
 
