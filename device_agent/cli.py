@@ -20,13 +20,11 @@ from device_agent.events import read_last_event
 from device_agent.jobdir import (
     LOCK_FD_ENV,
     JobDir,
-    check_resources,
     inherited_lock,
     load_spec,
     lock_is_held,
     open_lock,
     read_result,
-    verify_inputs,
 )
 from device_agent.protocol import EXIT_HELP, ExitCode
 
@@ -68,12 +66,18 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    """Check the spec, blobs and resources without training."""
+    """Check spec, blobs, RAM/disk, that the artifacts load and the data fit; no training step."""
+    from device_agent.runner import open_job
+
     job = _job(args)
     spec = load_spec(job)
-    verify_inputs(job, spec)
-    check_resources(job, spec)
-    emit({"ok": True, "job_id": spec.job_id, "exit_code": 0})
+    opened = open_job(job, spec)
+    emit({
+        "ok": True, "job_id": spec.job_id, "exit_code": 0, "train_samples": len(opened.train_ds),
+        "eval_samples": len(opened.eval_ds) if opened.eval_ds is not None else 0,
+        "inputs": {i.name: [d if d is not None else "N" for d in i.shape] for i in opened.session.inputs},
+        "num_classes": opened.num_classes, "resume_from_step": opened.progress.step if opened.resumed else None,
+    })  # fmt: skip
     return ExitCode.OK
 
 

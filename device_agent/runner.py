@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,20 @@ def run_job(job: JobDir, spec: JobSpec) -> JobResult:
     return result
 
 
-def _prepare(job: JobDir, spec: JobSpec, events: EventLog) -> tuple[Trainer, Progress]:
+@dataclass
+class OpenJob:
+    """A job's ORT session and datasets, checked and ready for the first (or next) step."""
+
+    session: Session
+    train_ds: Any
+    eval_ds: Any
+    progress: Progress
+    resumed: bool
+    num_classes: int | None
+
+
+def open_job(job: JobDir, spec: JobSpec) -> OpenJob:
+    """Verify blobs and resources, load the artifacts (or the last checkpoint), check the data."""
     paths = verify_inputs(job, spec)
     check_resources(job, spec)
     api = _training_api()
@@ -94,10 +108,17 @@ def _prepare(job: JobDir, spec: JobSpec, events: EventLog) -> tuple[Trainer, Pro
     if eval_ds is not None:
         check_dataset(eval_ds, inputs, spec.task, classes, "eval_data")
     progress = Progress.from_properties(state.properties) if resume else Progress()
-    trainer = Trainer(job, spec, Session(api, state, module, optimizer, inputs), train_ds, eval_ds, events)
-    events.emit("started", resumed_from_step=progress.step if resume else None, total_steps=trainer.total,
-                steps_per_epoch=trainer.spe, train_samples=len(train_ds), pid=os.getpid(),
-                eval_samples=len(eval_ds) if eval_ds is not None else 0)  # fmt: skip
+    session = Session(api, state, module, optimizer, inputs)
+    return OpenJob(session, train_ds, eval_ds, progress, resume is not None, classes)
+
+
+def _prepare(job: JobDir, spec: JobSpec, events: EventLog) -> tuple[Trainer, Progress]:
+    opened = open_job(job, spec)
+    progress = opened.progress
+    trainer = Trainer(job, spec, opened.session, opened.train_ds, opened.eval_ds, events)
+    events.emit("started", resumed_from_step=progress.step if opened.resumed else None, total_steps=trainer.total,
+                steps_per_epoch=trainer.spe, train_samples=len(opened.train_ds), pid=os.getpid(),
+                eval_samples=len(opened.eval_ds) if opened.eval_ds is not None else 0)  # fmt: skip
     return trainer, progress
 
 

@@ -138,6 +138,9 @@ def test_dataset_mismatch(agent_board, digits_job, tmp_path, arrays, text):
     spec, files = digits_job("baddata")
     spec = replace(spec, train_data=_data_blob(agent_board, arrays, tmp_path))
     jdir = agent_board.install(spec, files)
+    check = agent_board.run("validate", str(jdir))
+    assert check.code == ExitCode.DATA_MISMATCH and text in check.last["error"], (check.out, check.err)
+    assert not (jdir / "result.json").exists() and not (jdir / "events.jsonl").exists()
     run = agent_board.run("run", str(jdir))
     assert run.code == ExitCode.DATA_MISMATCH, (run.out, run.err)
     assert text in run.last["error"] and "train_data" in run.last["error"], run.last["error"]

@@ -34,6 +34,12 @@ def test_info_reports_versions_and_training_api(agent_board):
 def test_run_prepared_digits_without_torch_or_prefect(agent_board, digits_job):
     spec, files = digits_job("notorch", epochs=2)
     jdir = agent_board.install(spec, files)
+    check = agent_board.run("validate", str(jdir))
+    assert check.code == 0, check.err
+    assert (
+        check.last["ok"] is True and check.last["train_samples"] == 400 and check.last["eval_samples"] == 100
+    )
+    assert check.last["inputs"]["input"] == ["N", 1, 8, 8] and check.last["num_classes"] == 10
     proc = subprocess.run(
         [str(agent_board.python), "-c", SCRIPT, str(agent_board.root), str(jdir)],
         capture_output=True, text=True, env={"PYTHONPATH": str(PROJECT_ROOT), "PATH": "/usr/bin:/bin"},
