@@ -165,6 +165,7 @@ def _run_generate(
 ) -> None:
     from onnxruntime.training import artifacts
 
+    extra_outputs = [] if loss is None else [o.name for o in model.graph.output]
     if art_dir.exists():
         shutil.rmtree(art_dir)
     art_dir.mkdir(parents=True)
@@ -177,6 +178,8 @@ def _run_generate(
                 loss=loss,
                 optimizer=build_optimizer(recipe),
                 artifact_directory=art_dir,
+                # keep the model's outputs beside the loss so the board can report accuracy
+                additional_output_names=extra_outputs,
             )
         except Exception as exc:  # ORT raises RuntimeError, TypeError, onnx errors ...
             raise ArtifactError(f"generate_artifacts failed: {str(exc).splitlines()[0]}") from exc

@@ -33,7 +33,8 @@ def _train_steps(out, arrays, steps=8):
     opt = api.Optimizer(str(art / "optimizer_model.onnx"), module)
     losses = []
     for _ in range(steps):
-        losses.append(float(np.asarray(module(*arrays)).reshape(-1)[0]))
+        out = module(*arrays)  # (loss, *model outputs) for built-in and custom losses
+        losses.append(float(np.asarray(out[0] if isinstance(out, tuple) else out).reshape(-1)[0]))
         opt.step()
         module.lazy_reset_grad()
     return losses
