@@ -26,7 +26,7 @@ from device_agent.jobdir import (
     open_lock,
     read_result,
 )
-from device_agent.protocol import EXIT_HELP, ExitCode
+from device_agent.protocol import EXIT_HELP, NEVER_RETRY, ExitCode
 
 log = logging.getLogger("device_agent")
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent
@@ -111,6 +111,8 @@ def cmd_start(args: argparse.Namespace) -> int:
         return ExitCode.OK
     fd = open_lock(job)  # BUSY if running; handed to the child so there is no race
     job.cancel_file.unlink(missing_ok=True)
+    if done is not None and not (done.status == "failed" and done.exit_code in NEVER_RETRY):
+        job.result_file.unlink(missing_ok=True)  # the run being resumed replaces this stale outcome
     env = dict(os.environ, **{LOCK_FD_ENV: str(fd), "PYTHONPATH": _pythonpath()})
     argv = [sys.executable, "-m", "device_agent", "--root", str(args.root), "run", str(job.path)]
     with open(os.devnull, "rb") as devnull, open(job.path / "agent.stderr", "ab") as err:

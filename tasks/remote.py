@@ -24,6 +24,7 @@ from typing import Any
 
 import device_agent
 from device_agent.protocol import (
+    NEVER_RETRY,
     PROTOCOL_VERSION,
     Event,
     ExitCode,
@@ -354,6 +355,8 @@ class _Follower:
         if event.seq <= self.last_seq:
             return
         self.last_seq = event.seq
+        if event.type == "started":  # a resumed run: an earlier terminal line no longer ends the job
+            self.ended = False
         self.ended = self.ended or event.type in TERMINAL
         if self.on_event:
             self.on_event(event)
@@ -405,9 +408,16 @@ def run_job(
     else:
         report = upload_blobs(conn, board, files, progress)
         create_job(conn, board, spec)
-    if read_result(conn, board, spec.job_id) is None:
+    if resumable(read_result(conn, board, spec.job_id)):
         log.info("job %s %s on board %s", spec.job_id, start_job(conn, board, spec.job_id), board.name)
     return report, follow_job(conn, board, spec.job_id, 0, on_event)
+
+
+def resumable(result: JobResult | None) -> bool:
+    """True when the job must (re)start: no result yet, cancelled, or failed for a retryable cause."""
+    if result is None:
+        return True
+    return result.status != "finished" and not (result.status == "failed" and result.exit_code in NEVER_RETRY)
 
 
 def job_status(conn: Transport, board: Board, job_id: str) -> dict[str, Any]:
