@@ -30,9 +30,9 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def write_results(name: str, figures: dict[str, Any]) -> Path:
-    """Write ``figures`` (plus machine facts) to ``bench/results/<name>.json``; returns the path."""
-    path = RESULTS_DIR / f"{name}.json"
+def write_results(name: str, figures: dict[str, Any], out: Path | None = None) -> Path:
+    """Write ``figures`` (plus machine facts) to ``out`` (default ``bench/results/<name>.json``)."""
+    path = Path(out) if out else RESULTS_DIR / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     facts = {"cpu_count": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2), "when": time.time()}
     path.write_text(json.dumps({**figures, "machine": facts}, indent=2, default=str) + "\n")

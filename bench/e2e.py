@@ -173,6 +173,7 @@ def main() -> int:
     """Run the benchmark, print the table, write bench/results/e2e.json."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="digits only, 2 epochs")
+    parser.add_argument("--out", type=Path, help="result file (default bench/results/e2e.json)")
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="odl-bench-e2e-"))
     os.environ.update(
@@ -187,7 +188,7 @@ def main() -> int:
     finally:
         shutil.rmtree(home, ignore_errors=True)
     figures.update(quick=args.quick, target_share=TARGET_SHARE)
-    path = write_results("e2e", figures)
+    path = write_results("e2e", figures, args.out)
     print(table(figures["runs"], COLUMNS))
     noop = figures["prefect_noop"]
     print(

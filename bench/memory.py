@@ -28,10 +28,10 @@ RECIPE = PROJECT_ROOT / "recipes" / "mobilenet_v2.toml"
 BATCHES = (1, 2, 4, 8, 16, 32)
 TOLERANCE = 0.20
 COLUMNS = [("batch_size", "batch"), ("estimate_mb", "estimate MB"), ("probe_peak_mb", "probe MB"),
-           ("agent_peak_mb", "agent MB"), ("ratio", "estimate/agent"), ("within", "within 20%")]  # fmt: skip
+           ("agent_peak_mb", "agent MB"), ("probe_ratio", "probe/agent"), ("ratio", "estimate/agent"), ("within", "within 20%")]  # fmt: skip
 
 
-def prepare_once(quick: bool) -> Any:
+def prepare_once() -> Any:
     """Export + artifacts of the recipe (no validation) in a bench cache folder; returns Prepared."""
     from tasks.prepare import prepare
     from tasks.recipe import load_recipe
@@ -58,6 +58,7 @@ def measure_batch(prepared: Any, batch: int, python: Path, max_steps: int) -> di
         "estimate_mb": round(estimate, 1),
         "probe_peak_mb": round(float(report["measured_peak_rss_mb"]), 1),
         "agent_peak_mb": round(measured, 1),
+        "probe_ratio": round(float(report["measured_peak_rss_mb"]) / measured, 3),
         "ratio": round(estimate / measured, 3),
         "within": abs(estimate / measured - 1) <= TOLERANCE,
         "agent_steps": result["steps"],
@@ -88,13 +89,14 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="batch size 2 only, 8 steps")
+    parser.add_argument("--out", type=Path, help="result file (default bench/results/memory.json)")
     args = parser.parse_args()
     python = ensure_board_venv(BOARD_VENV)
-    prepared = prepare_once(args.quick)
+    prepared = prepare_once()
     batches, max_steps = ((2,), 8) if args.quick else (BATCHES, 0)
     rows = [measure_batch(prepared, b, python, max_steps) for b in batches]
     path = write_results(
-        "memory", {"recipe": RECIPE.name, "tolerance": TOLERANCE, "quick": args.quick, "rows": rows}
+        "memory", {"recipe": RECIPE.name, "tolerance": TOLERANCE, "quick": args.quick, "rows": rows}, args.out
     )
     print(table(rows, COLUMNS))
     print(f"target: estimate within +-{TOLERANCE:.0%} of the agent's measured peak RSS; figures: {path}")

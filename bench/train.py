@@ -142,11 +142,12 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="digits only, 100 steps")
+    parser.add_argument("--out", type=Path, help="result file (default bench/results/train.json)")
     args = parser.parse_args()
     python = ensure_board_venv(BOARD_VENV)
     plan = [("digits.toml", 100)] if args.quick else [("digits.toml", 600), ("mobilenet_v2.toml", 32)]
     rows = [bench_recipe(recipe, steps, python) for recipe, steps in plan]
-    path = write_results("train", {"rows": rows, "quick": args.quick, "repeats": REPEATS})
+    path = write_results("train", {"rows": rows, "quick": args.quick, "repeats": REPEATS}, args.out)
     print(table(rows, COLUMNS))
     print(f"threads: {rows[0]['threads']} (ORT default intra-op = physical cores; torch.set_num_threads)")
     print(f"figures: {path}")

@@ -77,11 +77,14 @@ def probe(cfg: dict) -> dict:
         repeat.append(_loss(module(*first)))
         optimizer.step()
         module.lazy_reset_grad()
+    # export before the eval step: the peak up to here is what a job without an eval set reaches
+    # (training + the final export); the eval graph's session adds its own arena on top
+    STAGE[0] = "export_inference"
+    module.export_model_for_inferencing(cfg["inference_path"], cfg["inference_outputs"])
+    report["train_peak_rss_mb"] = peak_rss_mb()
     STAGE[0] = "eval_step"
     module.eval()
     report["eval_loss"] = _loss(module(*first))
-    STAGE[0] = "export_inference"
-    module.export_model_for_inferencing(cfg["inference_path"], cfg["inference_outputs"])
     report.update(
         losses=losses,
         repeat_losses=repeat,

@@ -27,7 +27,8 @@ from tasks.recipe_model import Recipe
 
 log = logging.getLogger(__name__)
 MATCH_TOL = 1e-4
-MEMORY_MARGIN = (1.15, 16.0)  # board estimate = peak * 1.15 + 16 MB (allocator and board-side slack)
+MEMORY_MARGIN = (1.05, 16.0)  # board estimate = peak * 1.05 + 16 MB (allocator and board-side slack;
+# bench/memory.py: the probe's peak is within 3 % of the agent's at batch 1-32 of mobilenet_v2)
 PROBE_TIMEOUT_S = 600
 
 
@@ -171,14 +172,18 @@ def validate(recipe: Recipe, out_dir: Path, *, steps: int = 5) -> dict:
 def _figures(recipe: Recipe, probe: dict[str, Any], manifest: dict) -> dict[str, Any]:
     scale, extra = MEMORY_MARGIN
     n = probe["n_samples"]
+    # the board runs the eval graph only when the job has an eval set (its session adds an arena)
+    peak = probe["peak_rss_mb"] if recipe.data.eval else probe.get("train_peak_rss_mb", probe["peak_rss_mb"])
     return {
         "batch_size": recipe.training.batch_size,
         "steps_per_epoch": math.ceil(n / recipe.training.batch_size),
         "time_per_step_s": probe["time_per_step_s"],
         "first_step_s": probe["first_step_s"],
-        "measured_peak_rss_mb": probe["peak_rss_mb"],
-        "board_peak_estimate_mb": probe["peak_rss_mb"] * scale + extra,
-        "memory_margin": f"measured peak RSS of a torch-free training process x {scale} + {extra} MB",
+        "measured_peak_rss_mb": peak,
+        "probe_peak_rss_mb_with_eval": probe["peak_rss_mb"],
+        "board_peak_estimate_mb": peak * scale + extra,
+        "memory_margin": f"measured peak RSS of a torch-free training process x {scale} + {extra} MB "
+        f"({'with' if recipe.data.eval else 'without'} the eval graph, as the job)",
         "probe_torch_loaded": probe["torch_loaded"],
         "losses": probe["losses"],
         "repeat_losses": probe["repeat_losses"],

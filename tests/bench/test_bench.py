@@ -1,0 +1,78 @@
+"""Smoke tests of the benchmarks: each runs in its --quick mode and writes sane figures.
+
+They run the real scripts (a real virtual board, Prefect API, agent and torch loop) in a
+subprocess, writing to a temporary file so bench/results/ keeps the last full figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tasks.paths import PROJECT_ROOT
+
+
+def run_bench(name: str, tmp_path: Path) -> dict:
+    """Run ``bench/<name>.py --quick --out tmp`` and return the JSON it wrote."""
+    out = tmp_path / f"{name}.json"
+    proc = subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "bench" / f"{name}.py"), "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert str(out) in proc.stdout  # the table names where the figures went
+    return json.loads(out.read_text())
+
+
+def positive(row: dict, *keys: str) -> None:
+    """Every key is a finite number > 0."""
+    for key in keys:
+        assert isinstance(row[key], int | float) and 0 < row[key] < float("inf"), (key, row[key])
+
+
+def test_train_bench_compares_agent_and_torch(tmp_path: Path) -> None:
+    figures = run_bench("train", tmp_path)
+    (row,) = figures["rows"]
+    assert row["recipe"] == "digits" and row["batch_size"] == 32 and row["steps"] == 100
+    positive(row, "agent_samples_per_s", "torch_samples_per_s", "throughput_ratio")
+    positive(row, "agent_peak_rss_mb", "torch_peak_rss_mb", "rss_ratio")
+    assert row["torch_threads"] == row["threads"] >= 1
+    assert row["throughput_ratio"] == pytest.approx(
+        row["agent_samples_per_s"] / row["torch_samples_per_s"], rel=0.01
+    )
+    assert row["agent_peak_rss_mb"] < row["torch_peak_rss_mb"]  # the agent never imports torch
+
+
+def test_memory_bench_compares_estimate_and_agent(tmp_path: Path) -> None:
+    figures = run_bench("memory", tmp_path)
+    (row,) = figures["rows"]
+    assert row["batch_size"] == 2 and row["agent_steps"] == 8
+    positive(row, "estimate_mb", "probe_peak_mb", "agent_peak_mb", "ratio")
+    assert row["ratio"] == pytest.approx(row["estimate_mb"] / row["agent_peak_mb"], rel=0.01)
+    assert row["within"] == (abs(row["ratio"] - 1) <= figures["tolerance"])
+
+
+@pytest.mark.slow
+@pytest.mark.board
+def test_e2e_bench_times_stages_and_skips_cached_work(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the virtual board needs root (useradd, ip netns, sshd)")
+    figures = run_bench("e2e", tmp_path)
+    cold, again = figures["runs"]
+    assert (cold["run"], again["run"]) == ("cold", "unchanged")
+    for row in (cold, again):
+        positive(row, "total_s", "train_loop_s", "overhead_s", "train", "deploy", "evaluate")
+        assert row["steps"] == 26  # 2 epochs of 400 digits at batch 32 (13 steps each)
+        assert row["overhead_share"] == pytest.approx(row["overhead_s"] / row["total_s"], abs=0.002)
+    assert cold["bytes_uploaded"] > 0 and cold["blobs_uploaded"] >= 5
+    assert again["bytes_uploaded"] == 0 and again["blobs_uploaded"] == 0 and again["blobs_skipped"] >= 5
+    assert again["export"] < cold["export"]  # cached: the result is read back, nothing is exported
+    positive(figures["prefect_noop"], "empty_flow_s", "flow_with_8_tasks_s")
