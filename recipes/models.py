@@ -97,15 +97,14 @@ def two_head_loss(class_weight: float = 1.0, aux_weight: float = 0.5):
     return TwoHeadLoss()
 
 
-class EmbeddedLossNet(nn.Module):
-    """Digits CNN whose forward takes ``(input, labels)`` and returns ``(loss, logits)``."""
+class EmbeddedLossNet(DigitsCNN):
+    """Digits CNN whose forward takes ``(input, labels)`` and returns ``(loss, logits)``.
 
-    def __init__(self, num_classes: int = 10) -> None:
-        super().__init__()
-        self.net = DigitsCNN(num_classes)
+    Same parameter names as :class:`DigitsCNN`, so the pretrained digits weights load into it.
+    """
 
-    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.net(x)
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        logits = super().forward(x)
         return F.cross_entropy(logits, labels), logits
 
 

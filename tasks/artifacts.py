@@ -69,6 +69,23 @@ def fix_batchnorm(model: onnx.ModelProto) -> int:
     return count
 
 
+def batchnorm_after_trainable(model: onnx.ModelProto, trainable: list[str]) -> list[str]:
+    """Names of BatchNormalization nodes whose input depends on a trainable parameter.
+
+    ONNX Runtime's on-device training normalises with batch statistics but never updates the
+    running mean/variance, so in eval mode (and after export) these layers keep the statistics
+    of the base model while the layers feeding them change.
+    """
+    affected = set(trainable)
+    stale = []
+    for node in model.graph.node:  # ONNX graphs are topologically sorted
+        if any(i in affected for i in node.input):
+            if node.op_type == "BatchNormalization" and node.input[0] in affected:
+                stale.append(node.name or node.output[0])
+            affected.update(node.output)
+    return stale
+
+
 @contextlib.contextmanager
 def _ort_logging_to_debug() -> Iterator[None]:
     """generate_artifacts logs ~40 INFO lines on the root logger: re-log them at DEBUG here."""
@@ -213,6 +230,14 @@ def generate(recipe: Recipe, model_onnx: Path, out_dir: Path, *, bn_fix: bool = 
     for key in ("training_model", "eval_model", "optimizer_model"):
         check_board_loadable(onnx.load(str(out_dir / ARTIFACT_FILES[key])), f"generated {key}")
     manifest = _manifest(recipe, model, out_dir, trainable, frozen, counts, loss_name)
+    stale_bn = batchnorm_after_trainable(model, trainable)
+    if stale_bn:
+        manifest["warnings"].append(
+            f"{len(stale_bn)} BatchNorm layer(s) follow trainable parameters ({', '.join(stale_bn[:3])}"
+            f"{', ...' if len(stale_bn) > 3 else ''}): on-device training keeps their running statistics, "
+            "so they must already fit the target data (start from pretrained or calibrated weights)"
+        )
+        log.warning("%s", manifest["warnings"][-1])
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
     log.info(
         "artifacts for %s: %d trainable tensors (%d params), %d frozen, %d BatchNorm fixed",
@@ -256,4 +281,5 @@ def _manifest(
         "inference_output_names": outputs[1:] if recipe.loss.kind == "embedded" else outputs,
         "feeds": feed_keys(recipe, feeds),
         "recipe_hash": recipe_hash(recipe),
+        "warnings": [],
     }
