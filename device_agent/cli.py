@@ -23,6 +23,7 @@ from device_agent.jobdir import (
     inherited_lock,
     load_spec,
     lock_is_held,
+    open_jobdir,
     open_lock,
     read_result,
 )
@@ -44,10 +45,7 @@ def emit(obj: dict[str, Any]) -> None:
 
 
 def _job(args: argparse.Namespace) -> JobDir:
-    path = Path(args.jobdir).expanduser().resolve()
-    if not path.is_dir():
-        raise AgentError(ExitCode.JOB_NOT_FOUND, f"no job directory {path}")
-    return JobDir(path, args.root)
+    return open_jobdir(args.jobdir, args.root)
 
 
 def _log_to(job: JobDir) -> None:
@@ -211,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
+    os.umask(0o027)  # nothing the agent writes is group- or world-writable
     args = build_parser().parse_args(argv)
     args.root = (args.root or default_root()).expanduser().resolve()
     logging.basicConfig(

@@ -60,6 +60,33 @@ class JobDir:
         return self.root / "blobs" / sha256
 
 
+def open_jobdir(jobdir: str | Path, root: Path) -> JobDir:
+    """The JobDir of ``jobdir`` after checking it sits in ``root/jobs`` and holds no symbolic link.
+
+    The agent writes events, results, checkpoints and logs there: a planted link (to /etc/passwd,
+    or out of the root) must never be followed, so a job folder with one is refused.
+    """
+    path = Path(jobdir).expanduser().absolute()
+    if not path.is_dir():
+        raise AgentError(ExitCode.JOB_NOT_FOUND, f"no job directory {path}")
+    jobs = root / "jobs"
+    if path.is_symlink() or path.resolve().parent != jobs or jobs.is_symlink():
+        raise AgentError(
+            ExitCode.INVALID_SPEC,
+            f"job directory {path} is not a real folder directly under {jobs}",
+            "job_id",
+        )
+    job = JobDir(path.resolve(), root)
+    for entry in [*job.path.iterdir(), *(job.checkpoints.iterdir() if job.checkpoints.is_dir() else [])]:
+        if entry.is_symlink():
+            raise AgentError(
+                ExitCode.INVALID_SPEC,
+                f"job directory holds a symbolic link {entry} -> {os.readlink(entry)}; refusing to follow it",
+                "job_id",
+            )
+    return job
+
+
 def load_spec(job: JobDir) -> JobSpec:
     """Parse and validate ``job.json`` (JOB_NOT_FOUND, INVALID_SPEC, PROTOCOL_MISMATCH)."""
     if not job.spec_file.is_file():
@@ -116,6 +143,12 @@ def data_path(job: JobDir, ref: DataRef, field: str) -> Path:
     if ref.blob is not None:
         return verify_blob(job, ref.blob, f"{field}.blob")
     path = Path(ref.path or "")
+    if not path.is_absolute() and ".." in path.parts:
+        raise AgentError(
+            ExitCode.INVALID_SPEC,
+            f"{field}.path: expected an absolute path or one under the agent root without '..' (got {ref.path!r})",
+            f"{field}.path",
+        )
     path = path if path.is_absolute() else job.root / path
     if not path.exists():
         raise AgentError(

@@ -214,6 +214,9 @@ def _parse_data(t: _Table, base: Path) -> DataSpec:
     )
     if (spec.train is None) == (spec.board_train is None):
         raise t.err("train", "exactly one of data.train (host file) or data.board_train (path on the board)")
+    bt = spec.board_train
+    if bt is not None and (not bt.strip() or "\0" in bt or ".." in bt.split("/")):
+        raise t.err("board_train", "an absolute path, or one relative to the agent root without '..'", bt)
     return spec
 
 

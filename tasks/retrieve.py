@@ -13,7 +13,7 @@ import posixpath
 from pathlib import Path
 
 from device_agent.protocol import JobResult
-from tasks.errors import TransferError
+from tasks.errors import DeviceError, TransferError
 from tasks.hashing import file_sha256
 from tasks.inventory import Board
 from tasks.remote import job_dir
@@ -44,6 +44,7 @@ def retrieve(
     if board is None:
         raise TypeError("retrieve(conn, ...) needs board= to locate the job directory")
     jdir = job_dir(board, job_id)
+    refuse_links(conn_or_board, board, jdir)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     got = {
@@ -57,10 +58,23 @@ def retrieve(
     return got
 
 
+def refuse_links(conn: Transport, board: Board, jdir: str) -> None:
+    """Refuse to download from a job folder that is, or holds, a symbolic link (it could point
+    anywhere on the board, e.g. agent.log -> /etc/shadow)."""
+    res = conn.run(["find", jdir, "-type", "l"], check=False)
+    links = res.stdout.splitlines()
+    if res.stdout.strip():
+        raise DeviceError(
+            f"board {board.name}: job folder {jdir} holds symbolic link(s) {', '.join(links[:5])}; "
+            "refusing to download through them"
+        )
+
+
 def _fetch_verified(conn: Transport, jdir: str, rel: str, sha256: str, out_dir: Path) -> Path:
-    remote = posixpath.normpath(posixpath.join(jdir, rel))
-    if not remote.startswith(jdir + "/"):
-        raise TransferError(f"result.json lists output {rel!r} outside the job directory")
+    parts = rel.split("/")
+    if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise DeviceError(f"result.json lists output {rel!r}: expected a plain path inside the job folder")
+    remote = posixpath.join(jdir, rel)
     local = out_dir / rel
     local.parent.mkdir(parents=True, exist_ok=True)
     _fetch(conn, remote, local)
