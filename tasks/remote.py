@@ -11,6 +11,7 @@ from a byte offset and reconnects with backoff when the link drops, never delive
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -34,6 +35,7 @@ from device_agent.protocol import (
     valid_job_id,
 )
 from tasks.errors import (
+    DeviceError,
     DeviceIncompatible,
     DeviceUnreachable,
     InvalidJob,
@@ -50,9 +52,13 @@ AGENT_SRC = Path(device_agent.__file__).resolve().parent
 TERMINAL = ("finished", "failed", "cancelled")
 # Fixed helper programs run by the board's python (arguments are passed as argv, never inlined).
 LIST_BLOBS = (
-    "import os,sys,json\nd=sys.argv[1]\nos.makedirs(d,exist_ok=True)\n"
-    "print(json.dumps({e.name:e.stat().st_size for e in os.scandir(d) if e.is_file() and len(e.name)==64}))"
+    "import os,sys,json,time\nd=sys.argv[1]\nos.makedirs(d,exist_ok=True)\n"
+    "for e in os.scandir(d):\n"  # half uploads of a dropped link, untouched for 10 min: never used, removed
+    "    if e.name.startswith('.tmp-') and e.stat().st_mtime<time.time()-600: os.unlink(e.path)\n"
+    "have={e.name:e.stat().st_size for e in os.scandir(d) if e.is_file() and len(e.name)==64}\n"
+    "st=os.statvfs(d)\nprint(json.dumps({'blobs':have,'free':st.f_bavail*st.f_frsize}))"
 )
+DISK_MARGIN = 16 * 2**20  # bytes kept free on the board beyond the blobs (job files, checkpoints)
 VERIFY_BLOB = (
     "import hashlib,os,sys\ntmp,sha,final=sys.argv[1:4]\nh=hashlib.sha256()\n"
     "with open(tmp,'rb') as f:\n    [h.update(b) for b in iter(lambda: f.read(1<<20), b'')]\n"
@@ -173,9 +179,15 @@ def upload_blobs(
 ) -> UploadReport:
     """Upload the blobs the board lacks (by sha256 + size), verified on the board, renamed atomically."""
     blobs = posixpath.join(board.root, "blobs")
-    have = json.loads(conn.run([board.python, "-c", LIST_BLOBS, blobs]).stdout)
+    listing = json.loads(conn.run([board.python, "-c", LIST_BLOBS, blobs]).stdout)
+    have, free = listing["blobs"], int(listing["free"])
     report = UploadReport()
     total = sum(Path(p).stat().st_size for sha, p in files.items() if have.get(sha) != Path(p).stat().st_size)
+    if total + DISK_MARGIN > free:
+        raise DeviceIncompatible(
+            f"board {board.name}: not enough disk space under {blobs}: {total / 2**20:.1f} MB to upload "
+            f"(+{DISK_MARGIN / 2**20:.0f} MB margin), {free / 2**20:.1f} MB free"
+        )
     for sha, path in sorted(files.items()):
         size = Path(path).stat().st_size
         if have.get(sha) == size:
@@ -218,9 +230,17 @@ def _upload_one(
             err = TransferError(
                 f"board {board.name}: blob {sha[:12]} ({path.name}) hash mismatch after upload"
             )
-        except TransferError as exc:
+        except (TransferError, DeviceUnreachable) as exc:
             err = exc
-            conn.run(["rm", "-f", tmp], check=False)
+            with contextlib.suppress(DeviceError):  # the link may be gone: LIST_BLOBS cleans up later
+                conn.run(["rm", "-f", tmp], check=False)
+            if isinstance(exc, DeviceUnreachable):
+                raise
+            if "No space left" in str(exc):
+                raise DeviceIncompatible(
+                    f"board {board.name}: disk full (no space left on device) under {blobs} "
+                    f"while uploading {path.name}; the partial blob was removed"
+                ) from exc
         log.warning("upload of %s failed (attempt %d/%d): %s", path.name, attempt, retries, err)
     raise err
 

@@ -198,13 +198,10 @@ class SSHTransport:
         total = Path(local).stat().st_size
         with _transfer(self.board.name, f"upload {local} -> {remote}"):
             chan = self._stream(["sh", "-c", 'cat > "$1"', "sh", remote])
-            with open(local, "rb") as src:
-                done = 0
-                while chunk := src.read(STREAM_CHUNK):
-                    chan.sendall(chunk)
-                    done += len(chunk)
-                    if progress:
-                        progress(done, total)
+            try:
+                _send_file(chan, Path(local), total, progress)
+            except OSError as exc:  # the remote side ended first (e.g. disk full): say why
+                raise OSError(f"{exc}; remote: {_remote_stderr(chan) or 'no message'}") from exc
             chan.shutdown_write()
             self._finish(chan, f"upload to {remote}")
 
@@ -319,6 +316,27 @@ def _transfer(board: str, what: str) -> Iterator[None]:
         yield
     except (OSError, EOFError, paramiko.SSHException) as exc:
         raise TransferError(f"board {board}: {what} failed: {exc or type(exc).__name__}") from exc
+
+
+def _send_file(chan: paramiko.Channel, local: Path, total: int, progress: Progress | None) -> None:
+    with open(local, "rb") as src:
+        done = 0
+        while chunk := src.read(STREAM_CHUNK):
+            chan.sendall(chunk)
+            done += len(chunk)
+            if progress:
+                progress(done, total)
+
+
+def _remote_stderr(chan: paramiko.Channel) -> str:
+    """What an exec channel's remote process wrote on stderr before it ended (best effort)."""
+    with contextlib.suppress(Exception):
+        deadline = time.monotonic() + 2.0
+        while not chan.exit_status_ready() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if chan.recv_stderr_ready():
+            return chan.recv_stderr(65536).decode(errors="replace").strip()
+    return ""
 
 
 def _drain(chan: paramiko.Channel, timeout: float | None) -> tuple[bytes, bytes]:

@@ -10,6 +10,7 @@ in ``$ODL_HOME/boards/NAME/state.json`` so ``board_down`` leaves nothing behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -131,6 +132,44 @@ def set_link(name: str, up: bool) -> None:
             "up" if up else "down",
         ]
     )
+
+
+def restart_sshd(name: str, down_s: float = 0.0) -> None:
+    """Stop the board's sshd and every SSH session it serves (a reboot-like drop of all
+    connections; processes detached from SSH, like a training agent, keep running), wait
+    ``down_s`` seconds, then start it again (fault injection)."""
+    bdir = board_dir(name)
+    state = _load_state(bdir)
+    master = _read_pid(bdir / "sshd.pid")
+    doomed = [pid for pid in _descendants(master) if _comm(pid) == "sshd"] if master else []
+    _stop_pidfile(bdir / "sshd.pid")
+    for pid in doomed:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    time.sleep(down_s)
+    _start_sshd(bdir, state)
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(proc.name))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
 
 
 def _board_entry(name: str, state: dict[str, Any]) -> Board:
