@@ -94,6 +94,9 @@ def run_flow(recipe: str, board: str, overrides: dict[str, Any]) -> dict[str, An
         "overhead_share": round((total - loop) / total, 3),
         "outside_stages_s": round(total - sum(out["timings"].values()), 3),
         "train_stage_minus_loop_s": round(stages["train"] - loop, 3),
+        # agent side: session load, checkpoints, inference export; host side: SSH, job start, polling
+        "agent_outside_loop_s": round(float(result["duration_s"]) - loop, 3),
+        "host_side_of_train_s": round(stages["train"] - float(result["duration_s"]), 3),
         "steps": result["steps"],
         "bytes_uploaded": handler.bytes,
         "blobs_uploaded": handler.uploaded,
