@@ -63,12 +63,16 @@ def versions() -> dict[str, str]:
 
     from device_agent.ort import load_onnxruntime
 
+    try:
+        ort_version = str(load_onnxruntime().__version__)
+    except ImportError as exc:  # no onnxruntime at all: info must still answer (training_api false)
+        ort_version = f"missing ({exc})"
     return {
         "agent": AGENT_VERSION,
         "protocol": str(PROTOCOL_VERSION),
         "python": platform.python_version(),
         "numpy": numpy.__version__,
-        "onnxruntime": load_onnxruntime().__version__,
+        "onnxruntime": ort_version,
     }
 
 

@@ -1,0 +1,122 @@
+"""Bad-input catalogue at the host/board boundary, each with its message and exit code, none leaving
+partial state. Covered elsewhere (referenced, not copied): every wrong recipe field
+(tests/foundation/test_recipe.py::test_bad_field_is_named), corrupt/truncated artifacts on the board
+(tests/agent/test_bad_inputs.py::test_corrupt_and_missing_artifacts), artifacts of a newer onnx IR
+or opset (tests/foundation/test_artifacts.py::test_refuses_what_the_board_cannot_load), the agent's
+dataset checks (tests/agent/test_bad_inputs.py::test_dataset_mismatch, whose table is reused here
+for the host's check), unsafe job ids (tests/board/test_deploy.py), a changed or unknown host key
+(tests/board/test_transport.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import posixpath
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from device_agent.protocol import ExitCode
+from tasks import remote
+from tasks.errors import DeviceIncompatible, TrainingFailed, ValidationFailed
+from tasks.inventory import Board
+from tasks.transport import LocalTransport, connect
+from tests.agent.test_bad_inputs import DATA_CASES
+
+
+@pytest.mark.parametrize(("arrays", "text"), DATA_CASES, ids=[c[1][:30] for c in DATA_CASES])
+def test_host_refuses_bad_training_data_before_upload(digits_recipe, prepared_digits, tmp_path, arrays, text):
+    from tasks.validate import check_data
+
+    bad = tmp_path / "train.npz"
+    np.savez(bad, **arrays)
+    recipe = dataclasses.replace(digits_recipe, data=dataclasses.replace(digits_recipe.data, train=bad))
+    with pytest.raises(ValidationFailed) as info:
+        check_data(recipe, prepared_digits.manifest)
+    assert info.value.check == "data_fits_model" and "data.train" in str(info.value)
+    assert info.value.exit_code == 5
+
+
+def test_unknown_board_is_named_with_its_exit_code(tmp_path: Path) -> None:
+    from tasks.paths import PROJECT_ROOT
+
+    env = os.environ | {"ODL_HOME": str(tmp_path)}
+    argv = [sys.executable, "-m", "flows.cli", "run", "recipes/digits.toml", "--board", "nosuchboard"]
+    proc = subprocess.run(argv, env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 7, proc.stderr
+    assert "nosuchboard" in proc.stderr and "odl: error:" in proc.stderr
+    assert not (tmp_path / "prepared").exists() and not (tmp_path / "runs").exists()
+
+
+def test_diverging_lr_fails_for_good_and_keeps_the_last_good_checkpoint(
+    local_board: Board, digits_job
+) -> None:
+    conn = LocalTransport()
+    spec, files = digits_job("diverging", epochs=3, lr=1e30, checkpoint_every=1)
+    for _ in range(2):  # a second run_job does not train again: DIVERGED is never retried
+        with pytest.raises(TrainingFailed, match=f"failed \\(exit {int(ExitCode.DIVERGED)}\\)") as info:
+            remote.run_job(conn, local_board, spec, files)
+        assert not info.value.retryable
+    result = remote.read_result(conn, local_board, spec.job_id)
+    assert result.status == "failed" and result.exit_code == ExitCode.DIVERGED
+    jdir = Path(remote.job_dir(local_board, spec.job_id))
+    assert [p.name for p in (jdir / "checkpoints").iterdir()]  # the last good checkpoint is kept
+    assert not (jdir / "inference.onnx").exists()
+    starts = [line for line in (jdir / "events.jsonl").read_text().splitlines() if '"started"' in line]
+    assert len(starts) == 1
+
+
+@pytest.fixture
+def fresh_root_board(virtual_board: Board) -> Board:
+    """The virtual board with an empty agent root of its own (removed afterwards)."""
+    root = posixpath.join(posixpath.dirname(virtual_board.root), f"odl-bad-{os.getpid()}")
+    board = dataclasses.replace(virtual_board, root=root)
+    yield board
+    conn = connect(board)
+    try:
+        conn.run(["rm", "-rf", root])
+    finally:
+        conn.close()
+
+
+def _numpy_only_python(board_python: Path, where: Path) -> str:
+    """A venv with numpy but no onnxruntime (readable by the board user)."""
+    subprocess.run([str(board_python), "-m", "venv", "--without-pip", str(where)], check=True)
+    site = next(where.glob("lib/python3*/site-packages"))
+    src = next(board_python.parent.parent.glob("lib/python3*/site-packages"))
+    for name in os.listdir(src):
+        if name.startswith("numpy"):
+            os.symlink(src / name, site / name)
+    os.chmod(where, 0o755)
+    return str(where / "bin" / "python")
+
+
+@pytest.mark.board
+@pytest.mark.parametrize("problem", ["protocol", "training-api"])
+def test_incompatible_board_is_refused_before_anything_is_uploaded(
+    fresh_root_board: Board, board_python: Path, digits_job, problem: str
+) -> None:
+    board = fresh_root_board
+    spec, files = digits_job(f"incompat-{problem}")
+    conn = connect(board)
+    try:
+        if problem == "protocol":  # an agent from another release: same files but PROTOCOL_VERSION 99
+            remote.install_agent(conn, board)
+            proto = posixpath.join(board.root, "agent", "device_agent", "protocol.py")
+            conn.run(["sed", "-i", "s/^PROTOCOL_VERSION = 1$/PROTOCOL_VERSION = 99/", proto])
+            want = "agent protocol 99, host speaks 1"
+        else:
+            venv = Path(f"/var/tmp/odl-faults-numpy-only-{os.getpid()}")
+            board = dataclasses.replace(board, python=_numpy_only_python(board_python, venv))
+            want = "without the training API"
+        with pytest.raises(DeviceIncompatible, match=want) as info:
+            remote.run_job(conn, board, spec, files)
+        assert info.value.exit_code == 11 and not info.value.retryable
+        assert conn.run(["ls", "-A", board.root]).stdout.split() == ["agent"]  # no blobs/, no jobs/
+    finally:
+        conn.close()
+        if problem != "protocol":
+            subprocess.run(["rm", "-rf", str(venv)], check=False)
