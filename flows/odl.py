@@ -77,13 +77,11 @@ def ensure_board_limit(board: str) -> str:
 
 
 def _prepare(p: OdlParams, timings: dict[str, float]) -> tuple[Any, Path, dict[str, str]]:
-    from tasks.datasets import ensure_datasets
-
     recipe_path = p.recipe_path()
     # promotion overrides do not change what is built: keep them out of the cached stages' inputs
     overrides = {k: v for k, v in p.recipe_overrides().items() if not k.startswith("promotion.")}
+    _, timings["prepare data"] = pt.timed(pt.data_task, recipe_path, overrides)
     recipe = load_recipe(recipe_path, overrides)
-    ensure_datasets(recipe)
     hashes = pt.input_hashes(recipe)
     work = state_dir("work", f"{recipe.name}-{recipe_hash(recipe)[:12]}")
     model, timings["export"] = pt.timed(pt.export_task, recipe_path, overrides, hashes, str(work))

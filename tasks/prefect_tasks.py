@@ -62,6 +62,14 @@ def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float
     return fn(*args, **kwargs), time.perf_counter() - t0
 
 
+@task(name="prepare data")
+def data_task(recipe_path: str, overrides: dict[str, Any]) -> None:
+    """Write the recipe's datasets (and base weights) when missing: [data].make, run once."""
+    from tasks.datasets import ensure_datasets
+
+    ensure_datasets(load_recipe(recipe_path, overrides))
+
+
 @task(name="export", cache_policy=CACHED, persist_result=True, **RETRY)
 def export_task(recipe_path: str, overrides: dict[str, Any], hashes: dict[str, str], work_dir: str) -> str:
     """Export the recipe's model to ``work_dir/model.onnx`` (training mode); returns the path."""
