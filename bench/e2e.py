@@ -92,6 +92,7 @@ def run_flow(recipe: str, board: str, overrides: dict[str, Any]) -> dict[str, An
         "train_loop_s": round(loop, 3),
         "overhead_s": round(total - loop, 3),
         "overhead_share": round((total - loop) / total, 3),
+        "overhead_without_evaluate_share": round((total - loop - stages["evaluate"]) / total, 3),
         "outside_stages_s": round(total - sum(out["timings"].values()), 3),
         "train_stage_minus_loop_s": round(stages["train"] - loop, 3),
         # agent side: session load, checkpoints, inference export; host side: SSH, job start, polling
