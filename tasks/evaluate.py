@@ -14,7 +14,10 @@ statistics, dropout is active, so it would understate the base).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,7 @@ log = logging.getLogger(__name__)
 
 EVAL_TASKS = ("classification", "binary", "regression")
 LATENCY_SAMPLES = 32
+EVAL_CACHE_VERSION = 1  # bump when evaluate() changes what it reports
 
 
 def load_test_set(test_npz: Path, x_key: str = "x", y_key: str = "y") -> tuple[np.ndarray, np.ndarray]:
@@ -203,6 +207,33 @@ def evaluate(
         model_size_bytes=model_onnx.stat().st_size,
     )
     log.info("evaluated %s on %s: %s", model_onnx.name, metrics["test_set"], summary_line(metrics))
+    return metrics
+
+
+def evaluate_cached(model_onnx: Path, test_npz: Path, task: str, cache_dir: Path) -> dict[str, Any]:
+    """:func:`evaluate`, reusing the stored result for the same model bytes, test set bytes and task.
+
+    A nightly run evaluates the unchanged base and current models again; their metrics (and the
+    latencies measured then) are taken from ``cache_dir`` instead. Only new models are run.
+    """
+    from device_agent.protocol import file_sha256
+
+    key = hashlib.sha256(
+        f"{EVAL_CACHE_VERSION}:{file_sha256(Path(model_onnx))}:{file_sha256(Path(test_npz))}:{task}".encode()
+    ).hexdigest()
+    path = Path(cache_dir) / f"{key}.json"
+    if path.is_file():
+        log.info(
+            "evaluation of %s on %s reused (same model and test set)",
+            Path(model_onnx).name,
+            Path(test_npz).name,
+        )
+        return json.loads(path.read_text())
+    metrics = evaluate(model_onnx, test_npz, task)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(metrics))
+    os.replace(tmp, path)
     return metrics
 
 

@@ -212,7 +212,8 @@ def evaluate_task(
     recipe_path: str, overrides: dict[str, Any], work_dir: str, candidate: str, current: str | None
 ) -> dict[str, Any]:
     """Evaluate base, current (if any) and candidate models on the test set and the extra test sets."""
-    from tasks.evaluate import base_inference_model, evaluate
+    from tasks.evaluate import base_inference_model, evaluate_cached
+    from tasks.paths import state_dir
 
     recipe = load_recipe(recipe_path, overrides)
     work = Path(work_dir)
@@ -227,8 +228,9 @@ def evaluate_task(
     )
     models = {"base": base, **({"current": Path(current)} if current else {}), "candidate": Path(candidate)}
     sets = {"test": recipe.data.test, **recipe.data.extra_tests}
+    cache = state_dir("cache", "evaluations")
     return {
-        name: {col: evaluate(m, path, recipe.task) for col, m in models.items()}
+        name: {col: evaluate_cached(m, path, recipe.task, cache) for col, m in models.items()}
         for name, path in sets.items()
     }
 

@@ -7,7 +7,7 @@ import pytest
 from sklearn.metrics import accuracy_score, confusion_matrix, log_loss, precision_score, recall_score
 
 from tasks.errors import EvaluationError
-from tasks.evaluate import binary_metrics, evaluate, regression_metrics
+from tasks.evaluate import binary_metrics, evaluate, evaluate_cached, regression_metrics
 
 
 def test_classification_metrics_match_torch_and_sklearn(tiny_classifier):
@@ -27,6 +27,23 @@ def test_classification_metrics_match_torch_and_sklearn(tiny_classifier):
     )
     assert m["samples"] == 150 and m["model_size_bytes"] == tiny_classifier.onnx.stat().st_size
     assert m["latency_ms_batch1"] > 0 and m["latency_ms_per_sample"] > 0
+
+
+def test_cached_evaluation_reuses_same_bytes_only(tiny_classifier, tmp_path):
+    cache = tmp_path / "cache"
+    first = evaluate_cached(tiny_classifier.onnx, tiny_classifier.test_npz, "classification", cache)
+    assert len(list(cache.glob("*.json"))) == 1
+    again = evaluate_cached(tiny_classifier.onnx, tiny_classifier.test_npz, "classification", cache)
+    assert again == first  # measured latencies too: the stored result, not a new run
+    other = tmp_path / "other.onnx"  # same model, other bytes (metadata): evaluated anew
+    import onnx
+
+    model = onnx.load(str(tiny_classifier.onnx))
+    model.doc_string = "retrained"
+    onnx.save(model, str(other))
+    fresh = evaluate_cached(other, tiny_classifier.test_npz, "classification", cache)
+    assert len(list(cache.glob("*.json"))) == 2 and fresh["accuracy"] == first["accuracy"]
+    assert fresh["model_size_bytes"] == other.stat().st_size != first["model_size_bytes"]
 
 
 def test_batch_size_does_not_change_metrics(tiny_classifier):
