@@ -131,13 +131,20 @@ def compare_with_torch(recipe: Recipe, inference_path: Path, manifest: dict) -> 
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     outs = outs[1:] if recipe.loss.kind == "embedded" else outs
     diff = max(float(np.abs(o.numpy() - r).max()) for o, r in zip(outs, ort_out, strict=True))
-    if not diff < MATCH_TOL:
+    # float32 rounding grows with the outputs' magnitude: the tolerance does too (1e-4 up to |y| = 1)
+    scale = max(1.0, *(float(np.abs(o.numpy()).max()) for o in outs))
+    if not diff < MATCH_TOL * scale:
         raise ValidationFailed(
             "inference_matches_torch",
-            f"max abs diff {diff:.3g} >= {MATCH_TOL} between "
-            "the exported inference model and PyTorch with the same weights",
+            f"max abs diff {diff:.3g} >= {MATCH_TOL * scale:.3g} (= {MATCH_TOL} x max(1, max |output| = {scale:.3g})) "
+            "between the exported inference model and PyTorch with the same weights",
         )
-    return {"max_abs_diff": diff, "compared_samples": len(inputs[0]), "loaded_tensors": len(loaded)}
+    return {
+        "max_abs_diff": diff,
+        "output_scale": scale,
+        "compared_samples": len(inputs[0]),
+        "loaded_tensors": len(loaded),
+    }
 
 
 def validate(recipe: Recipe, out_dir: Path, *, steps: int = 5) -> dict:
