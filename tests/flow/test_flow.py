@@ -75,3 +75,35 @@ def test_run_forced_to_lose_keeps_current_and_reuses_cache(promoted_run, virtual
     states = _task_states(run_id)
     assert states["export"] == "Cached" and states["generate artifacts"] == "Cached"
     assert states["validate recipe"] == "Cached" and states[f"train on {board}"] == "Completed"
+
+
+def test_failing_run_loses_nothing_promoted(promoted_run, virtual_board, flow_home, tmp_path):
+    """Training that fails on the board (its dataset path is wrong) fails the run before promotion;
+    the registry keeps its versions and the bytes of the current model."""
+    import shutil
+
+    from flows.odl import OdlParams, odl
+    from tasks.paths import PROJECT_ROOT
+    from tasks.registry import Registry
+
+    recipes = PROJECT_ROOT / "recipes"
+    for module in ("models.py", "datasets.py"):
+        shutil.copy(recipes / module, tmp_path / module)
+    text = (recipes / "digits.toml").read_text().replace('"data/', f'"{recipes}/data/')
+    text = text.replace(
+        f'train = "{recipes}/data/digits/train.npz"', 'board_train = "/nonexistent/train.npz"'
+    )
+    (tmp_path / "digits.toml").write_text(text)
+    board = virtual_board.name
+    reg = Registry(flow_home / "registry")
+    versions = [v.name for v in reg.versions("digits", board)]
+    current = reg.current("digits", board)
+    before = (current.name, current.model.read_bytes())
+    state = odl(OdlParams(recipe=str(tmp_path / "digits.toml"), board=board), return_state=True)
+    assert state.is_failed()
+    assert "/nonexistent/train.npz" in state.message, state.message
+    states = _task_states(state.state_details.flow_run_id)
+    assert states[f"train on {board}"] == "Failed" and "promote" not in states, states
+    assert [v.name for v in reg.versions("digits", board)] == versions
+    now = reg.current("digits", board)
+    assert (now.name, now.model.read_bytes()) == before
