@@ -106,9 +106,12 @@ def manifest_sha(work_dir: Path) -> str:
 class BoardProgress:
     """``on_event`` callback: board events -> flow-run log lines and a Prefect progress artifact."""
 
-    def __init__(self, board: str, epochs: int, artifact_id: Any, min_interval_s: float = 0.5) -> None:
+    # Each update is a write to Prefect's API; on the embedded SQLite server frequent writes contend
+    # with the server's own writers (503s, slow answers), so the UI's progress moves every 2 s at most.
+    def __init__(self, board: str, epochs: int, artifact_id: Any, min_interval_s: float = 2.0) -> None:
         self.board, self.epochs, self.artifact_id = board, max(epochs, 1), artifact_id
         self.min_interval_s, self.last_update, self.percent = min_interval_s, 0.0, 0.0
+        self.shown = 0.0  # the value the artifact shows now
         self.total_steps: int | None = None
         self.events: list[Any] = []
 
@@ -125,14 +128,17 @@ class BoardProgress:
             self.percent = max(self.percent, 100.0 * data.get("epoch", 0) / self.epochs)
         if event.type != "step" or self.total_steps is None:
             get_run_logger().info("board %s: %s %s", self.board, event.type, _brief(data))
-        self._update(force=event.type in ("epoch", "finished", "failed"))
+        self._update(force=event.type in ("finished", "failed"))
 
     def _update(self, force: bool = False) -> None:
         from prefect.artifacts import update_progress_artifact
 
+        value = round(min(self.percent, 100.0), 1)
+        if value == self.shown:
+            return
         if force or time.monotonic() - self.last_update >= self.min_interval_s:
-            update_progress_artifact(self.artifact_id, round(min(self.percent, 100.0), 1))
-            self.last_update = time.monotonic()
+            update_progress_artifact(self.artifact_id, value)
+            self.last_update, self.shown = time.monotonic(), value
 
     def done(self) -> None:
         """Set the artifact to 100 % once the result is in."""
