@@ -190,8 +190,8 @@ def train_task(board_name: str, spec_json: str, files: dict[str, str], progress_
         0.0, key=progress_key, description=f"training {spec.job_id} on {board_name}"
     )
     progress = BoardProgress(board_name, spec.train.epochs, artifact_id)
-    result = remote.train(
-        get_board(board_name), spec, {s: Path(p) for s, p in files.items()}, on_event=progress
+    result = remote.train(  # the deploy task has just installed the agent and uploaded the blobs
+        get_board(board_name), spec, {s: Path(p) for s, p in files.items()}, on_event=progress, deployed=True
     )
     progress.done()
     return {

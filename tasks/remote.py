@@ -302,7 +302,7 @@ def follow_job(
     offset: int = 0,
     on_event: EventCallback | None = None,
     *,
-    poll_s: float = 0.5,
+    poll_s: float = 0.25,
     max_outage_s: float = 300.0,
 ) -> JobResult:
     """Follow ``events.jsonl`` from ``offset`` until the job ends; reconnects on a dropped link.
@@ -347,7 +347,7 @@ class _Follower:
             self._deliver(line)
         self.offset += end
         self.idle_polls = 0 if end else self.idle_polls + 1
-        if self.ended or self.idle_polls % 20 == 19:
+        if self.ended or self.idle_polls % 40 == 39:  # ~10 s without news: check the job
             result = read_result(conn, self.board, self.job_id)
             if result is None and not self.ended:
                 self._revive(conn)
@@ -414,19 +414,26 @@ def run_job(
     files: dict[str, Path],
     on_event: EventCallback | None = None,
     progress: Progress | None = None,
+    *,
+    deployed: bool = False,
 ) -> tuple[UploadReport, JobResult]:
     """Install + upload + create + start + follow; reattaches when the job id is already on the board.
 
     A job that ended is returned as it is; one that runs is followed; one that was interrupted
     is resumed by the agent (from its last checkpoint). Nothing is uploaded again in those cases.
+    ``deployed=True`` says the caller has just run install_agent and upload_blobs for ``files``
+    (the flow's deploy stage): their checks are not repeated (the agent itself still verifies
+    every blob's sha256 before training).
     """
     jdir = job_dir(board, spec.job_id)
-    install_agent(conn, board, spec.memory_estimate_mb)
+    if not deployed:
+        install_agent(conn, board, spec.memory_estimate_mb)
     report = UploadReport()
     if conn.exists(posixpath.join(jdir, "job.json")):
         log.info("job %s already on board %s: reattaching", spec.job_id, board.name)
     else:
-        report = upload_blobs(conn, board, files, progress)
+        if not deployed:
+            report = upload_blobs(conn, board, files, progress)
         create_job(conn, board, spec)
     if resumable(read_result(conn, board, spec.job_id)):
         log.info("job %s %s on board %s", spec.job_id, start_job(conn, board, spec.job_id), board.name)
@@ -450,12 +457,17 @@ def job_status(conn: Transport, board: Board, job_id: str) -> dict[str, Any]:
 
 
 def train(
-    board: Board, spec: JobSpec, files: dict[str, Path], on_event: EventCallback | None = None
+    board: Board,
+    spec: JobSpec,
+    files: dict[str, Path],
+    on_event: EventCallback | None = None,
+    *,
+    deployed: bool = False,
 ) -> JobResult:
     """Deploy and train ``spec`` on ``board``; idempotent on ``spec.job_id`` (reattaches)."""
     job_dir(board, spec.job_id)
     conn = connect(board)
     try:
-        return run_job(conn, board, spec, files, on_event)[1]
+        return run_job(conn, board, spec, files, on_event, deployed=deployed)[1]
     finally:
         conn.close()

@@ -359,11 +359,16 @@ def _stop_pidfile(path: Path) -> bool:
     pid = _read_pid(path)
     if pid is None or not _sshd_alive(path.parent):
         return False
-    os.kill(pid, signal.SIGTERM)
-    for _ in range(50):
-        if not Path(f"/proc/{pid}").exists():
-            break
-        time.sleep(0.05)
+    for sig in (signal.SIGTERM, signal.SIGKILL):  # the listener must be gone before a restart binds
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        for _ in range(50):
+            if not Path(f"/proc/{pid}").exists():
+                break
+            time.sleep(0.05)
+        else:
+            continue
+        break
     path.unlink(missing_ok=True)
     return True
 

@@ -128,12 +128,17 @@ def test_sshd_restarted_mid_training_reconnects_and_completes(
 
 
 def _cut_for(board: Board, home: Path, seconds: float) -> None:
+    """Take the board's link down now (before the caller reads another byte), restore it later."""
     from tasks.vboard import set_link
+
+    def restore() -> None:
+        time.sleep(seconds)
+        with odl_home_env(home):
+            set_link(board.name, up=True)
 
     with odl_home_env(home):
         set_link(board.name, up=False)
-        time.sleep(seconds)
-        set_link(board.name, up=True)
+    threading.Thread(target=restore, daemon=True).start()
 
 
 def _blob_names(board: Board) -> list[str]:
@@ -155,9 +160,7 @@ def test_link_cut_during_upload_fails_retryably_then_the_retry_lands_a_whole_blo
     def progress(done: int, total: int) -> None:
         if done > total // 4 and not cut.is_set():
             cut.set()
-            threading.Thread(
-                target=_cut_for, args=(virtual_board, virtual_board_home, 14), daemon=True
-            ).start()
+            _cut_for(virtual_board, virtual_board_home, 14)
 
     conn = connect(virtual_board)
     try:
@@ -209,9 +212,7 @@ def test_link_cut_during_download_leaves_no_file_then_retrieve_succeeds(
         def prog(done: int, total: int) -> None:
             if done > 20 * 2**20 and not cut.is_set():
                 cut.set()
-                threading.Thread(
-                    target=_cut_for, args=(virtual_board, virtual_board_home, 14), daemon=True
-                ).start()
+                _cut_for(virtual_board, virtual_board_home, 14)
 
         return real_get(self, remote_path, local, prog)
 
