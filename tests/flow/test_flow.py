@@ -26,6 +26,23 @@ def _artifacts(run_id):
     return {a.key: a for a in found}
 
 
+def _assert_no_key_in_prefect(run_id, key_path, arts) -> None:
+    """The board's private key appears in no artifact and no log line of the run."""
+    from pathlib import Path
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    from tests.faults.test_secrets import _key_fragments
+
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+    texts = [str(a.data) + str(a.description) for a in arts.values()] + [rec.message for rec in logs]
+    assert len(logs) > 5 and any("board" in t for t in texts)  # the logs were really read
+    for fragment in _key_fragments(Path(key_path)):
+        assert not any(fragment in t for t in texts)
+
+
 def _task_states(run_id):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
@@ -57,6 +74,7 @@ def test_first_run_is_promoted_with_report_and_progress(promoted_run, virtual_bo
     assert cand > base  # fine-tuning on the shifted domain gains accuracy
     current = Registry(flow_home / "registry").current("digits", board)
     assert current.name == "v0001" and current.info["flow_run_id"] == str(run_id)
+    _assert_no_key_in_prefect(run_id, virtual_board.key, arts)
     assert set(current.info["input_hashes"]) >= {"recipe", "data.train", "data.test"}
 
 
