@@ -9,7 +9,6 @@ ORT 1.19.2 could not load (IR > 10, opset > 21), and writes the manifest with ha
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import shutil
@@ -22,6 +21,7 @@ import onnx
 from tasks.errors import ArtifactError, RecipeError
 from tasks.export import check_onnx, feed_keys, load_onnx, quiet_stderr
 from tasks.graph import resolve_trainable
+from tasks.hashing import file_sha256
 from tasks.recipe import recipe_hash
 from tasks.recipe_model import Recipe
 
@@ -170,11 +170,7 @@ def build_optimizer(recipe: Recipe) -> Any:
 
 def file_entry(path: Path, rel: str) -> dict[str, Any]:
     """``{"path", "sha256", "size"}`` for one file."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return {"path": rel, "sha256": digest.hexdigest(), "size": path.stat().st_size}
+    return {"path": rel, "sha256": file_sha256(path), "size": path.stat().st_size}
 
 
 def _run_generate(

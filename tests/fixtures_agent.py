@@ -116,31 +116,3 @@ def digits_job(digits_recipe, prepared_digits):
         return replace(spec, train=replace(spec.train, **train)), files
 
     return make
-
-
-@pytest.fixture(scope="session")
-def prepared_digits_logits(tmp_path_factory: pytest.TempPathFactory, digits_recipe, prepared_digits):
-    """prepared_digits with artifacts whose train/eval graphs also output the logits
-    (``additional_output_names``), so the agent can report accuracy."""
-    import onnx
-    from onnxruntime.training import artifacts
-
-    from tasks.artifacts import ARTIFACT_FILES, build_loss, build_optimizer, file_entry, fix_batchnorm
-
-    out = tmp_path_factory.mktemp("digits_logits")
-    model = onnx.load(str(prepared_digits.out_dir / "model.onnx"))
-    fix_batchnorm(model)
-    loss, _ = build_loss(digits_recipe, model)
-    (out / "artifacts").mkdir()
-    artifacts.generate_artifacts(
-        model,
-        requires_grad=prepared_digits.manifest["trainable"],
-        frozen_params=prepared_digits.manifest["frozen"],
-        loss=loss,
-        optimizer=build_optimizer(digits_recipe),
-        artifact_directory=out / "artifacts",
-        additional_output_names=[o.name for o in model.graph.output],
-    )
-    files = {k: file_entry(out / rel, rel) for k, rel in ARTIFACT_FILES.items()}
-    manifest = {**prepared_digits.manifest, "files": files}
-    return replace(prepared_digits, out_dir=out, artifacts_dir=out / "artifacts", manifest=manifest)
