@@ -19,7 +19,7 @@ from tasks.paths import PROJECT_ROOT
 
 RESULTS_DIR = PROJECT_ROOT / "bench" / "results"
 # The board venv (numpy + onnxruntime-training-cpu) shared with the tests: rebuilt only when
-# deploy/board-requirements.txt or constraints.txt change (tasks.boardenv's stamp).
+# deploy/board-requirements.txt or constraints.txt change (tasks.vboard.venv's stamp).
 BOARD_VENV = Path(os.environ.get("ODL_TEST_BOARD_VENV", "/var/tmp/odl-test-board-venv"))
 
 
@@ -71,7 +71,7 @@ def odl_home(home: Path) -> Iterator[Path]:
 @contextlib.contextmanager
 def virtual_board(prefix: str) -> Iterator[Any]:
     """A throw-away virtual board (own sshd, user, netns) in the current ODL_HOME; purged at the end."""
-    from tasks.vboard import board_down, board_up
+    from tasks.vboard.board import board_down, board_up
 
     name = f"{prefix}{os.getpid() % 100000}"
     board = board_up(name, venv=BOARD_VENV)

@@ -69,9 +69,9 @@ print(json.dumps({"samples_per_s": steps * bs / dt, "seconds": dt, "peak_rss_mb"
 
 def bench_recipe(recipe_file: str, steps: int, python: Path) -> dict:
     """Agent vs bare loop on one recipe; returns the figures."""
-    from tasks.jobspec import build_job_spec
     from tasks.prepare import prepare
-    from tasks.recipe import load_recipe
+    from tasks.prepare.jobspec import build_job_spec
+    from tasks.recipe.load import load_recipe
 
     recipe = load_recipe(PROJECT_ROOT / "recipes" / recipe_file)
     prepared = prepare(recipe, state_dir("cache", "bench", recipe.name), validate=False)
@@ -137,7 +137,7 @@ COLUMNS = [
 
 def main() -> int:
     """Run both recipes, print a table of ratios, write bench/results/agent.json."""
-    from tasks.boardenv import ensure_board_venv
+    from tasks.vboard.venv import ensure_board_venv
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps-digits", type=int, default=1000)

@@ -48,7 +48,7 @@ COLUMNS = [("recipe", "recipe"), ("run", "run"), ("prepare data", "data"), ("exp
 
 
 class RunLog(logging.Handler):
-    """Collects what ``tasks.remote.upload_blobs`` reports (its 'uploaded N blob(s), B bytes' line)
+    """Collects what ``tasks.board.blobs.upload_blobs`` reports (its 'uploaded N blob(s), B bytes' line)
     and the back-off sleeps of Prefect's client (the API answers 503 while SQLite is locked)."""
 
     def __init__(self) -> None:
@@ -76,7 +76,7 @@ def run_flow(recipe: str, board: str, overrides: dict[str, Any]) -> dict[str, An
     from tasks.paths import state_dir
 
     handler = RunLog()
-    with _capture(handler, {"tasks.remote": logging.INFO, "prefect.client": logging.DEBUG}):
+    with _capture(handler, {"tasks.board": logging.INFO, "prefect.client": logging.DEBUG}):
         t0 = time.perf_counter()
         state = odl(OdlParams(recipe=recipe, board=board, overrides=overrides), return_state=True)
         total = time.perf_counter() - t0

@@ -1,7 +1,7 @@
 """Validation's predicted board peak RAM vs the measured peak RSS of the agent, mobilenet_v2, batch 1-32.
 
 The recipe is prepared once (the exported graphs have a dynamic batch axis); for each batch size
-the offline validation (tasks.validate, with ``training.batch_size`` overridden) predicts
+the offline validation (tasks.prepare.validate, with ``training.batch_size`` overridden) predicts
 ``board_peak_estimate_mb``, then the device agent trains one epoch of the recipe's own 256
 training images at that batch size in the torch-free board venv, and its ``result.json``
 ``peak_rss_mb`` (VmHWM) is the measured peak. Prints estimate / measured per batch size (target:
@@ -34,7 +34,7 @@ COLUMNS = [("batch_size", "batch"), ("estimate_mb", "estimate MB"), ("probe_peak
 def prepare_once() -> Any:
     """Export + artifacts of the recipe (no validation) in a bench cache folder; returns Prepared."""
     from tasks.prepare import prepare
-    from tasks.recipe import load_recipe
+    from tasks.recipe.load import load_recipe
 
     recipe = load_recipe(RECIPE)
     return prepare(recipe, state_dir("cache", "bench", "memory-prepared"), validate=False)
@@ -42,8 +42,8 @@ def prepare_once() -> Any:
 
 def measure_batch(prepared: Any, batch: int, python: Path, max_steps: int) -> dict[str, Any]:
     """Validation's estimate and the agent's measured peak at one batch size."""
-    from tasks.jobspec import build_job_spec
-    from tasks.recipe import load_recipe
+    from tasks.prepare.jobspec import build_job_spec
+    from tasks.recipe.load import load_recipe
 
     recipe = load_recipe(RECIPE, {"training.batch_size": batch, "training.epochs": 1})
     report = validation_report(recipe, prepared)
@@ -72,7 +72,7 @@ def validation_report(recipe: Any, prepared: Any) -> dict[str, Any]:
     """``tasks.validate.validate`` at the recipe's batch size; when only the 'loss falls on a repeated
     batch' check fails (tiny batches with BatchNorm are noisy), the estimate of its training probe."""
     from tasks.errors import ValidationFailed
-    from tasks.validate import _figures, run_probe, validate
+    from tasks.prepare.validate import _figures, run_probe, validate
 
     try:
         return validate(recipe, prepared.out_dir)
@@ -85,7 +85,7 @@ def validation_report(recipe: Any, prepared: Any) -> dict[str, Any]:
 
 def main() -> int:
     """Run the batch sizes, print the table, write bench/results/memory.json."""
-    from tasks.boardenv import ensure_board_venv
+    from tasks.vboard.venv import ensure_board_venv
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="batch size 2 only, 8 steps")

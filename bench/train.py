@@ -44,8 +44,8 @@ import json, sys, time
 import torch
 from device_agent.data import epoch_permutation, load_npz_arrays
 from device_agent.sysinfo import peak_rss_mb
-from tasks.models import build_model
-from tasks.recipe import load_recipe
+from tasks.prepare.torch_model import build_model
+from tasks.recipe.load import load_recipe
 a = json.loads(sys.argv[1])
 torch.set_num_threads(a["threads"])
 recipe = load_recipe(a["recipe"])
@@ -77,9 +77,9 @@ print(json.dumps({"samples_per_s": steps * bs / dt, "seconds": dt, "peak_rss_mb"
 
 def agent_job(recipe_file: str, steps: int) -> tuple[Any, dict[str, Path], Path, Any]:
     """Prepare the recipe (cached) and build a one-epoch job of ``steps`` steps on tiled data."""
-    from tasks.jobspec import build_job_spec
     from tasks.prepare import prepare
-    from tasks.recipe import load_recipe
+    from tasks.prepare.jobspec import build_job_spec
+    from tasks.recipe.load import load_recipe
 
     recipe = load_recipe(PROJECT_ROOT / "recipes" / recipe_file)
     if recipe.loss.kind != "cross-entropy":
@@ -138,7 +138,7 @@ def bench_recipe(recipe_file: str, steps: int, python: Path) -> dict[str, Any]:
 
 def main() -> int:
     """Run the recipes, print the table, write bench/results/train.json."""
-    from tasks.boardenv import ensure_board_venv
+    from tasks.vboard.venv import ensure_board_venv
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="digits only, 100 steps")

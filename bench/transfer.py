@@ -24,10 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tasks import remote  # noqa: E402
+from tasks.board import agent, blobs  # noqa: E402
+from tasks.board.inventory import Board, get_board  # noqa: E402
+from tasks.board.transport import connect  # noqa: E402
 from tasks.hashing import file_sha256  # noqa: E402
-from tasks.inventory import Board, get_board  # noqa: E402
-from tasks.transport import connect  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "transfer.json"
 
@@ -77,8 +77,8 @@ def redeploy(board: Board, src: Path) -> dict[str, float]:
     def deploy() -> int:
         conn = connect(board)
         try:
-            remote.install_agent(conn, board)
-            return remote.upload_blobs(conn, board, files).bytes_sent
+            agent.install_agent(conn, board)
+            return blobs.upload_blobs(conn, board, files).bytes_sent
         finally:
             conn.close()
 
@@ -121,7 +121,7 @@ def main() -> int:
 
 def run_on_virtual_board(tmp: Path, src: Path, args: argparse.Namespace) -> dict:
     """Bring up a throw-away virtual board in its own ODL_HOME, measure, purge it."""
-    from tasks.vboard import board_down, board_up
+    from tasks.vboard.board import board_down, board_up
 
     os.environ["ODL_HOME"] = str(tmp / "home")
     name = f"bench{os.getpid() % 100000}"

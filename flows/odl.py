@@ -1,6 +1,6 @@
 """Flow ``odl``: export -> artifacts -> validate -> deploy -> train on the board -> retrieve -> evaluate -> promote.
 
-The flow only composes the Prefect tasks of :mod:`tasks.prefect_tasks`. One job per board at a time
+The flow only composes the Prefect tasks of :mod:`tasks.prefect.tasks`. One job per board at a time
 through the global concurrency limit ``board-<name>``; the board job id derives from the flow run
 id, so a retried flow run reattaches to its job instead of starting another.
 """
@@ -18,11 +18,11 @@ from prefect.concurrency.sync import concurrency
 from prefect.runtime import flow_run
 from pydantic import BaseModel, Field
 
-from tasks import prefect_tasks as pt
+from tasks.judge.registry import Registry, decision_from_dict
+from tasks.judge.report import ReportInput, epoch_table, render_report, report_key, step_losses, summary_text
 from tasks.paths import PROJECT_ROOT, state_dir
-from tasks.recipe import load_recipe, recipe_hash
-from tasks.registry import Registry, decision_from_dict
-from tasks.report import ReportInput, epoch_table, render_report, report_key, step_losses, summary_text
+from tasks.prefect import tasks as pt
+from tasks.recipe.load import load_recipe, recipe_hash
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def _prepare(p: OdlParams, timings: dict[str, float]) -> tuple[Any, Path, dict[s
 def _board_job(
     recipe: Any, work: Path, board: str, job_id: str, timings: dict[str, float]
 ) -> tuple[dict, str]:
-    from tasks.jobspec import build_job_spec
+    from tasks.prepare.jobspec import build_job_spec
 
     spec, files = build_job_spec(recipe, pt.prepared_in(work), job_id)
     paths = {sha: str(p) for sha, p in files.items()}

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from device_agent.protocol import Event, JobResult
+from tasks.board.inventory import get_board
+from tasks.board.transport import Progress, connect
 from tasks.hashing import file_sha256
-from tasks.inventory import get_board
 from tasks.paths import odl_home
-from tasks.recipe_model import Recipe
-from tasks.transport import Progress, connect
+from tasks.recipe.schema import Recipe
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class RunSummary:
 
 def input_hash(recipe: Recipe) -> str:
     """sha256 over the recipe (canonical) and the host files it trains from (weights, data)."""
-    from tasks.recipe import recipe_hash
+    from tasks.recipe.load import recipe_hash
 
     digest = hashlib.sha256(recipe_hash(recipe).encode())
     paths = [recipe.model.weights, recipe.data.train, recipe.data.eval]
@@ -77,7 +77,7 @@ def default_job_id(recipe: Recipe) -> str:
 def prepare_cached(recipe: Recipe, *, validate: bool = True):  # noqa: ANN201 - tasks.prepare.Prepared
     """``prepare`` into ``$ODL_HOME/prepared/<name>-<recipe hash>``, reused when already complete."""
     from tasks.prepare import Prepared, prepare
-    from tasks.recipe import recipe_hash
+    from tasks.recipe.load import recipe_hash
 
     out = odl_home() / "prepared" / f"{recipe.name}-{recipe_hash(recipe)[:12]}"
     manifest, validation = out / "manifest.json", out / "validation.json"
@@ -110,22 +110,22 @@ def run_pipeline(
     validate: bool = True,
 ) -> RunSummary:
     """Prepare the recipe, deploy to ``board_name``, train there (or reattach), retrieve the outputs."""
-    from tasks import remote
-    from tasks.jobspec import build_job_spec
-    from tasks.recipe import load_recipe
-    from tasks.retrieve import retrieve
+    from tasks.board import jobs, run
+    from tasks.board.retrieve import retrieve
+    from tasks.prepare.jobspec import build_job_spec
+    from tasks.recipe.load import load_recipe
 
     board = get_board(board_name)
     recipe = load_recipe(recipe_path, overrides)
     job_id = job_id or default_job_id(recipe)
-    remote.job_dir(board, job_id)  # refuse an unsafe id before anything runs
+    jobs.job_dir(board, job_id)  # refuse an unsafe id before anything runs
     prepared = prepare_cached(recipe, validate=validate)
     spec, files = build_job_spec(recipe, prepared, job_id)
     out_dir = Path(out_dir or odl_home() / "runs" / job_id)
     counter = _Counter(on_event)
     conn = connect(board)
     try:
-        report, result = remote.run_job(conn, board, spec, files, counter, progress)
+        report, result = run.run_job(conn, board, spec, files, counter, progress)
         got = retrieve(conn, job_id, result, out_dir, board)
     finally:
         conn.close()

@@ -1,9 +1,27 @@
 """Shared test configuration. Fixtures live in one plugin module per area so that areas can
-use each other's fixtures (a prepared recipe, the board venv, the virtual board) without copies."""
+use each other's fixtures (a prepared recipe, the board venv, a local or virtual board) without copies.
+
+Tests mirror the source packages (``recipe/``, ``prepare/``, ``board/``, ``judge/``, ``prefect/``,
+``flow/``, ``cli/``, ``agent/``); everything that needs root, a real sshd, a Prefect server or a
+browser lives in ``e2e/`` and carries the ``e2e`` marker (applied here by folder).
+"""
+
+from pathlib import Path
+
+import pytest
 
 pytest_plugins = [
-    "tests.fixtures_foundation",
+    "tests.fixtures_prepare",
     "tests.fixtures_agent",
     "tests.fixtures_board",
     "tests.fixtures_flow",
 ]
+
+E2E = Path(__file__).parent / "e2e"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test of ``tests/e2e/`` as ``e2e``."""
+    for item in items:
+        if E2E in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.e2e)

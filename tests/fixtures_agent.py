@@ -92,7 +92,7 @@ class AgentBoard:
 @pytest.fixture(scope="session")
 def board_python() -> Path:
     """Python of the torch-free board venv (built once, reused across sessions)."""
-    from tasks.boardenv import ensure_board_venv
+    from tasks.vboard.venv import ensure_board_venv
     from tests.fixtures_board import BOARD_VENV  # shared with the virtual board
 
     return ensure_board_venv(BOARD_VENV)
@@ -109,7 +109,7 @@ def agent_board(board_python: Path, tmp_path: Path) -> AgentBoard:
 @pytest.fixture(scope="session")
 def digits_job(digits_recipe, prepared_digits):
     """A factory: ``digits_job(job_id, **train_overrides) -> (JobSpec, files)`` from odl prepare."""
-    from tasks.jobspec import build_job_spec
+    from tasks.prepare.jobspec import build_job_spec
 
     def make(job_id: str, **train: Any) -> tuple[JobSpec, dict[str, Path]]:
         spec, files = build_job_spec(digits_recipe, prepared_digits, job_id)

@@ -1,6 +1,6 @@
 """Session fixtures of the board area: a real virtual board (private sshd, own user, own netns).
 
-``virtual_board`` yields the :class:`tasks.inventory.Board` of a board brought up for this test
+``virtual_board`` yields the :class:`tasks.board.inventory.Board` of a board brought up for this test
 session (unique name per session, purged at the end); ``virtual_board_home`` is the ODL_HOME that
 holds its inventory, keys and pinned known_hosts (set ``ODL_HOME`` to it to use the board by name).
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 # The board venv (numpy + onnxruntime-training-cpu) is kept between sessions: rebuilt only when
-# deploy/board-requirements.txt or constraints.txt change (tasks.boardenv's stamp).
+# deploy/board-requirements.txt or constraints.txt change (tasks.vboard.venv's stamp).
 BOARD_VENV = Path(os.environ.get("ODL_TEST_BOARD_VENV", "/var/tmp/odl-test-board-venv"))
 
 
@@ -42,7 +42,7 @@ def virtual_board_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def virtual_board(virtual_board_home: Path) -> Iterator:
     """A virtual board for the whole session; torn down (user, netns, sshd) at the end."""
-    from tasks.vboard import board_down, board_up
+    from tasks.vboard.board import board_down, board_up
 
     if os.geteuid() != 0:
         pytest.skip("the virtual board needs root (useradd, ip netns, sshd)")

@@ -1,11 +1,11 @@
 """Bad-input catalogue at the host/board boundary, each with its message and exit code, none leaving
 partial state. Covered elsewhere (referenced, not copied): every wrong recipe field
-(tests/foundation/test_recipe.py::test_bad_field_is_named), corrupt/truncated artifacts on the board
+(tests/recipe/test_recipe.py::test_bad_field_is_named), corrupt/truncated artifacts on the board
 (tests/agent/test_bad_inputs.py::test_corrupt_and_missing_artifacts), artifacts of a newer onnx IR
-or opset (tests/foundation/test_artifacts.py::test_refuses_what_the_board_cannot_load), the agent's
+or opset (tests/prepare/test_artifacts.py::test_refuses_what_the_board_cannot_load), the agent's
 dataset checks (tests/agent/test_bad_inputs.py::test_dataset_mismatch, whose table is reused here
-for the host's check), unsafe job ids (tests/board/test_deploy.py), a changed or unknown host key
-(tests/board/test_transport.py)."""
+for the host's check), unsafe job ids (tests/e2e/test_deploy.py), a changed or unknown host key
+(tests/e2e/test_transport_ssh.py)."""
 
 from __future__ import annotations
 
@@ -20,16 +20,16 @@ import numpy as np
 import pytest
 
 from device_agent.protocol import ExitCode
-from tasks import remote
+from tasks.board import agent, jobs, run
+from tasks.board.inventory import Board
+from tasks.board.transport import LocalTransport, connect
 from tasks.errors import DeviceIncompatible, TrainingFailed, ValidationFailed
-from tasks.inventory import Board
-from tasks.transport import LocalTransport, connect
 from tests.agent.test_bad_inputs import DATA_CASES
 
 
 @pytest.mark.parametrize(("arrays", "text"), DATA_CASES, ids=[c[1][:30] for c in DATA_CASES])
 def test_host_refuses_bad_training_data_before_upload(digits_recipe, prepared_digits, tmp_path, arrays, text):
-    from tasks.validate import check_data
+    from tasks.prepare.validate import check_data
 
     bad = tmp_path / "train.npz"
     np.savez(bad, **arrays)
@@ -58,11 +58,11 @@ def test_diverging_lr_fails_for_good_and_keeps_the_last_good_checkpoint(
     spec, files = digits_job("diverging", epochs=3, lr=1e30, checkpoint_every=1)
     for _ in range(2):  # a second run_job does not train again: DIVERGED is never retried
         with pytest.raises(TrainingFailed, match=f"failed \\(exit {int(ExitCode.DIVERGED)}\\)") as info:
-            remote.run_job(conn, local_board, spec, files)
+            run.run_job(conn, local_board, spec, files)
         assert not info.value.retryable
-    result = remote.read_result(conn, local_board, spec.job_id)
+    result = jobs.read_result(conn, local_board, spec.job_id)
     assert result.status == "failed" and result.exit_code == ExitCode.DIVERGED
-    jdir = Path(remote.job_dir(local_board, spec.job_id))
+    jdir = Path(jobs.job_dir(local_board, spec.job_id))
     assert [p.name for p in (jdir / "checkpoints").iterdir()]  # the last good checkpoint is kept
     assert not (jdir / "inference.onnx").exists()
     starts = [line for line in (jdir / "events.jsonl").read_text().splitlines() if '"started"' in line]
@@ -104,7 +104,7 @@ def test_incompatible_board_is_refused_before_anything_is_uploaded(
     conn = connect(board)
     try:
         if problem == "protocol":  # an agent from another release: same files but PROTOCOL_VERSION 99
-            remote.install_agent(conn, board)
+            agent.install_agent(conn, board)
             proto = posixpath.join(board.root, "agent", "device_agent", "protocol.py")
             conn.run(["sed", "-i", "s/^PROTOCOL_VERSION = 1$/PROTOCOL_VERSION = 99/", proto])
             want = "agent protocol 99, host speaks 1"
@@ -113,7 +113,7 @@ def test_incompatible_board_is_refused_before_anything_is_uploaded(
             board = dataclasses.replace(board, python=_numpy_only_python(board_python, venv))
             want = "without the training API"
         with pytest.raises(DeviceIncompatible, match=want) as info:
-            remote.run_job(conn, board, spec, files)
+            run.run_job(conn, board, spec, files)
         assert info.value.exit_code == 11 and not info.value.retryable
         assert conn.run(["ls", "-A", board.root]).stdout.split() == ["agent"]  # no blobs/, no jobs/
     finally:

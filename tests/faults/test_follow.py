@@ -7,22 +7,22 @@ import time
 import pytest
 
 from device_agent.protocol import Event
-from tasks import remote
-from tasks.inventory import Board
-from tasks.transport import LocalTransport
+from tasks.board import agent, blobs, follow, jobs, run
+from tasks.board.inventory import Board
+from tasks.board.transport import LocalTransport
 from tests.faults.conftest import board_events
 
 EPOCHS = 4  # 13 steps per epoch on the digits recipe
 
 
 def _cancel_after_a_step(conn: LocalTransport, board: Board, job_id: str) -> None:
-    remote.start_job(conn, board, job_id)
+    jobs.start_job(conn, board, job_id)
     deadline = time.monotonic() + 120
     while not any(e.type == "step" for e in board_events(conn, board, job_id)):
         assert time.monotonic() < deadline, "no step within 120 s"
         time.sleep(0.05)
-    conn.run(remote.agent_argv(board, "cancel", remote.job_dir(board, job_id)))
-    while remote.job_status(conn, board, job_id)["state"] == "running":
+    conn.run(agent.agent_argv(board, "cancel", jobs.job_dir(board, job_id)))
+    while jobs.job_status(conn, board, job_id)["state"] == "running":
         assert time.monotonic() < deadline, "cancel not honoured within 120 s"
         time.sleep(0.05)
 
@@ -33,19 +33,19 @@ def test_follow_after_resume_skips_the_stale_terminal_event(
 ) -> None:
     conn = LocalTransport()
     spec, files = digits_job(f"stale-{offset}", epochs=EPOCHS)
-    remote.upload_blobs(conn, local_board, files)
-    remote.create_job(conn, local_board, spec)
+    blobs.upload_blobs(conn, local_board, files)
+    jobs.create_job(conn, local_board, spec)
     monkeypatch.setenv("ODL_AGENT_STEP_DELAY_S", "0.02")
     _cancel_after_a_step(conn, local_board, spec.job_id)
     before = board_events(conn, local_board, spec.job_id)
     assert before[-1].type == "cancelled"
-    assert remote.read_result(conn, local_board, spec.job_id).status == "cancelled"
+    assert jobs.read_result(conn, local_board, spec.job_id).status == "cancelled"
 
     monkeypatch.delenv("ODL_AGENT_STEP_DELAY_S")
-    assert remote.start_job(conn, local_board, spec.job_id) == "started"
+    assert jobs.start_job(conn, local_board, spec.job_id) == "started"
     seen: list[Event] = []
     start = 0 if offset == "zero" else len(conn.read_from(_events_path(local_board, spec.job_id), 0))
-    result = remote.follow_job(conn, local_board, spec.job_id, start, seen.append, poll_s=0.05)
+    result = follow.follow_job(conn, local_board, spec.job_id, start, seen.append, poll_s=0.05)
     assert result.status == "finished" and result.steps == EPOCHS * 13
     assert seen[-1].type == "finished"
     resumed = [e for e in seen if e.type == "started" and e.data.get("resumed_from_step")]
@@ -55,15 +55,15 @@ def test_follow_after_resume_skips_the_stale_terminal_event(
 def test_run_job_resumes_a_cancelled_job_instead_of_reporting_it(local_board: Board, digits_job, monkeypatch):
     conn = LocalTransport()
     spec, files = digits_job("rerun-cancelled", epochs=EPOCHS)
-    remote.upload_blobs(conn, local_board, files)
-    remote.create_job(conn, local_board, spec)
+    blobs.upload_blobs(conn, local_board, files)
+    jobs.create_job(conn, local_board, spec)
     monkeypatch.setenv("ODL_AGENT_STEP_DELAY_S", "0.02")
     _cancel_after_a_step(conn, local_board, spec.job_id)
     monkeypatch.delenv("ODL_AGENT_STEP_DELAY_S")
-    report, result = remote.run_job(conn, local_board, spec, files)
+    report, result = run.run_job(conn, local_board, spec, files)
     assert report.bytes_sent == 0
     assert result.status == "finished" and result.steps == EPOCHS * 13
 
 
 def _events_path(board: Board, job_id: str) -> str:
-    return remote.job_dir(board, job_id) + "/events.jsonl"
+    return jobs.job_dir(board, job_id) + "/events.jsonl"

@@ -1,7 +1,7 @@
 """Security: user input never escapes quoting or the agent root; planted symbolic links are never
 followed by the agent (writes) or the host (downloads). The changed-host-key refusal is covered by
-tests/board/test_transport.py::test_changed_host_key_is_refused, unsafe job ids by
-tests/board/test_deploy.py::test_unsafe_job_ids_are_refused_before_anything_runs."""
+tests/e2e/test_transport_ssh.py::test_changed_host_key_is_refused, unsafe job ids by
+tests/e2e/test_deploy.py::test_unsafe_job_ids_are_refused_before_anything_runs."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from device_agent.protocol import ExitCode, FileRef, JobResult
-from tasks import remote
+from tasks.board import agent, blobs, jobs, run
+from tasks.board.inventory import Board, get_board, valid_board_name
+from tasks.board.retrieve import retrieve
+from tasks.board.transport import LocalTransport
 from tasks.errors import BoardError, DeviceError, RecipeError, RemoteCommandFailed
-from tasks.inventory import Board, get_board, valid_board_name
-from tasks.recipe import parse_recipe
-from tasks.retrieve import retrieve
-from tasks.transport import LocalTransport
-from tests.foundation.kit import BASE, merge
+from tasks.recipe.load import parse_recipe
+from tests.prepare.kit import BASE, merge
 
 EVIL = ["a;touch MARK", "$(touch MARK)", "`touch MARK`", "a\ntouch MARK", "../x", "/etc/passwd", "..", ""]
 LINKS = ["events.jsonl", "agent.log", "agent.pid", ".lock", "inference.onnx.tmp", "result.json.tmp",
@@ -46,8 +46,8 @@ def test_board_dataset_path_cannot_climb_out_of_the_root(tmp_path: Path, path: s
 
 def _job(conn: LocalTransport, board: Board, digits_job, job_id: str, **train) -> str:
     spec, files = digits_job(job_id, **train)
-    remote.upload_blobs(conn, board, files)
-    return remote.create_job(conn, board, spec)
+    blobs.upload_blobs(conn, board, files)
+    return jobs.create_job(conn, board, spec)
 
 
 @pytest.mark.parametrize("name", LINKS)
@@ -61,11 +61,11 @@ def test_agent_refuses_a_job_folder_with_a_planted_link(
     (outside / "victim").write_text(SECRET)
     os.symlink(outside if name == "checkpoints" else outside / "victim", posixpath.join(jdir, name))
     for command in ("start", "run", "validate", "status"):
-        res = conn.run(remote.agent_argv(local_board, command, jdir), check=False)
+        res = conn.run(agent.agent_argv(local_board, command, jdir), check=False)
         assert res.code == ExitCode.INVALID_SPEC, (command, res.stdout, res.stderr)
         assert "symbolic link" in res.stdout
     with pytest.raises(RemoteCommandFailed, match="symbolic link"):
-        remote.start_job(conn, local_board, posixpath.basename(jdir))
+        jobs.start_job(conn, local_board, posixpath.basename(jdir))
     assert (outside / "victim").read_text() == SECRET and os.listdir(outside) == ["victim"]
     assert not os.path.exists(posixpath.join(jdir, "result.json"))
 
@@ -75,7 +75,7 @@ def test_agent_refuses_a_job_folder_that_is_a_link(local_board: Board, digits_jo
     real = _job(conn, local_board, digits_job, "real-job")
     fake = posixpath.join(local_board.root, "jobs", "linked-job")
     os.symlink(real, fake)
-    res = conn.run(remote.agent_argv(local_board, "start", fake), check=False)
+    res = conn.run(agent.agent_argv(local_board, "start", fake), check=False)
     assert res.code == ExitCode.INVALID_SPEC and "not a real folder" in res.stdout
     assert not os.path.exists(posixpath.join(real, "events.jsonl"))
 
@@ -85,8 +85,8 @@ def test_host_does_not_download_through_a_planted_link(
 ) -> None:
     conn = LocalTransport()
     spec, files = digits_job("fetch-link", epochs=1)
-    _, result = remote.run_job(conn, local_board, spec, files)
-    jdir = remote.job_dir(local_board, spec.job_id)
+    _, result = run.run_job(conn, local_board, spec, files)
+    jdir = jobs.job_dir(local_board, spec.job_id)
     victim = tmp_path / "victim"
     victim.write_text(SECRET)
     os.unlink(posixpath.join(jdir, "agent.log"))

@@ -1,0 +1,56 @@
+"""The ``odl`` command line: every pipeline stage runs from here without a Prefect server.
+
+Each subcommand lives in its own ``flows.cmd_*`` module exposing ``register(subparsers)``;
+handlers import heavy packages (torch, onnx, prefect) lazily so ``odl --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from tasks.errors import PipelineError
+
+COMMAND_MODULES = [
+    "flows.cli.prepare",  # prepare / export / artifacts / validate
+    "flows.cli.flow",  # stack / flow / evaluate / registry / report
+    "flows.cli.board",  # board up / down / status / list / info
+    "flows.cli.run",  # run: prepare -> deploy -> train -> retrieve without Prefect
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the argument parser with every registered subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="odl", description="On-device learning pipeline for STM32MP2 boards."
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``odl`` console script; returns the process exit status."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+    try:
+        return int(args.func(args) or 0)
+    except PipelineError as exc:
+        print(f"odl: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("odl: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

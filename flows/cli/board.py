@@ -1,0 +1,79 @@
+"""``odl board up | down | status | list | info``: virtual boards and the board inventory."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``odl board ...`` to the ``odl`` parser."""
+    board = sub.add_parser("board", help="virtual boards (up/down/status) and the inventory (list/info)")
+    bsub = board.add_subparsers(dest="board_command", required=True, metavar="ACTION")
+    up = bsub.add_parser("up", help="bring up a virtual board (private sshd, own user and netns)")
+    up.add_argument("--name", default="vboard")
+    up.add_argument("--mem-mb", type=int, help="RAM the agent may use (ODL_AGENT_FAKE_MEM_MB)")
+    up.add_argument("--cpus", type=int, help="pin the board to this many CPUs (taskset)")
+    up.add_argument("--loopback", action="store_true", help="listen on 127.0.0.1 instead of a netns")
+    up.set_defaults(func=_up)
+    down = bsub.add_parser("down", help="stop a virtual board (keeps its user and data)")
+    down.add_argument("--name", default="vboard")
+    down.add_argument("--purge", action="store_true", help="also remove its user, data and inventory entry")
+    down.set_defaults(func=_down)
+    status = bsub.add_parser("status", help="is the virtual board running, and where")
+    status.add_argument("--name", default="vboard")
+    status.set_defaults(func=_status)
+    lst = bsub.add_parser("list", help="the boards of the inventory")
+    lst.set_defaults(func=_list)
+    info = bsub.add_parser("info", help="install/upgrade the agent on a board and print its 'info'")
+    info.add_argument("name", nargs="?", default="vboard")
+    info.set_defaults(func=_info)
+
+
+def _up(args: argparse.Namespace) -> int:
+    from tasks.vboard.board import board_up
+
+    b = board_up(args.name, mem_mb=args.mem_mb, cpus=args.cpus, netns=not args.loopback)
+    print(
+        f"board {b.name} up: ssh -i {b.key} -o UserKnownHostsFile={b.known_hosts} -p {b.port} {b.user}@{b.host}"
+    )
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    from tasks.vboard.board import board_down
+
+    print(json.dumps(board_down(args.name, purge=args.purge)))
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from tasks.vboard.board import board_status
+
+    status = board_status(args.name)
+    print(json.dumps(status, indent=2))
+    return 0 if status["running"] else 1
+
+
+def _list(args: argparse.Namespace) -> int:
+    from tasks.board.inventory import inventory_path, load_inventory
+
+    boards = load_inventory()
+    print(f"# {inventory_path()}")
+    for b in boards.values():
+        print(f"{b.name:16s} {b.user}@{b.host}:{b.port}  root={b.root}  ort={b.ort_version}")
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    from tasks.board.agent import install_agent
+    from tasks.board.inventory import get_board
+    from tasks.board.transport import connect
+
+    board = get_board(args.name)
+    conn = connect(board)
+    try:
+        print(json.dumps(install_agent(conn, board), indent=2))
+    finally:
+        conn.close()
+    return 0

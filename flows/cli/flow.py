@@ -1,0 +1,114 @@
+"""``odl stack``, ``odl flow``, ``odl evaluate``, ``odl registry`` and ``odl report`` subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from tasks.paths import odl_home
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the flow-area subcommands to the ``odl`` parser."""
+    stack = sub.add_parser("stack", help="local Prefect server + work pool + deployment + worker")
+    stack.add_argument("action", choices=["up", "down", "status", "deploy"])
+    stack.add_argument("--port", type=int, default=4200, help="server port (default 4200)")
+    stack.set_defaults(func=_stack)
+
+    run = sub.add_parser(
+        "flow", help="run the whole Prefect flow odl (evaluation and promotion included) in this process"
+    )
+    run.add_argument("recipe", nargs="?", default="recipes/digits.toml")
+    run.add_argument("--board", default="vboard")
+    run.add_argument("--epochs", type=int)
+    run.add_argument("--batch-size", type=int)
+    run.add_argument("--lr", type=float)
+    run.add_argument("--min-gain", type=float, dest="promotion_min_gain")
+    run.set_defaults(func=_run)
+
+    ev = sub.add_parser("evaluate", help="evaluate an inference ONNX model on an npz test set")
+    ev.add_argument("model", type=Path)
+    ev.add_argument("test", type=Path)
+    ev.add_argument("--task", default="classification")
+    ev.set_defaults(func=_evaluate)
+
+    reg = sub.add_parser("registry", help="list the versions of a recipe+board in the model registry")
+    reg.add_argument("recipe")
+    reg.add_argument("board", nargs="?", default="vboard")
+    reg.set_defaults(func=_registry)
+
+    rep = sub.add_parser("report", help="print the summary of the last run of a recipe+board")
+    rep.add_argument("recipe")
+    rep.add_argument("board", nargs="?", default="vboard")
+    rep.add_argument("--markdown", action="store_true", help="print the whole markdown report")
+    rep.set_defaults(func=_report)
+
+
+def _stack(args: argparse.Namespace) -> int:
+    from flows import stack
+
+    env = stack.stack_env(port=args.port)
+    if args.action == "up":
+        pids = stack.up(env)
+        print(f"prefect server pid {pids['prefect-server']}, worker pid {pids['worker']}")
+        print(f"UI: {env['PREFECT_API_URL'].removesuffix('/api')}   (stop with: odl stack down)")
+    elif args.action == "deploy":
+        stack.deploy(env)
+        print("deployed deploy/prefect.yaml (odl/full)")
+    elif args.action == "down":
+        stopped = stack.down()
+        print("stopped: " + (", ".join(stopped) or "nothing was running"))
+    else:
+        for name, pid in stack.status().items():
+            print(f"{name}: {'running, pid ' + str(pid) if pid else 'not running'}")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from flows.odl import OdlParams, odl
+
+    params = OdlParams(
+        recipe=args.recipe,
+        board=args.board,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        promotion_min_gain=args.promotion_min_gain,
+    )
+    result = odl(params)
+    print(result["summary"])
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from tasks.judge.evaluate import evaluate
+
+    print(json.dumps(evaluate(args.model, args.test, args.task), indent=2))
+    return 0
+
+
+def _registry(args: argparse.Namespace) -> int:
+    from tasks.judge.registry import Registry
+
+    reg = Registry(odl_home() / "registry")
+    current = reg.current(args.recipe, args.board)
+    for v in reg.versions(args.recipe, args.board):
+        mark = "*" if current and v.name == current.name else " "
+        verdict = "promoted" if v.promoted else "rejected"
+        print(
+            f"{mark} {v.name}  {verdict:<8}  run {v.info.get('flow_run_id', '-')}  {v.info.get('reason', '')}"
+        )
+    if current is None:
+        print("(no current version)")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    folder = odl_home() / "reports" / f"{args.recipe}-{args.board}"
+    path = folder / ("latest.md" if args.markdown else "latest.txt")
+    if not path.is_file():
+        print(f"no report yet at {path}")
+        return 1
+    print(path.read_text())
+    return 0

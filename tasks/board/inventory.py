@@ -1,0 +1,181 @@
+"""The board inventory: ``$ODL_HOME/inventory.toml``, one ``[boards.NAME]`` table per board.
+
+A real board and a virtual one are described the same way::
+
+    [boards.mp2-lab]
+    host = "192.168.1.40"
+    port = 22
+    user = "odl"
+    key = "/home/me/.ssh/odl_ed25519"        # private key (keys only, no passwords)
+    known_hosts = "/home/me/.odl/known_hosts" # pinned host keys; unknown or changed keys are refused
+    root = "/home/odl/odl"                    # the agent root on the board
+    python = "/usr/bin/python3"               # the board's python3 (numpy + ORT-training)
+    ort_version = "1.19.2"                    # expected onnxruntime version on the board
+
+A board on this machine (tests, dry runs) names the local transport and needs only its root::
+
+    [boards.here]
+    transport = "local"
+    root = "/tmp/odl-local"
+    python = "/var/tmp/odl-board-venv/bin/python"
+
+A board name is 1-20 characters of ``[a-z0-9-]`` starting with a letter or digit (it becomes a
+user, a network namespace and a folder of the virtual board): :data:`BOARD_NAME_PATTERN` is the
+one rule, used by the inventory, the command line and the flow's parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tasks.errors import BoardError
+from tasks.paths import odl_home
+
+BOARD_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,19}$"
+BOARD_NAME_RE = re.compile(BOARD_NAME_PATTERN)
+TRANSPORTS = ("ssh", "local")
+REQUIRED = {"ssh": ("host", "user", "key", "root"), "local": ("root",)}
+
+
+@dataclass(frozen=True)
+class Board:
+    """How the host reaches one board and where the agent lives on it."""
+
+    name: str
+    root: str
+    host: str = "localhost"
+    user: str = ""
+    key: Path | None = None
+    transport: str = "ssh"
+    port: int = 22
+    known_hosts: Path | None = None
+    python: str = "python3"
+    ort_version: str = "1.19.2"
+    connect_timeout: float = 10.0
+
+    def to_toml(self) -> str:
+        """The board's ``[boards.NAME]`` table as TOML text."""
+        lines = [f"[boards.{self.name}]"]
+        for f in dataclasses.fields(self):
+            val = getattr(self, f.name)
+            if f.name == "name" or val is None:
+                continue
+            lines.append(f"{f.name} = {_toml_value(val)}")
+        return "\n".join(lines) + "\n"
+
+
+def valid_board_name(name: object) -> str:
+    """Return ``name`` if it is a usable board name (it becomes a user, a netns and a folder)."""
+    if not isinstance(name, str) or not BOARD_NAME_RE.match(name):
+        raise BoardError(
+            f"board name {name!r}: expected 1-20 chars of [a-z0-9-], starting with a letter or digit"
+        )
+    return name
+
+
+def inventory_path() -> Path:
+    """The inventory file: ``$ODL_INVENTORY`` or ``$ODL_HOME/inventory.toml``."""
+    return Path(os.environ.get("ODL_INVENTORY") or odl_home() / "inventory.toml")
+
+
+def load_inventory(path: Path | None = None) -> dict[str, Board]:
+    """Read every board of the inventory; a wrong entry raises BoardError naming the field."""
+    path = path or inventory_path()
+    if not path.exists():
+        return {}
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise BoardError(f"{path}: not valid TOML ({exc})") from exc
+    boards = raw.get("boards", {})
+    if not isinstance(boards, dict):
+        raise BoardError(f"{path}: 'boards' must be a table of [boards.NAME] tables")
+    return {name: _parse_board(name, entry, path) for name, entry in boards.items()}
+
+
+def get_board(name: str, path: Path | None = None) -> Board:
+    """The inventory entry of board ``name``; BoardError listing the known boards when absent."""
+    boards = load_inventory(path)
+    if name not in boards:
+        known = ", ".join(sorted(boards)) or "none"
+        raise BoardError(f"board {name!r} is not in {path or inventory_path()} (known boards: {known})")
+    return boards[name]
+
+
+def save_board(board: Board, path: Path | None = None) -> Path:
+    """Add or replace ``board`` in the inventory (other boards are kept); atomic write."""
+    path = path or inventory_path()
+    boards = load_inventory(path)
+    boards[board.name] = board
+    text = "# ODL board inventory (see deploy/inventory.example.toml)\n\n"
+    text += "\n".join(b.to_toml() for _, b in sorted(boards.items()))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
+def remove_board(name: str, path: Path | None = None) -> bool:
+    """Remove board ``name`` from the inventory; True when it was there."""
+    path = path or inventory_path()
+    boards = load_inventory(path)
+    if boards.pop(name, None) is None:
+        return False
+    text = "# ODL board inventory (see deploy/inventory.example.toml)\n\n"
+    path.write_text(text + "\n".join(b.to_toml() for _, b in sorted(boards.items())))
+    return True
+
+
+def _parse_board(name: str, entry: Any, path: Path) -> Board:
+    where = f"{path}: [boards.{name}]"
+    valid_board_name(name)
+    if not isinstance(entry, dict):
+        raise BoardError(f"{where}: expected a table")
+    fields = {f.name: f for f in dataclasses.fields(Board)}
+    unknown = sorted(set(entry) - set(fields))
+    if unknown:
+        raise BoardError(f"{where}: unknown key '{unknown[0]}' (expected one of {', '.join(sorted(fields))})")
+    transport = entry.get("transport", "ssh")
+    if transport not in TRANSPORTS:
+        raise BoardError(
+            f"{where}: key 'transport': expected one of {', '.join(TRANSPORTS)} (got {transport!r})"
+        )
+    missing = [k for k in REQUIRED[transport] if k not in entry]
+    if missing:
+        raise BoardError(f"{where}: missing key '{missing[0]}'")
+    vals: dict[str, Any] = {"name": name}
+    for key, val in entry.items():
+        vals[key] = _convert(where, key, val)
+    return Board(**vals)
+
+
+def _convert(where: str, key: str, val: Any) -> Any:
+    if key == "port":
+        if isinstance(val, bool) or not isinstance(val, int) or not 0 < val < 65536:
+            raise BoardError(f"{where}: key 'port': expected an integer in 1..65535 (got {val!r})")
+        return val
+    if key == "connect_timeout":
+        if isinstance(val, bool) or not isinstance(val, int | float) or val <= 0:
+            raise BoardError(f"{where}: key 'connect_timeout': expected seconds > 0 (got {val!r})")
+        return float(val)
+    if not isinstance(val, str) or not val:
+        raise BoardError(f"{where}: key '{key}': expected a non-empty string (got {val!r})")
+    if key in ("key", "known_hosts"):
+        return Path(val).expanduser()
+    return val
+
+
+def _toml_value(val: Any) -> str:
+    if isinstance(val, bool):
+        return "true" if val else "false"
+    if isinstance(val, int | float):
+        return repr(val)
+    text = str(val).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{text}"'

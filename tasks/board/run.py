@@ -1,0 +1,68 @@
+"""One job on a board from start to end: install the agent, upload the blobs, create, start and
+follow the job; idempotent on the job id (a job already on the board is reattached, not redone)."""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+from pathlib import Path
+
+from device_agent.protocol import JobResult, JobSpec
+from tasks.board.agent import install_agent
+from tasks.board.blobs import UploadReport, upload_blobs
+from tasks.board.follow import EventCallback, follow_job
+from tasks.board.inventory import Board
+from tasks.board.jobs import create_job, job_dir, read_result, resumable, start_job
+from tasks.board.transport import Progress, Transport, connect
+
+log = logging.getLogger(__name__)
+
+
+def run_job(
+    conn: Transport,
+    board: Board,
+    spec: JobSpec,
+    files: dict[str, Path],
+    on_event: EventCallback | None = None,
+    progress: Progress | None = None,
+    *,
+    deployed: bool = False,
+) -> tuple[UploadReport, JobResult]:
+    """Install + upload + create + start + follow; reattaches when the job id is already on the board.
+
+    A job that ended is returned as it is; one that runs is followed; one that was interrupted
+    is resumed by the agent (from its last checkpoint). Nothing is uploaded again in those cases.
+    ``deployed=True`` says the caller has just run install_agent and upload_blobs for ``files``
+    (the flow's deploy stage): their checks are not repeated (the agent itself still verifies
+    every blob's sha256 before training).
+    """
+    jdir = job_dir(board, spec.job_id)
+    if not deployed:
+        install_agent(conn, board, spec.memory_estimate_mb)
+    report = UploadReport()
+    if conn.exists(posixpath.join(jdir, "job.json")):
+        log.info("job %s already on board %s: reattaching", spec.job_id, board.name)
+    else:
+        if not deployed:
+            report = upload_blobs(conn, board, files, progress)
+        create_job(conn, board, spec)
+    if resumable(read_result(conn, board, spec.job_id)):
+        log.info("job %s %s on board %s", spec.job_id, start_job(conn, board, spec.job_id), board.name)
+    return report, follow_job(conn, board, spec.job_id, 0, on_event)
+
+
+def train(
+    board: Board,
+    spec: JobSpec,
+    files: dict[str, Path],
+    on_event: EventCallback | None = None,
+    *,
+    deployed: bool = False,
+) -> JobResult:
+    """Deploy and train ``spec`` on ``board``; idempotent on ``spec.job_id`` (reattaches)."""
+    job_dir(board, spec.job_id)
+    conn = connect(board)
+    try:
+        return run_job(conn, board, spec, files, on_event, deployed=deployed)[1]
+    finally:
+        conn.close()

@@ -1,0 +1,197 @@
+"""The run report: markdown with a before/after table, loss curves and confusion matrix as inline PNGs.
+
+Pure functions: they take the evaluation metrics, the promotion decision, the board's job result
+and events, and return markdown / table rows; the Prefect tasks publish them as artifacts keyed by
+:func:`report_key` so every run of one recipe+board lines up as versions of one artifact.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tasks.judge.charts import confusion_chart, data_url, line_chart
+from tasks.judge.registry import Decision
+
+HEADLINE = [
+    ("accuracy", "accuracy", "{:.4f}"),
+    ("loss", "loss", "{:.4f}"),
+    ("mse", "mse", "{:.4f}"),
+    ("mae", "mae", "{:.4f}"),
+    ("latency_ms_batch1", "latency, 1 sample (ms)", "{:.3f}"),
+    ("latency_ms_per_sample", "latency per sample, batched (ms)", "{:.4f}"),
+    ("model_size_bytes", "model size (KiB)", None),
+]
+
+
+@dataclass
+class ReportInput:
+    """Everything one run's report shows."""
+
+    recipe: str
+    board: str
+    flow_run_id: str
+    job_id: str
+    test_set: str
+    evaluations: dict[str, dict[str, Any]]  # column name -> metrics on the main test set
+    decision: Decision
+    version: str  # registry version the candidate was recorded as
+    extra_tests: dict[str, dict[str, dict[str, Any]]] = field(
+        default_factory=dict
+    )  # set -> column -> metrics
+    history: list[dict[str, Any]] = field(default_factory=list)  # per-epoch rows from the board
+    step_losses: list[tuple[float, float]] = field(default_factory=list)  # (step, loss) from events
+    training: dict[str, Any] = field(default_factory=dict)  # steps, epochs, durations, peak RSS
+    timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds
+
+
+def report_key(recipe: str, board: str, kind: str = "report") -> str:
+    """An artifact key for a recipe+board (lowercase letters, digits and dashes only)."""
+    key = re.sub(r"[^a-z0-9-]+", "-", f"odl-{kind}-{recipe}-{board}".lower())
+    return re.sub(r"-{2,}", "-", key).strip("-")
+
+
+def step_losses(events: Iterable[Any]) -> list[tuple[float, float]]:
+    """(step, loss) points from the board's ``step`` events (objects with ``type`` and ``data``)."""
+    points = []
+    for ev in events:
+        data = getattr(ev, "data", None) or {}
+        loss = data.get("loss", data.get("train_loss"))
+        if getattr(ev, "type", "") == "step" and isinstance(loss, (int, float)) and math.isfinite(loss):
+            points.append((float(data.get("step", getattr(ev, "seq", len(points)))), float(loss)))
+    return points
+
+
+def epoch_series(history: Sequence[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+    """One (epoch, value) series per loss-like column of the per-epoch history."""
+    series: dict[str, list[tuple[float, float]]] = {}
+    for i, row in enumerate(history):
+        epoch = float(row.get("epoch", i + 1))
+        for key, val in row.items():
+            if "loss" in key and isinstance(val, (int, float)):
+                series.setdefault(key, []).append((epoch, float(val)))
+    return series
+
+
+def epoch_table(history: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per-epoch rows for a Prefect table artifact (numbers rounded, ``epoch`` first)."""
+    rows = []
+    for i, row in enumerate(history):
+        out: dict[str, Any] = {"epoch": row.get("epoch", i + 1)}
+        for key, val in row.items():
+            if key != "epoch":
+                out[key] = round(val, 6) if isinstance(val, float) else val
+        rows.append(out)
+    return rows
+
+
+def _fmt(metrics: dict[str, Any], key: str, pattern: str | None) -> str:
+    val = metrics.get(key)
+    if not isinstance(val, (int, float)):
+        return "-"
+    return f"{val / 1024:.1f}" if key == "model_size_bytes" else pattern.format(val)  # type: ignore[union-attr]
+
+
+def compare_table(evaluations: dict[str, dict[str, Any]]) -> str:
+    """A markdown table with one row per headline metric and one column per evaluated model."""
+    cols = list(evaluations)
+    lines = ["| metric | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    for key, label, pattern in HEADLINE:
+        if any(key in m for m in evaluations.values()):
+            lines.append(
+                f"| {label} | " + " | ".join(_fmt(evaluations[c], key, pattern) for c in cols) + " |"
+            )
+    return "\n".join(lines)
+
+
+def per_class_table(metrics: dict[str, Any]) -> str:
+    """Per-class precision/recall of one model as a markdown table ('' when not a classifier)."""
+    pc = metrics.get("per_class")
+    if not pc:
+        return ""
+    lines = ["| class | precision | recall |", "|---|---|---|"]
+    for i, (p, r) in enumerate(zip(pc["precision"], pc["recall"], strict=True)):
+        lines.append(f"| {i} | {p:.3f} | {r:.3f} |")
+    return "\n".join(lines)
+
+
+def _decision_md(inp: ReportInput) -> str:
+    d = inp.decision
+    if d.promote:
+        return f"**Promoted**: recorded as `{inp.version}`, now `current`. {d.reason}."
+    return f"**Not promoted**: recorded as `{inp.version}` (rejected), `current` unchanged. Why: {d.reason}."
+
+
+def _training_md(inp: ReportInput) -> list[str]:
+    t = inp.training
+    parts = [
+        f"{k.replace('_', ' ')}: {v:.2f}" if isinstance(v, float) else f"{k.replace('_', ' ')}: {v}"
+        for k, v in t.items()
+    ]
+    out = ["## Training on the board", ", ".join(parts) if parts else "(no job result)"]
+    if inp.step_losses:
+        png = line_chart(
+            {"train loss": inp.step_losses}, "training loss per step (board events)", "step", "loss"
+        )
+        out.append(f"![loss per step]({data_url(png)})")
+    if epoch_series(inp.history):
+        png = line_chart(epoch_series(inp.history), "loss per epoch", "epoch", "loss")
+        out.append(f"![loss per epoch]({data_url(png)})")
+    return out
+
+
+def render_report(inp: ReportInput) -> str:
+    """The markdown report of one run (images inline as data: URLs)."""
+    md = [
+        f"# ODL run: `{inp.recipe}` on `{inp.board}`",
+        f"flow run `{inp.flow_run_id}`, board job `{inp.job_id}`",
+        "",
+        _decision_md(inp),
+        "",
+        f"## Before / after on the host test set `{inp.test_set}`",
+        compare_table(inp.evaluations),
+    ]
+    for name, cols in inp.extra_tests.items():
+        md += ["", f"### Extra test set `{name}`", compare_table(cols)]
+    md += [""] + _training_md(inp)
+    candidate = inp.evaluations.get("candidate", {})
+    if candidate.get("confusion_matrix"):
+        png = confusion_chart(candidate["confusion_matrix"], f"confusion matrix, candidate, {inp.test_set}")
+        md += [
+            "",
+            "## Candidate on the test set",
+            f"![confusion matrix]({data_url(png)})",
+            "",
+            per_class_table(candidate),
+        ]
+    if inp.timings:
+        md += ["", "## Time per stage", "| stage | seconds |", "|---|---|"]
+        md += [f"| {k} | {v:.2f} |" for k, v in inp.timings.items()]
+        md.append(f"| **total** | {sum(inp.timings.values()):.2f} |")
+    return "\n".join(md) + "\n"
+
+
+def summary_text(inp: ReportInput) -> str:
+    """A few plain lines for a terminal: before/after headline metrics and the decision."""
+    lines = [
+        f"{inp.recipe} on {inp.board}: {'PROMOTED' if inp.decision.promote else 'not promoted'} "
+        f"({inp.version}); {inp.decision.reason}"
+    ]
+    for col, m in inp.evaluations.items():
+        lines.append(
+            f"  {col:<16} " + "  ".join(f"{k}={m[k]:.4f}" for k in ("accuracy", "loss", "mse") if k in m)
+        )
+    for name, cols in inp.extra_tests.items():
+        for col, m in cols.items():
+            if "accuracy" in m:
+                lines.append(f"  {name}/{col:<10} accuracy={m['accuracy']:.4f}")
+    if inp.timings:
+        lines.append(
+            "  stages: "
+            + ", ".join(f"{k} {v:.1f}s" for k, v in inp.timings.items())
+            + f"; total {sum(inp.timings.values()):.1f}s"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,110 @@
+"""Build the board's ``job.json`` (protocol.JobSpec) from a recipe and its prepared artifacts.
+
+Artifacts and host-side data files become content-addressed blobs: the spec names them by
+sha256, and the returned mapping says which local file to upload for each hash.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from device_agent.protocol import (
+    ARTIFACT_KEYS,
+    BlobRef,
+    DataRef,
+    JobSpec,
+    SpecError,
+    TrainParams,
+    file_sha256,
+    valid_job_id,
+)
+from tasks.errors import ArtifactError, DataError, RecipeError
+from tasks.recipe.schema import Recipe
+
+if TYPE_CHECKING:
+    from tasks.prepare import Prepared
+
+__all__ = ["build_job_spec", "file_sha256", "train_params"]
+
+
+def train_params(recipe: Recipe, *, max_steps: int = 0) -> TrainParams:
+    """The recipe's optimizer, schedule and training tables as protocol.TrainParams."""
+    params = TrainParams(
+        batch_size=recipe.training.batch_size,
+        epochs=recipe.training.epochs,
+        lr=float(recipe.optimizer.lr),
+        warmup_steps=recipe.schedule.warmup_steps,
+        final_lr_ratio=float(recipe.schedule.final_lr_ratio),
+        checkpoint_every=recipe.training.checkpoint_every,
+        log_every=recipe.training.log_every,
+        seed=recipe.training.seed,
+        max_steps=max_steps,
+    )
+    try:
+        params.check("training")
+    except SpecError as exc:
+        raise RecipeError(exc.field, exc.expected, source=str(recipe.source)) from exc
+    return params
+
+
+def build_job_spec(
+    recipe: Recipe, prepared: Prepared, job_id: str, *, max_steps: int = 0
+) -> tuple[JobSpec, dict[str, Path]]:
+    """The JobSpec for ``job_id`` and the local files to upload, keyed by sha256.
+
+    Artifacts come from ``prepared.manifest["files"]`` (hashes computed at generation time);
+    the memory estimate from ``prepared.validation["board_peak_estimate_mb"]`` when present.
+    """
+    try:
+        valid_job_id(job_id)
+    except SpecError as exc:
+        raise RecipeError("job_id", exc.expected, job_id) from exc
+    files: dict[str, Path] = {}
+    artifacts = {key: _artifact_blob(prepared, key, files) for key in ARTIFACT_KEYS}
+    train = _data_ref(recipe.data.train, recipe.data.board_train, "data.train", files)
+    eval_ref = _data_ref(recipe.data.eval, None, "data.eval", files) if recipe.data.eval else None
+    manifest = prepared.manifest
+    spec = JobSpec(
+        job_id=job_id,
+        artifacts=artifacts,
+        train_data=train,
+        eval_data=eval_ref,
+        train=train_params(recipe, max_steps=max_steps),
+        task=recipe.task,
+        output_names=tuple(manifest.get("inference_output_names") or _output_names(recipe)),
+        feeds=dict(manifest.get("feeds") or recipe.data.feeds),
+        memory_estimate_mb=float((prepared.validation or {}).get("board_peak_estimate_mb", 0.0)),
+        recipe_name=recipe.name,
+        num_classes=(recipe.model.num_classes or 0) if recipe.task == "classification" else 0,
+    )
+    return spec, files
+
+
+def _output_names(recipe: Recipe) -> list[str]:
+    names = list(recipe.model.output_names)
+    return names[1:] if recipe.loss.kind == "embedded" else names
+
+
+def _artifact_blob(prepared: Prepared, key: str, files: dict[str, Path]) -> BlobRef:
+    entry = prepared.manifest.get("files", {}).get(key)
+    if not entry:
+        raise ArtifactError(f"{prepared.manifest_path}: no files.{key} entry; run prepare again")
+    path = prepared.out_dir / entry["path"]
+    if not path.is_file() or path.stat().st_size != entry["size"]:
+        raise ArtifactError(f"artifact {key}: {path} is missing or its size differs from the manifest")
+    files[entry["sha256"]] = path
+    return BlobRef(entry["sha256"], int(entry["size"]))
+
+
+def _data_ref(host: Path | None, board: str | None, field: str, files: dict[str, Path]) -> DataRef:
+    if host is None:
+        if not board:
+            raise RecipeError(field, "a host file or a board path")
+        fmt = "npz" if board.endswith(".npz") else "image-folder"
+        return DataRef(fmt, path=board)
+    if not Path(host).is_file() or Path(host).suffix != ".npz":
+        raise DataError(f"{field}: {host} is not an .npz file on the host")
+    sha = file_sha256(host)
+    files[sha] = Path(host)
+    return DataRef("npz", blob=BlobRef(sha, Path(host).stat().st_size))

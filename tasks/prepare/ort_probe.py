@@ -1,0 +1,111 @@
+"""Torch-free training probe run by :mod:`tasks.prepare.validate` in a subprocess (``python -m tasks.prepare.ort_probe``).
+
+It loads the artifacts like the board does (numpy + onnxruntime's training API, torch blocked),
+trains a few steps at the recipe's batch size, repeats one batch to see the loss fall, runs an eval
+step, exports the inference model, and prints one JSON line with the losses, the time per step and
+the process's peak RSS. It imports only the standard library, numpy and onnxruntime.
+"""
+
+from __future__ import annotations
+
+import sys
+
+sys.modules.setdefault("torch", None)  # type: ignore[arg-type]  # like a board: torch cannot load
+
+import json  # noqa: E402
+import resource  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from device_agent.ort import load_training_api  # noqa: E402
+
+STAGE = ["load_artifacts"]  # the check a failure belongs to, reported to the parent
+
+
+def _loss(out: object) -> float:
+    first = out[0] if isinstance(out, (list, tuple)) else out
+    return float(np.asarray(first, dtype=np.float64).reshape(-1)[0])
+
+
+def _batches(arrays: list[np.ndarray], batch: int, count: int):
+    n = len(arrays[0])
+    for i in range(count):
+        start = (i * batch) % n
+        idx = np.arange(start, start + batch) % n
+        yield [a[idx] for a in arrays]
+
+
+def peak_rss_mb() -> float:
+    """Peak RSS of this process in MB: VmHWM (reset by exec, unlike ru_maxrss, which keeps the
+    forking parent's peak on Linux), else ru_maxrss."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def probe(cfg: dict) -> dict:
+    """Run the probe described by ``cfg`` (see tasks.validate.run_probe) and return its report."""
+    STAGE[0] = "load_artifacts"
+    api = load_training_api()
+    art = Path(cfg["artifacts_dir"])
+    state = api.CheckpointState.load_checkpoint(str(art / "checkpoint"))
+    module = api.Module(str(art / "training_model.onnx"), state, str(art / "eval_model.onnx"))
+    optimizer = api.Optimizer(str(art / "optimizer_model.onnx"), module)
+    optimizer.set_learning_rate(cfg["lr"])
+    with np.load(cfg["data"], allow_pickle=False) as npz:
+        arrays = [npz[cfg["feeds"][name]] for name in module.input_names()]
+    report: dict = {"input_names": list(module.input_names()), "n_samples": len(arrays[0])}
+    losses, times = [], []
+    STAGE[0] = "train_step"
+    module.train()
+    for feed in _batches(arrays, cfg["batch_size"], cfg["steps"]):
+        t0 = time.perf_counter()
+        losses.append(_loss(module(*feed)))
+        optimizer.step()
+        module.lazy_reset_grad()
+        times.append(time.perf_counter() - t0)
+    first = next(_batches(arrays, cfg["batch_size"], 1))
+    repeat = []
+    for _ in range(cfg["repeat"]):
+        repeat.append(_loss(module(*first)))
+        optimizer.step()
+        module.lazy_reset_grad()
+    # export before the eval step: the peak up to here is what a job without an eval set reaches
+    # (training + the final export); the eval graph's session adds its own arena on top
+    STAGE[0] = "export_inference"
+    module.export_model_for_inferencing(cfg["inference_path"], cfg["inference_outputs"])
+    report["train_peak_rss_mb"] = peak_rss_mb()
+    STAGE[0] = "eval_step"
+    module.eval()
+    report["eval_loss"] = _loss(module(*first))
+    report.update(
+        losses=losses,
+        repeat_losses=repeat,
+        first_step_s=times[0],
+        time_per_step_s=statistics.median(times[1:] or times),
+        peak_rss_mb=peak_rss_mb(),
+        torch_loaded=sys.modules.get("torch") is not None,
+    )
+    return report
+
+
+def main() -> int:
+    """Read the JSON config from argv[1], print the JSON report (or the error) on stdout."""
+    cfg = json.loads(sys.argv[1])
+    try:
+        print(json.dumps({"ok": True, "report": probe(cfg)}))
+    except Exception as exc:  # noqa: BLE001 - the parent turns it into a named failed check
+        print(json.dumps({"ok": False, "stage": STAGE[0], "error": f"{type(exc).__name__}: {exc}"}))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

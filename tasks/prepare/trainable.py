@@ -1,0 +1,128 @@
+"""Find parameters in an exported ONNX graph: trainable sets by name, pattern and strategy.
+
+Strategies walk the graph back from its outputs through producers (breadth first), never by
+exporter-generated names: ``classifier`` is the first Gemm or MatMul(+Add) reached, and
+``last-conv+classifier`` adds the first Conv reached from the classifier.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections import deque
+from collections.abc import Iterator
+from math import prod
+
+import onnx
+
+from tasks.errors import RecipeError
+from tasks.recipe.schema import Recipe
+
+FLOAT_TYPES = {
+    onnx.TensorProto.FLOAT,
+    onnx.TensorProto.FLOAT16,
+    onnx.TensorProto.DOUBLE,
+    onnx.TensorProto.BFLOAT16,
+}
+
+
+def float_params(model: onnx.ModelProto) -> dict[str, int]:
+    """Float initializers of the graph with their element counts."""
+    return {i.name: prod(i.dims) for i in model.graph.initializer if i.data_type in FLOAT_TYPES}
+
+
+def bn_statistics(model: onnx.ModelProto) -> set[str]:
+    """Names of BatchNormalization running means and variances (never trainable)."""
+    return {name for n in model.graph.node if n.op_type == "BatchNormalization" for name in n.input[3:5]}
+
+
+def _walk_back(model: onnx.ModelProto, start: list[str]) -> Iterator[onnx.NodeProto]:
+    """Nodes reached from the tensors ``start`` through their producers, nearest first."""
+    producer = {out: node for node in model.graph.node for out in node.output}
+    queue, seen = deque(start), set()
+    while queue:
+        node = producer.get(queue.popleft())
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        yield node
+        queue.extend(node.input)
+
+
+def _param_inputs(node: onnx.NodeProto, params: dict[str, int]) -> list[str]:
+    return [i for i in node.input if i in params]
+
+
+def find_classifier(model: onnx.ModelProto, params: dict[str, int]) -> tuple[list[str], onnx.NodeProto]:
+    """Parameters of the last Gemm / MatMul(+Add bias) before the outputs, and its node."""
+    producer = {out: node for node in model.graph.node for out in node.output}
+    for node in _walk_back(model, [o.name for o in model.graph.output]):
+        if node.op_type in ("Gemm", "MatMul") and _param_inputs(node, params):
+            return _param_inputs(node, params), node
+        if node.op_type == "Add" and _param_inputs(node, params):
+            mm = next(
+                (producer[i] for i in node.input if i in producer and producer[i].op_type == "MatMul"), None
+            )
+            if mm is not None and _param_inputs(mm, params):
+                return _param_inputs(mm, params) + _param_inputs(node, params), mm
+    raise RecipeError(
+        "trainable.strategy",
+        "a model whose outputs come from a Gemm or MatMul layer with weights (strategy 'classifier')",
+        "no such layer found walking back from the outputs",
+    )
+
+
+def find_last_conv(model: onnx.ModelProto, params: dict[str, int], start: onnx.NodeProto) -> list[str]:
+    """Parameters of the first Conv reached walking back from ``start``'s inputs."""
+    for node in _walk_back(model, list(start.input)):
+        if node.op_type == "Conv" and _param_inputs(node, params):
+            return _param_inputs(node, params)
+    raise RecipeError(
+        "trainable.strategy",
+        "a model with a Conv layer before its classifier (strategy 'last-conv+classifier')",
+        "no Conv found",
+    )
+
+
+def _by_strategy(model: onnx.ModelProto, strategy: str, params: dict[str, int]) -> list[str]:
+    if strategy == "all":
+        return list(params)
+    names, node = find_classifier(model, params)
+    if strategy == "last-conv+classifier":
+        names = find_last_conv(model, params, node) + names
+    return names
+
+
+def _by_patterns(patterns: tuple[str, ...], params: dict[str, int]) -> list[str]:
+    out = []
+    for pattern in patterns:
+        hits = fnmatch.filter(params, pattern)
+        if not hits:
+            raise RecipeError(
+                "trainable.patterns",
+                f"a pattern matching at least one parameter (some are: {list(params)[:6]})",
+                pattern,
+            )
+        out += hits
+    return out
+
+
+def resolve_trainable(recipe: Recipe, model: onnx.ModelProto) -> tuple[list[str], list[str], dict[str, int]]:
+    """(trainable names, frozen names, element counts of every float parameter) for the recipe."""
+    stats = bn_statistics(model)
+    counts = float_params(model)
+    params = {k: v for k, v in counts.items() if k not in stats}
+    spec = recipe.trainable
+    chosen = _by_strategy(model, spec.strategy, params) if spec.strategy else []
+    chosen += _by_patterns(spec.patterns, params)
+    for name in spec.names:
+        if name not in params:
+            why = "BatchNorm running statistics cannot be trained" if name in stats else "no such parameter"
+            raise RecipeError(
+                "trainable.names",
+                f"parameter names of the exported model ({why}; some are: {list(params)[:6]})",
+                name,
+            )
+        chosen.append(name)
+    trainable = list(dict.fromkeys(chosen))
+    frozen = [n for n in counts if n not in set(trainable)]
+    return trainable, frozen, counts

@@ -1,0 +1,203 @@
+"""Offline validation of a prepared recipe (the ORT on-device-training blog's step 2).
+
+Checks, each a named :class:`ValidationFailed` on failure: the data fit the model; the artifacts
+load and train with a finite loss; the loss falls when one batch is repeated; an eval step runs;
+``export_model_for_inferencing`` works and its output matches the PyTorch model with the same
+(trained) weights. The training runs in a torch-free subprocess (:mod:`tasks.prepare.ort_probe`) at the
+recipe's batch size, so its peak RSS is what a board would see; ``validation.json`` records it all.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tasks.errors import DataError, ValidationFailed
+from tasks.paths import PROJECT_ROOT
+from tasks.recipe.datafiles import check_dataset, load_arrays, load_npz
+from tasks.recipe.load import recipe_hash
+from tasks.recipe.schema import Recipe
+
+log = logging.getLogger(__name__)
+MATCH_TOL = 1e-4
+MEMORY_MARGIN = (1.05, 16.0)  # board estimate = peak * 1.05 + 16 MB (allocator and board-side slack;
+# bench/memory.py: the probe's peak is within 3 % of the agent's at batch 1-32 of mobilenet_v2)
+PROBE_TIMEOUT_S = 600
+
+
+def check_data(recipe: Recipe, manifest: dict) -> dict[str, Any]:
+    """Check every host data file against the model; return a summary per field."""
+    files = {"train": recipe.data.train, "eval": recipe.data.eval, "test": recipe.data.test}
+    files.update({f"extra_tests.{k}": v for k, v in recipe.data.extra_tests.items()})
+    summary = {}
+    for field, path in files.items():
+        if path is None:
+            continue
+        try:
+            x, y = load_npz(path)
+            check_dataset(recipe, x, y)
+            missing = sorted(set(manifest["feeds"].values()) - set(load_arrays(path)))
+            if missing and field == "train":
+                raise DataError(f"no arrays {missing} needed by the training inputs {manifest['feeds']}")
+        except DataError as exc:
+            raise ValidationFailed("data_fits_model", f"data.{field} ({path}): {exc}") from exc
+        summary[field] = {"samples": len(x), "x_shape": list(x.shape[1:])}
+    return summary
+
+
+def run_probe(recipe: Recipe, out_dir: Path, manifest: dict, steps: int) -> dict[str, Any]:
+    """Train a few steps in a torch-free subprocess; return its report or raise the failed check."""
+    cfg = {
+        "artifacts_dir": str(out_dir / "artifacts"),
+        "data": str(recipe.data.train or recipe.data.test),
+        "feeds": manifest["feeds"],
+        "batch_size": recipe.training.batch_size,
+        "steps": max(steps, 2),
+        "repeat": max(steps, 5),
+        "lr": recipe.optimizer.lr,
+        "inference_path": str(out_dir / "validation_inference.onnx"),
+        "inference_outputs": manifest["inference_output_names"],
+    }
+    cmd = [sys.executable, "-m", "tasks.prepare.ort_probe", json.dumps(cfg)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        raise ValidationFailed(
+            "train_step", f"the training probe did not finish in {PROBE_TIMEOUT_S} s"
+        ) from exc
+    lines = proc.stdout.strip().splitlines()
+    result = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
+    if result is None:
+        raise ValidationFailed(
+            "load_artifacts", f"training probe crashed (exit {proc.returncode}): {proc.stderr.strip()[-800:]}"
+        )
+    if not result["ok"]:
+        raise ValidationFailed(result["stage"], result["error"])
+    return result["report"]
+
+
+def check_losses(report: dict[str, Any]) -> None:
+    """Finite losses; the repeated batch's loss falls."""
+    losses, repeat = report["losses"], report["repeat_losses"]
+    if not all(math.isfinite(v) for v in [*losses, *repeat, report["eval_loss"]]):
+        raise ValidationFailed("loss_finite", f"non-finite loss: train {losses}, eval {report['eval_loss']}")
+    if not repeat[-1] < repeat[0]:
+        raise ValidationFailed(
+            "loss_falls",
+            f"repeating one batch {len(repeat)} times did not lower the loss "
+            f"({repeat[0]:.5g} -> {repeat[-1]:.5g}): check lr, trainable set and loss",
+        )
+
+
+def compare_with_torch(recipe: Recipe, inference_path: Path, manifest: dict) -> dict[str, Any]:
+    """Load the trained weights into the PyTorch model and compare outputs with the inference model."""
+    if recipe.model.kind == "onnx":
+        return {"skipped": "model.kind is onnx: no PyTorch model to compare with"}
+    import onnx
+    import torch
+    from onnx import numpy_helper
+
+    from tasks.prepare.export import example_arrays, quiet_stderr
+    from tasks.prepare.torch_model import build_model
+
+    with quiet_stderr("import onnxruntime"):  # it imports torch's CUDA probe, which warns on stderr
+        import onnxruntime
+
+    model = build_model(recipe)
+    state = model.state_dict()
+    trained = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(inference_path)).graph.initializer}
+    loaded = {k: torch.from_numpy(trained[k].copy()) for k in state if k in trained}
+    missing = [n for n in manifest["trainable"] if n not in loaded]
+    if missing:
+        raise ValidationFailed(
+            "inference_matches_torch",
+            f"trained parameters {missing[:4]} have no PyTorch counterpart of the same name",
+        )
+    model.load_state_dict({**state, **loaded})
+    names = recipe.model.input_names
+    inputs = example_arrays(recipe, names, n=16)
+    sess = onnxruntime.InferenceSession(str(inference_path), providers=["CPUExecutionProvider"])
+    feed = {i.name: a for i, a in zip(sess.get_inputs(), inputs, strict=False)}
+    ort_out = sess.run(manifest["inference_output_names"], feed)
+    with torch.no_grad():
+        out = model(*[torch.from_numpy(np.ascontiguousarray(a)) for a in inputs])
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    outs = outs[1:] if recipe.loss.kind == "embedded" else outs
+    diff = max(float(np.abs(o.numpy() - r).max()) for o, r in zip(outs, ort_out, strict=True))
+    # float32 rounding grows with the outputs' magnitude: the tolerance does too (1e-4 up to |y| = 1)
+    scale = max(1.0, *(float(np.abs(o.numpy()).max()) for o in outs))
+    if not diff < MATCH_TOL * scale:
+        raise ValidationFailed(
+            "inference_matches_torch",
+            f"max abs diff {diff:.3g} >= {MATCH_TOL * scale:.3g} (= {MATCH_TOL} x max(1, max |output| = {scale:.3g})) "
+            "between the exported inference model and PyTorch with the same weights",
+        )
+    return {
+        "max_abs_diff": diff,
+        "output_scale": scale,
+        "compared_samples": len(inputs[0]),
+        "loaded_tensors": len(loaded),
+    }
+
+
+def validate(recipe: Recipe, out_dir: Path, *, steps: int = 5) -> dict:
+    """Run every offline check on ``out_dir`` (from ``generate``); write and return validation.json."""
+    out_dir = Path(out_dir)
+    manifest = json.loads((out_dir / "manifest.json").read_text())
+    report: dict[str, Any] = {"passed": False, "recipe_hash": recipe_hash(recipe), "checks": {}}
+    try:
+        report["checks"]["data_fits_model"] = check_data(recipe, manifest)
+        probe = run_probe(recipe, out_dir, manifest, steps)
+        report["checks"].update(load_artifacts=True, train_step=True, eval_step=True, export_inference=True)
+        check_losses(probe)
+        report["checks"].update(loss_finite=True, loss_falls=True)
+        report["checks"]["inference_matches_torch"] = compare_with_torch(
+            recipe, out_dir / "validation_inference.onnx", manifest
+        )
+    except ValidationFailed as exc:
+        report.update(failed_check=exc.check, error=str(exc))
+        _write(out_dir, report)
+        raise
+    report.update(_figures(recipe, probe, manifest), passed=True)
+    _write(out_dir, report)
+    log.info(
+        "validation passed: %.4f s/step at batch %d, board peak estimate %.0f MB",
+        report["time_per_step_s"],
+        recipe.training.batch_size,
+        report["board_peak_estimate_mb"],
+    )
+    return report
+
+
+def _figures(recipe: Recipe, probe: dict[str, Any], manifest: dict) -> dict[str, Any]:
+    scale, extra = MEMORY_MARGIN
+    n = probe["n_samples"]
+    # the board runs the eval graph only when the job has an eval set (its session adds an arena)
+    peak = probe["peak_rss_mb"] if recipe.data.eval else probe.get("train_peak_rss_mb", probe["peak_rss_mb"])
+    return {
+        "batch_size": recipe.training.batch_size,
+        "steps_per_epoch": math.ceil(n / recipe.training.batch_size),
+        "time_per_step_s": probe["time_per_step_s"],
+        "first_step_s": probe["first_step_s"],
+        "measured_peak_rss_mb": peak,
+        "probe_peak_rss_mb_with_eval": probe["peak_rss_mb"],
+        "board_peak_estimate_mb": peak * scale + extra,
+        "memory_margin": f"measured peak RSS of a torch-free training process x {scale} + {extra} MB "
+        f"({'with' if recipe.data.eval else 'without'} the eval graph, as the job)",
+        "probe_torch_loaded": probe["torch_loaded"],
+        "losses": probe["losses"],
+        "repeat_losses": probe["repeat_losses"],
+        "eval_loss": probe["eval_loss"],
+        "trainable_count": manifest["trainable_count"],
+    }
+
+
+def _write(out_dir: Path, report: dict[str, Any]) -> None:
+    (out_dir / "validation.json").write_text(json.dumps(report, indent=2, sort_keys=True))

@@ -1,0 +1,118 @@
+"""Datasets of a recipe: generate them when missing, load ``.npz`` files, check they fit the model.
+
+An ``.npz`` dataset holds ``x`` (float32, ``[N, *input_shape]``) and ``y`` (labels: int64 class ids
+for classification, float32 for binary/regression); extra arrays (e.g. a second target) are allowed
+and reach the model through ``[data].feeds``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from tasks.errors import DataError
+from tasks.recipe.schema import Recipe
+
+log = logging.getLogger(__name__)
+
+
+def recipe_files(recipe: Recipe) -> dict[str, Path]:
+    """Host files the recipe needs, by field name (data sets and local model weights)."""
+    d = recipe.data
+    files = {
+        "data.test": d.test,
+        "data.train": d.train,
+        "data.eval": d.eval,
+        "model.weights": recipe.model.weights,
+    }
+    files.update({f"data.extra_tests.{k}": v for k, v in d.extra_tests.items()})
+    return {k: v for k, v in files.items() if v is not None}
+
+
+def make_dir(recipe: Recipe) -> Path:
+    """The folder a ``[data].make`` callable writes into: the folder of the train (else test) file."""
+    return (recipe.data.train or recipe.data.test).parent
+
+
+def ensure_datasets(recipe: Recipe) -> None:
+    """Run ``[data].make`` (once, under a file lock) when a file the recipe needs is missing."""
+    missing = {k: p for k, p in recipe_files(recipe).items() if not p.exists()}
+    if not missing:
+        return
+    if recipe.data.make is None:
+        field, path = next(iter(missing.items()))
+        raise DataError(f"recipe field '{field}': file {path} does not exist and [data].make is not set")
+    from tasks.prepare.torch_model import load_ref
+
+    out_dir = make_dir(recipe)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / ".make.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if any(not p.exists() for p in missing.values()):
+            log.info("generating data with %s into %s", recipe.data.make, out_dir)
+            load_ref(recipe.base_dir, recipe.data.make, "data.make")(out_dir)
+    still = {k: str(p) for k, p in missing.items() if not p.exists()}
+    if still:
+        raise DataError(f"[data].make {recipe.data.make} did not write {still}")
+
+
+def load_npz(path: Path | str) -> tuple[np.ndarray, np.ndarray]:
+    """Load ``x`` and ``y`` from an ``.npz`` file; DataError on a missing file, key or length mismatch."""
+    arrays = load_arrays(path)
+    for key in ("x", "y"):
+        if key not in arrays:
+            raise DataError(f"{path}: no array '{key}' (found {sorted(arrays)}); expected 'x' and 'y'")
+    x, y = arrays["x"], arrays["y"]
+    if x.ndim < 2 or len(x) != len(y) or len(x) == 0:
+        raise DataError(
+            f"{path}: expected x [N, ...] and y [N, ...] with the same N > 0, got {x.shape} / {y.shape}"
+        )
+    return x, y
+
+
+def load_arrays(path: Path | str) -> dict[str, np.ndarray]:
+    """Load every array of an ``.npz`` file into memory (no pickles)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"dataset {path} does not exist")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return {k: npz[k] for k in npz.files}
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
+        raise DataError(f"{path}: not a readable .npz file ({exc})") from exc
+
+
+def check_dataset(recipe: Recipe, x: np.ndarray, y: np.ndarray, *, num_classes: int | None = None) -> None:
+    """Check that ``x``/``y`` fit the recipe's model: sample shape, dtypes, label range, NaN."""
+    want = tuple(recipe.model.input_shape)
+    if tuple(x.shape[1:]) != want:
+        raise DataError(f"x has sample shape {tuple(x.shape[1:])} but model.input_shape is {list(want)}")
+    if x.dtype != np.float32:
+        raise DataError(f"x has dtype {x.dtype}, expected float32")
+    if not np.isfinite(x).all():
+        raise DataError(f"x contains {int((~np.isfinite(x)).sum())} NaN or infinite values")
+    if len(y) != len(x):
+        raise DataError(f"x has {len(x)} samples but y has {len(y)}")
+    _check_labels(recipe.task, y, num_classes or recipe.model.num_classes)
+
+
+def _check_labels(task: str, y: np.ndarray, num_classes: int | None) -> None:
+    if task == "classification":
+        if y.dtype != np.int64:
+            raise DataError(f"y has dtype {y.dtype}, expected int64 class ids for task 'classification'")
+        if num_classes is not None and (y.min() < 0 or y.max() >= num_classes):
+            raise DataError(
+                f"y has labels in [{y.min()}, {y.max()}], expected [0, {num_classes - 1}] "
+                f"(num_classes = {num_classes})"
+            )
+    elif task in ("binary", "regression"):
+        if y.dtype != np.float32:
+            raise DataError(f"y has dtype {y.dtype}, expected float32 targets for task '{task}'")
+        if not np.isfinite(y).all():
+            raise DataError("y contains NaN or infinite values")
+        if task == "binary" and not np.isin(y, (0.0, 1.0)).all():
+            raise DataError("y has values other than 0 and 1 for task 'binary'")

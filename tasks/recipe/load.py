@@ -1,0 +1,326 @@
+"""Parse and validate recipe TOML files into :class:`tasks.recipe.schema.Recipe`.
+
+Every wrong field raises :class:`tasks.errors.RecipeError` naming the field and what was
+expected; unknown keys are errors. The TOML layout is documented in :mod:`tasks.recipe.schema`.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from tasks.errors import RecipeError
+from tasks.recipe.schema import (
+    BUILTIN_LOSSES,
+    OPTIMIZERS,
+    STRATEGIES,
+    TASKS,
+    DataSpec,
+    LossSpec,
+    ModelSpec,
+    OptimizerSpec,
+    PromotionSpec,
+    Recipe,
+    ScheduleSpec,
+    TrainableSpec,
+    TrainingSpec,
+)
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+REF_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+TOP_KEYS = {
+    "name",
+    "task",
+    "model",
+    "trainable",
+    "loss",
+    "optimizer",
+    "schedule",
+    "training",
+    "data",
+    "promotion",
+}
+MODEL_KEYS = {"torchvision", "callable", "onnx", "num_classes", "weights", "kwargs", "input_shape"}
+MODEL_KEYS |= {"input_names", "output_names"}
+DATA_KEYS = {"make", "train", "board_train", "eval", "test", "extra_tests", "feeds"}
+
+
+class _Table:
+    """One TOML table being read: typed getters that name the field on error."""
+
+    def __init__(self, data: object, where: str, allowed: set[str], source: str) -> None:
+        if not isinstance(data, dict):
+            raise RecipeError(where, "a table", data, source=source)
+        unknown = sorted(set(data) - allowed)
+        if unknown:
+            raise RecipeError(
+                _dot(where, unknown[0]),
+                f"a known key, this one is unknown (allowed: {', '.join(sorted(allowed))})",
+                source=source,
+            )
+        self.d, self.where, self.source = data, where, source
+
+    def err(self, key: str, expected: str, got: object = None) -> RecipeError:
+        """Build the RecipeError for ``key`` of this table."""
+        return RecipeError(_dot(self.where, key), expected, got, source=self.source)
+
+    def get(self, key: str, typ: type | tuple[type, ...], default: Any = ..., what: str = "") -> Any:
+        """Return ``key`` checked against ``typ`` (bool is never an int here)."""
+        if key not in self.d:
+            if default is ...:
+                raise self.err(key, f"{what or _tname(typ)} (missing)")
+            return default
+        val = self.d[key]
+        types = typ if isinstance(typ, tuple) else (typ,)
+        if (isinstance(val, bool) and bool not in types) or not isinstance(val, typ):
+            raise self.err(key, what or _tname(typ), val)
+        return val
+
+    def number(
+        self, key: str, default: float, lo: float, hi: float = float("inf"), *, integer: bool = False
+    ) -> Any:
+        """Return a number in [lo, hi] (an int when ``integer``)."""
+        typ: Any = int if integer else (int, float)
+        kind = "an integer" if integer else "a number"
+        val = self.get(key, typ, default, f"{kind} in [{lo}, {hi}]")
+        if not lo <= val <= hi:
+            raise self.err(key, f"{kind} in [{lo}, {hi}]", val)
+        return val if integer else float(val)
+
+    def strings(self, key: str, default: tuple[str, ...] = ()) -> tuple[str, ...]:
+        """Return a list of non-empty strings as a tuple."""
+        val = self.get(key, list, list(default), "a list of strings")
+        if not all(isinstance(v, str) and v for v in val):
+            raise self.err(key, "a list of non-empty strings", val)
+        return tuple(val)
+
+    def path(self, key: str, base: Path, *, required: bool = False) -> Path | None:
+        """Return an absolute path (relative ones resolve against ``base``)."""
+        val = self.get(key, str, ... if required else None, "a file path")
+        return None if val is None else (base / val).resolve()
+
+
+def _dot(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _tname(typ: type | tuple[type, ...]) -> str:
+    names = {"str": "a string", "int": "an integer", "float": "a number", "list": "a list", "dict": "a table"}
+    types = typ if isinstance(typ, tuple) else (typ,)
+    return " or ".join(names.get(t.__name__, t.__name__) for t in types)
+
+
+def _ref(t: _Table, key: str, value: str) -> str:
+    if not REF_RE.match(value):
+        raise t.err(key, "a 'module:callable' reference", value)
+    return value
+
+
+def _optional_ref(t: _Table, key: str) -> str | None:
+    value = t.get(key, str, None, "a 'module:callable' reference")
+    return None if value is None else _ref(t, key, value)
+
+
+def _parse_model(t: _Table, base: Path) -> ModelSpec:
+    kinds = [k for k in ("torchvision", "callable", "onnx") if k in t.d]
+    if len(kinds) != 1:
+        raise t.err(
+            "torchvision", "exactly one of model.torchvision, model.callable, model.onnx", kinds or None
+        )
+    kind = kinds[0]
+    ref = t.get(kind, str, what="a non-empty string")
+    ref = _ref(t, kind, ref) if kind == "callable" else ref
+    ref = str(t.path("onnx", base)) if kind == "onnx" else ref
+    shape = t.get("input_shape", list, what="a list of positive integers")
+    if not shape or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape):
+        raise t.err("input_shape", "a non-empty list of positive integers (one sample, no batch axis)", shape)
+    num_classes = t.get("num_classes", int, None, "an integer >= 1")
+    if num_classes is not None and num_classes < 1:
+        raise t.err("num_classes", "an integer >= 1", num_classes)
+    if kind == "torchvision" and num_classes is None:
+        raise t.err("num_classes", "an integer >= 1 (required for torchvision models)")
+    return ModelSpec(
+        kind=kind,
+        ref=ref,
+        input_shape=tuple(shape),
+        num_classes=num_classes,
+        weights=t.path("weights", base),
+        kwargs=dict(t.get("kwargs", dict, {})),
+        input_names=t.strings("input_names", ("input",)),
+        output_names=t.strings("output_names", ("output",)),
+    )
+
+
+def _parse_trainable(t: _Table) -> TrainableSpec:
+    strategy = t.get("strategy", str, None)
+    if strategy is not None and strategy not in STRATEGIES:
+        raise t.err("strategy", " or ".join(repr(s) for s in STRATEGIES), strategy)
+    spec = TrainableSpec(strategy, t.strings("names"), t.strings("patterns"))
+    if not (spec.strategy or spec.names or spec.patterns):
+        raise t.err("strategy", "at least one of trainable.strategy, trainable.names, trainable.patterns")
+    return spec
+
+
+def _parse_loss(t: _Table) -> LossSpec:
+    kind = t.get("kind", str)
+    if kind in BUILTIN_LOSSES or kind == "embedded":
+        return LossSpec(kind)
+    if kind.startswith("custom:"):
+        return LossSpec("custom", _ref(t, "kind", kind.removeprefix("custom:")))
+    expected = ", ".join(BUILTIN_LOSSES) + ", custom:module:factory or embedded"
+    raise t.err("kind", expected, kind)
+
+
+def _parse_optimizer(t: _Table) -> OptimizerSpec:
+    kind = t.get("kind", str, "adamw")
+    if kind not in OPTIMIZERS:
+        raise t.err("kind", " or ".join(repr(o) for o in OPTIMIZERS), kind)
+    lr = t.number("lr", 1e-3, 0.0, 10.0)
+    if lr <= 0:
+        raise t.err("lr", "a number > 0", lr)
+    return OptimizerSpec(kind, lr, t.number("weight_decay", 0.01, 0.0, 1.0))
+
+
+def _parse_training(t: _Table) -> TrainingSpec:
+    return TrainingSpec(
+        batch_size=t.number("batch_size", 16, 1, 65536, integer=True),
+        epochs=t.number("epochs", 3, 1, 100000, integer=True),
+        checkpoint_every=t.number("checkpoint_every", 0, 0, 10**9, integer=True),
+        log_every=t.number("log_every", 1, 1, 10**9, integer=True),
+        seed=t.number("seed", 0, 0, 2**32 - 1, integer=True),
+    )
+
+
+def _parse_data(t: _Table, base: Path) -> DataSpec:
+    extra = _Table(
+        t.get("extra_tests", dict, {}), "data.extra_tests", set(t.d.get("extra_tests", {})), t.source
+    )
+    feeds = t.get("feeds", dict, {})
+    if not all(isinstance(v, str) for v in feeds.values()):
+        raise t.err("feeds", "a table of model input name = npz key (strings)", feeds)
+    spec = DataSpec(
+        test=t.path("test", base, required=True),  # type: ignore[arg-type]
+        train=t.path("train", base),
+        board_train=t.get("board_train", str, None),
+        eval=t.path("eval", base),
+        extra_tests={k: extra.path(k, base) for k in extra.d},  # type: ignore[misc]
+        make=_optional_ref(t, "make"),
+        feeds=dict(feeds),
+    )
+    if (spec.train is None) == (spec.board_train is None):
+        raise t.err("train", "exactly one of data.train (host file) or data.board_train (path on the board)")
+    bt = spec.board_train
+    if bt is not None and (not bt.strip() or "\0" in bt or ".." in bt.split("/")):
+        raise t.err("board_train", "an absolute path, or one relative to the agent root without '..'", bt)
+    return spec
+
+
+def parse_recipe(data: dict, source: Path) -> Recipe:
+    """Validate a parsed TOML mapping and build the typed :class:`Recipe`."""
+    src, base = str(source), Path(source).resolve().parent
+    top = _Table(data, "", TOP_KEYS, src)
+    name = top.get("name", str)
+    if not NAME_RE.match(name):
+        raise top.err("name", "1-64 chars of [a-z0-9_-] starting with a letter or digit", name)
+    task = top.get("task", str, "classification")
+    if task not in TASKS:
+        raise top.err("task", " or ".join(repr(x) for x in TASKS), task)
+
+    def table(key: str, allowed: set[str], required: bool = True) -> _Table:
+        if required and key not in data:
+            raise top.err(key, "a table (missing)")
+        return _Table(data.get(key, {}), key, allowed, src)
+
+    recipe = Recipe(
+        name=name,
+        task=task,
+        source=Path(source).resolve(),
+        model=_parse_model(table("model", MODEL_KEYS), base),
+        trainable=_parse_trainable(table("trainable", {"strategy", "names", "patterns"})),
+        loss=_parse_loss(table("loss", {"kind"})),
+        optimizer=_parse_optimizer(table("optimizer", {"kind", "lr", "weight_decay"}, False)),
+        schedule=_parse_schedule(table("schedule", {"warmup_steps", "final_lr_ratio"}, False)),
+        training=_parse_training(table("training", set(TrainingSpec.__dataclass_fields__), False)),
+        data=_parse_data(table("data", DATA_KEYS), base),
+        promotion=_parse_promotion(table("promotion", {"metric", "min_gain"}, False)),
+        raw=copy.deepcopy(data),
+    )
+    _check_consistency(recipe, src)
+    return recipe
+
+
+def _parse_schedule(t: _Table) -> ScheduleSpec:
+    return ScheduleSpec(
+        t.number("warmup_steps", 0, 0, 10**9, integer=True), t.number("final_lr_ratio", 0.0, 0.0, 1.0)
+    )
+
+
+def _parse_promotion(t: _Table) -> PromotionSpec:
+    metric = t.get("metric", str, "accuracy")
+    if not metric:
+        raise t.err("metric", "a metric name such as 'accuracy' or 'loss'", metric)
+    return PromotionSpec(metric, t.number("min_gain", 0.0, -1e9, 1e9))
+
+
+def _check_consistency(r: Recipe, src: str) -> None:
+    """Cross-field rules: loss vs task, embedded output names, feeds naming real inputs."""
+    if (r.loss.kind == "embedded") != (r.task == "embedded"):
+        raise RecipeError("loss.kind", "'embedded' exactly when task = 'embedded'", r.loss.kind, source=src)
+    if r.task == "embedded" and len(r.model.output_names) < 2:
+        raise RecipeError("model.output_names", "the loss first, then at least one model output", source=src)
+    if r.loss.kind == "cross-entropy" and r.task != "classification":
+        raise RecipeError(
+            "loss.kind",
+            f"a loss for task '{r.task}' (cross-entropy needs classification)",
+            r.loss.kind,
+            source=src,
+        )
+
+
+def apply_overrides(data: dict, overrides: dict[str, object]) -> dict:
+    """Return a copy of ``data`` with dotted keys (``training.epochs``) set to new values."""
+    out = copy.deepcopy(data)
+    for dotted, value in overrides.items():
+        node = out
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise RecipeError(dotted, f"'{part}' to be a table", node)
+        node[leaf] = value
+    return out
+
+
+def load_recipe(path: Path | str, overrides: dict[str, object] | None = None) -> Recipe:
+    """Read a recipe TOML file, apply dotted-key overrides, validate and return it."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise RecipeError("recipe", "an existing recipe file", str(path)) from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise RecipeError("recipe", f"valid TOML ({exc})", source=str(path)) from exc
+    return parse_recipe(apply_overrides(data, overrides or {}), path)
+
+
+def recipe_hash(recipe: Recipe) -> str:
+    """sha256 of the canonical JSON of the raw recipe (stable across key order)."""
+    canon = json.dumps(recipe.raw, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canon.encode()).hexdigest()
+
+
+def parse_override(text: str) -> tuple[str, object]:
+    """Parse a CLI ``key=value`` override; the value is read as TOML (falls back to a string)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise RecipeError("--set", "key=value", text)
+    try:
+        parsed: object = tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = value
+    return key.strip(), parsed

@@ -1,0 +1,158 @@
+"""The typed recipe: what a recipe TOML file becomes after parsing and validation.
+
+Parsing lives in :mod:`tasks.recipe.load` (``load_recipe``, ``parse_recipe``, ``apply_overrides``);
+this module only holds the value objects every stage shares. Paths are absolute after parsing
+(relative ones are resolved against the recipe file's folder).
+
+Recipe TOML layout (every table and key; unknown keys are errors)::
+
+    name = "digits"                       # [a-z0-9_-], names runs and registry folders
+    task = "classification"               # classification | binary | regression | embedded
+
+    [model]
+    torchvision = "mobilenet_v2"          # exactly one of: torchvision / callable / onnx
+    # callable = "models:digits_cnn"      #   module:callable (recipe folder is on sys.path)
+    # onnx = "path/model.onnx"            #   an existing ONNX file exported in training mode
+    num_classes = 2                       # torchvision: replaces the classifier head
+    weights = "weights/base.pt"           # optional local state_dict file
+    kwargs = {}                           # passed to the callable / torchvision builder
+    input_shape = [3, 224, 224]           # one sample, without the batch axis
+    input_names = ["input"]               # default ["input"]
+    output_names = ["output"]             # default ["output"]; embedded: ["loss", ...]
+
+    [trainable]                           # at least one of strategy / names / patterns
+    strategy = "last-conv+classifier"     # classifier | last-conv+classifier | all
+    names = []                            # explicit parameter (initializer) names
+    patterns = []                         # fnmatch globs over parameter names
+
+    [loss]
+    kind = "cross-entropy"                # mse | cross-entropy | bce-with-logits | l1 |
+                                          # custom:module:factory | embedded
+
+    [optimizer]
+    kind = "adamw"                        # adamw | sgd
+    lr = 1e-3
+    weight_decay = 0.01                   # adamw only
+
+    [schedule]
+    warmup_steps = 0
+    final_lr_ratio = 0.0                  # linear decay to lr * ratio at the last step
+
+    [training]
+    batch_size = 16
+    epochs = 3
+    checkpoint_every = 50                 # steps; 0 = epoch ends only
+    log_every = 1
+    seed = 0
+
+    [data]
+    make = "datasets:digits_shifted"      # optional module:callable(out_dir: Path) that writes
+                                          # the npz files below when they are missing
+    train = "data/digits/train.npz"       # host file uploaded to the board (content-addressed)
+    # board_train = "/data/train.npz"     #   or a path already on the board
+    eval = "data/digits/eval.npz"         # optional; evaluated on the board each epoch
+    test = "data/digits/test.npz"         # host test set for before/after evaluation
+    extra_tests = {clean = "data/digits/clean_test.npz"}   # optional named extra test sets
+    feeds = {}                            # model input name -> npz key (default x, y)
+
+    [promotion]
+    metric = "accuracy"                   # accuracy | loss (any metric the evaluator reports)
+    min_gain = 0.0                        # promote only if new - current > min_gain
+                                          # (for "loss", lower is better: current - new > min_gain)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BUILTIN_LOSSES = ("mse", "cross-entropy", "bce-with-logits", "l1")
+STRATEGIES = ("classifier", "last-conv+classifier", "all")
+OPTIMIZERS = ("adamw", "sgd")
+TASKS = ("classification", "binary", "regression", "embedded")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    kind: str  # torchvision | callable | onnx
+    ref: str  # torchvision model name, "module:callable", or the ONNX path (absolute)
+    input_shape: tuple[int, ...]
+    num_classes: int | None = None
+    weights: Path | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    input_names: tuple[str, ...] = ("input",)
+    output_names: tuple[str, ...] = ("output",)
+
+
+@dataclass(frozen=True)
+class TrainableSpec:
+    strategy: str | None = None
+    names: tuple[str, ...] = ()
+    patterns: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    kind: str  # one of BUILTIN_LOSSES, "custom" or "embedded"
+    factory: str | None = None  # "module:callable" for custom losses
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    kind: str = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    warmup_steps: int = 0
+    final_lr_ratio: float = 0.0
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    batch_size: int = 16
+    epochs: int = 3
+    checkpoint_every: int = 0
+    log_every: int = 1
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    test: Path
+    train: Path | None = None  # host file, uploaded
+    board_train: str | None = None  # a path on the board instead
+    eval: Path | None = None
+    extra_tests: dict[str, Path] = field(default_factory=dict)
+    make: str | None = None
+    feeds: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PromotionSpec:
+    metric: str = "accuracy"
+    min_gain: float = 0.0
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    task: str
+    source: Path  # the recipe file (or a synthetic path for inline recipes)
+    model: ModelSpec
+    trainable: TrainableSpec
+    loss: LossSpec
+    optimizer: OptimizerSpec
+    schedule: ScheduleSpec
+    training: TrainingSpec
+    data: DataSpec
+    promotion: PromotionSpec
+    raw: dict[str, Any] = field(default_factory=dict)  # the parsed TOML, for hashing and reports
+
+    @property
+    def base_dir(self) -> Path:
+        """The folder relative paths and ``module:callable`` references resolve against."""
+        return self.source.parent

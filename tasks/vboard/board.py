@@ -1,0 +1,180 @@
+"""A virtual board on this machine: a private sshd for an unprivileged user, like a real board.
+
+``board_up`` creates (idempotently) the user ``odl-NAME`` with a key-only login, a board-like
+Python env (numpy + onnxruntime-training-cpu, from :func:`tasks.boardenv.ensure_board_venv`), a
+private sshd with its own config and host key (pinned into ``$ODL_HOME/known_hosts``), in its own
+network namespace with its own address when ``ip netns`` works (else on loopback), and writes the
+board into the inventory exactly as a user would describe a real one. What it starts is recorded
+in ``$ODL_HOME/boards/NAME/state.json`` so ``board_down`` leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from tasks.board.inventory import Board, remove_board, save_board, valid_board_name
+from tasks.paths import state_dir
+from tasks.vboard.sshd import (
+    ensure_sshd_installed,
+    known_hosts_path,
+    network,
+    pin_host_key,
+    sh,
+    sshd_alive,
+    start_sshd,
+    stop_pidfile,
+    unpin_host_key,
+    write_sshd_config,
+)
+
+log = logging.getLogger(__name__)
+
+
+ORT_VERSION = "1.19.2"
+
+
+def board_dir(name: str) -> Path:
+    """``$ODL_HOME/boards/NAME``: the board's keys, sshd config, pidfile, log and state."""
+    return state_dir("boards", valid_board_name(name))
+
+
+def board_up(
+    name: str,
+    *,
+    mem_mb: int | None = None,
+    cpus: int | None = None,
+    netns: bool = True,
+    venv: Path | None = None,
+) -> Board:
+    """Bring up (or confirm) virtual board ``name``; returns its inventory entry.
+
+    ``mem_mb`` caps the RAM the agent sees (``ODL_AGENT_FAKE_MEM_MB``), ``cpus`` pins sshd and
+    everything it starts to that many CPUs, ``venv`` shares an existing board venv (default:
+    ``~odl-NAME/venv``).
+    """
+    bdir = board_dir(name)
+    state = load_state(bdir)
+    if sshd_alive(bdir) and state.get("mem_mb") == mem_mb and state.get("cpus") == cpus:
+        log.info("virtual board %s already up at %s:%s", name, state["host"], state["port"])
+        return _board_entry(name, state)
+    board_down(name)
+    ensure_sshd_installed()
+    user = f"odl-{name}"
+    home = _ensure_user(user)
+    key = _ensure_key(bdir / "id_ed25519", f"odl-host@{name}")
+    _authorize(user, home, key.with_suffix(".pub"))
+    python = _ensure_env(venv or home / "venv")
+    host_key = _ensure_key(bdir / "ssh_host_ed25519_key", f"odl-board@{name}")
+    state = network(name, netns) | {
+        "mem_mb": mem_mb,
+        "cpus": cpus,
+        "user": user,
+        "home": str(home),
+        "python": python,
+    }
+    write_sshd_config(bdir, state, host_key)
+    start_sshd(bdir, state)
+    pin_host_key(state["host"], state["port"], host_key.with_suffix(".pub"))
+    (bdir / "state.json").write_text(json.dumps(state, indent=2))
+    board = _board_entry(name, state)
+    save_board(board)
+    log.info("virtual board %s up at %s:%s (user %s)", name, state["host"], state["port"], user)
+    return board
+
+
+def board_down(name: str, *, purge: bool = False) -> dict[str, Any]:
+    """Stop the board's sshd and remove its namespace; ``purge`` also removes user, data and entry."""
+    bdir = board_dir(name)
+    state = load_state(bdir)
+    stopped = stop_pidfile(bdir / "sshd.pid")
+    if state.get("netns"):
+        subprocess.run(["ip", "netns", "del", state["netns"]], capture_output=True, check=False)
+        subprocess.run(["ip", "link", "del", state["veth_host"]], capture_output=True, check=False)
+    if purge:
+        user = f"odl-{name}"
+        _kill_user_processes(user)
+        subprocess.run(["userdel", "-r", user], capture_output=True, check=False)
+        unpin_host_key(state.get("host"), state.get("port"))
+        remove_board(name)
+        shutil.rmtree(bdir, ignore_errors=True)
+    return {"name": name, "stopped_sshd": stopped, "purged": purge}
+
+
+def board_status(name: str) -> dict[str, Any]:
+    """Whether the board's sshd runs, and where it listens."""
+    bdir = board_dir(name)
+    state = load_state(bdir)
+    return {"name": name, "running": sshd_alive(bdir), **state}
+
+
+def _board_entry(name: str, state: dict[str, Any]) -> Board:
+    return Board(
+        name=name,
+        host=state["host"],
+        port=int(state["port"]),
+        user=state["user"],
+        key=board_dir(name) / "id_ed25519",
+        known_hosts=known_hosts_path(),
+        root=f"{state['home']}/odl",
+        python=state["python"],
+        ort_version=ORT_VERSION,
+    )
+
+
+def load_state(bdir: Path) -> dict[str, Any]:
+    path = bdir / "state.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _ensure_user(user: str) -> Path:
+    try:
+        return Path(pwd.getpwnam(user).pw_dir)
+    except KeyError:
+        pass
+    sh(["useradd", "--create-home", "--shell", "/bin/sh", "--password", "*", user])
+    home = Path(pwd.getpwnam(user).pw_dir)
+    home.chmod(0o750)
+    return home
+
+
+def _ensure_key(path: Path, comment: str) -> Path:
+    if not path.exists():
+        sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)])
+    return path
+
+
+def _authorize(user: str, home: Path, pub: Path) -> None:
+    ssh = home / ".ssh"
+    ssh.mkdir(mode=0o700, exist_ok=True)
+    auth = ssh / "authorized_keys"
+    auth.write_text(pub.read_text())
+    auth.chmod(0o600)
+    sh(["chown", "-R", f"{user}:{user}", str(ssh)])
+    ssh.chmod(0o700)
+
+
+def _ensure_env(venv: Path) -> str:
+    from tasks.vboard.venv import ensure_board_venv  # the agent area's board-like env
+
+    return str(ensure_board_venv(venv))
+
+
+def _kill_user_processes(user: str) -> None:
+    try:
+        uid = pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and proc.stat().st_uid == uid:
+                os.kill(int(proc.name), signal.SIGKILL)
+        except OSError:
+            pass

@@ -1,0 +1,73 @@
+"""Agent install/upgrade on the virtual board and the compatibility checks of ``info``."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import posixpath
+from pathlib import Path
+
+import pytest
+
+from tasks.board import agent
+from tasks.board.inventory import Board
+from tasks.board.transport import connect
+from tasks.errors import DeviceIncompatible
+from tests.fixtures_board import BOARD_VENV, odl_home_env
+
+pytestmark = pytest.mark.board
+
+
+def test_agent_installed_once_and_info_checked(virtual_board: Board) -> None:
+    conn = connect(virtual_board)
+    stamp = posixpath.join(virtual_board.root, "agent", ".agent-hash")
+    try:
+        info = agent.install_agent(conn, virtual_board)
+        assert info["protocol_version"] == 1 and info["ort_version"] == "1.19.2" and info["training_api"]
+        assert info["torch_loaded"] is False
+        assert conn.run(["cat", stamp]).stdout.strip() == agent.agent_hash()
+        mtime = conn.run(["stat", "-c", "%Y.%Z", stamp]).stdout
+        conn.run(["sh", "-c", "sleep 1.1"])
+        agent.install_agent(conn, virtual_board)
+        assert conn.run(["stat", "-c", "%Y.%Z", stamp]).stdout == mtime  # unchanged agent: not re-sent
+        conn.run(["sh", "-c", 'echo old > "$1"', "sh", stamp])  # an outdated agent is replaced
+        agent.install_agent(conn, virtual_board)
+        assert conn.run(["cat", stamp]).stdout.strip() == agent.agent_hash()
+        with pytest.raises(DeviceIncompatible, match=r"onnxruntime '1\.19\.2', inventory expects 1\.20\.0"):
+            agent.install_agent(conn, dataclasses.replace(virtual_board, ort_version="1.20.0"))
+    finally:
+        conn.close()
+
+
+def test_check_info_names_each_problem(virtual_board: Board) -> None:
+    info = {"protocol_version": 2, "ort_version": "1.19.2", "training_api": False,
+            "training_api_error": "No module named 'onnxruntime.training'", "mem_available_mb": 300.0,
+            "disk_free_mb": 50.0}  # fmt: skip
+    with pytest.raises(DeviceIncompatible) as err:
+        agent.check_info(virtual_board, info, memory_estimate_mb=900)
+    msg = str(err.value)
+    for part in ("agent protocol 2, host speaks 1", "without the training API", "needs ~900 MB RAM, board has 300 MB",
+                 "only 50 MB free disk"):  # fmt: skip
+        assert part in msg
+
+
+@pytest.mark.slow
+def test_ram_capped_single_cpu_board_refuses_a_big_job(virtual_board_home: Path) -> None:
+    from tasks.vboard.board import board_down, board_up
+
+    name = f"m{os.getpid()}"
+    with odl_home_env(virtual_board_home):
+        board = board_up(name, mem_mb=64, cpus=1, venv=BOARD_VENV)
+    try:
+        conn = connect(board)
+        try:
+            assert conn.run(["sh", "-c", "echo $ODL_AGENT_FAKE_MEM_MB"]).stdout.strip() == "64"
+            assert conn.run(["nproc"]).stdout.strip() == "1"
+            assert agent.install_agent(conn, board, memory_estimate_mb=32)["mem_available_mb"] == 64
+            with pytest.raises(DeviceIncompatible, match="needs ~200 MB RAM, board has 64 MB available"):
+                agent.install_agent(conn, board, memory_estimate_mb=200)
+        finally:
+            conn.close()
+    finally:
+        with odl_home_env(virtual_board_home):
+            board_down(name, purge=True)

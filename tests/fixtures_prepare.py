@@ -1,0 +1,53 @@
+"""Session fixtures of the foundation area: the digits recipe prepared once per test session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tasks.paths import PROJECT_ROOT
+
+RECIPES = PROJECT_ROOT / "recipes"
+
+
+@pytest.fixture(scope="session")
+def digits_recipe():
+    """The reference digits recipe (its data are generated under recipes/data/ on first use)."""
+    from tasks.recipe.load import load_recipe
+
+    return load_recipe(RECIPES / "digits.toml")
+
+
+@pytest.fixture(scope="session")
+def prepared_digits(tmp_path_factory: pytest.TempPathFactory, digits_recipe):
+    """tasks.prepare.Prepared for recipes/digits.toml (export, artifacts, validation) in a session tmp dir."""
+    from tasks.prepare import prepare
+
+    out: Path = tmp_path_factory.mktemp("prepared_digits")
+    return prepare(digits_recipe, out)
+
+
+def _prepared(tmp_path_factory: pytest.TempPathFactory, recipe_file: str):
+    from tasks.prepare import prepare
+    from tasks.recipe.load import load_recipe
+
+    return prepare(load_recipe(RECIPES / recipe_file), tmp_path_factory.mktemp(Path(recipe_file).stem))
+
+
+@pytest.fixture(scope="session")
+def prepared_embedded(tmp_path_factory: pytest.TempPathFactory):
+    """Prepared recipes/embedded_loss.toml (loss computed inside the model)."""
+    return _prepared(tmp_path_factory, "embedded_loss.toml")
+
+
+@pytest.fixture(scope="session")
+def prepared_two_head(tmp_path_factory: pytest.TempPathFactory):
+    """Prepared recipes/two_head_custom_loss.toml (custom onnxblock loss on two outputs)."""
+    return _prepared(tmp_path_factory, "two_head_custom_loss.toml")
+
+
+@pytest.fixture(scope="session")
+def prepared_mobilenet(tmp_path_factory: pytest.TempPathFactory):
+    """Prepared recipes/mobilenet_v2.toml (slow: ~15 s; use only in tests marked slow)."""
+    return _prepared(tmp_path_factory, "mobilenet_v2.toml")

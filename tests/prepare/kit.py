@@ -1,0 +1,119 @@
+"""Small recipes for the foundation tests: a tiny CNN module and data written into a tmp folder."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+TINY_MODELS = """
+import numpy as np
+import torch
+from torch import nn
+
+
+class Tiny(nn.Module):
+    def __init__(self, out):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.head = nn.Linear(4 * 4 * 4, out)
+
+    def forward(self, x):
+        return self.head(torch.flatten(torch.relu(self.bn(self.conv(x))), 1))
+
+
+class TwoOut(Tiny):
+    def forward(self, x):
+        y = super().forward(x)
+        return y, y * 2
+
+
+class ConvOnly(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 3, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(x).mean(dim=(2, 3))
+
+
+def tiny(num_classes=3):
+    return Tiny(num_classes)
+
+
+def two_out(num_classes=3):
+    return TwoOut(num_classes)
+
+
+def conv_only(num_classes=3):
+    return ConvOnly()
+
+
+def _write(out_dir, y_of):
+    rng = np.random.default_rng(0)
+    for name, n in (("train", 96), ("test", 32)):
+        x = rng.standard_normal((n, 1, 4, 4)).astype(np.float32)
+        np.savez(out_dir / f"{name}.npz", x=x, y=y_of(x))
+
+
+def make_cls(out_dir):
+    _write(out_dir, lambda x: (x[:, 0, :2].sum(axis=(1, 2)) > 0).astype(np.int64) + (x[:, 0, 2:].sum(axis=(1, 2)) > 0))
+
+
+def make_reg(out_dir):
+    _write(out_dir, lambda x: np.stack([x.mean(axis=(1, 2, 3)), x[:, 0, 0, 0], x[:, 0, 3, 3]], 1).astype(np.float32))
+
+
+def make_bin(out_dir):
+    _write(out_dir, lambda x: (x.sum(axis=(1, 2, 3)) > 0).astype(np.float32)[:, None])
+"""
+
+BASE: dict = {
+    "name": "tiny",
+    "task": "classification",
+    "model": {"callable": "tinymodels:tiny", "num_classes": 3, "input_shape": [1, 4, 4]},
+    "trainable": {"strategy": "classifier"},
+    "loss": {"kind": "cross-entropy"},
+    "optimizer": {"kind": "adamw", "lr": 0.01},
+    "training": {"batch_size": 16, "epochs": 1},
+    "data": {"make": "tinymodels:make_cls", "train": "data/train.npz", "test": "data/test.npz"},
+}
+
+# task -> (loss, make, num_classes/out) of a working tiny recipe
+TASKS = {
+    "cross-entropy": ("classification", "make_cls", 3),
+    "mse": ("regression", "make_reg", 3),
+    "l1": ("regression", "make_reg", 3),
+    "bce-with-logits": ("binary", "make_bin", 1),
+}
+
+
+def merge(base: dict, changes: dict) -> dict:
+    """Deep-merge ``changes`` into a copy of ``base``; a value of None deletes the key."""
+    out = copy.deepcopy(base)
+    for key, value in changes.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def tiny_recipe(folder: Path, changes: dict | None = None, *, loss: str = "cross-entropy"):
+    """A parsed tiny recipe in ``folder`` (module file written there) with ``changes`` applied."""
+    from tasks.recipe.load import parse_recipe
+
+    (folder / "tinymodels.py").write_text(TINY_MODELS)
+    task, make, n = TASKS[loss]
+    data = merge(
+        BASE,
+        {
+            "task": task,
+            "loss": {"kind": loss},
+            "model": {"num_classes": n},
+            "data": {"make": f"tinymodels:{make}"},
+        },
+    )
+    return parse_recipe(merge(data, changes or {}), folder / "recipe.toml")

@@ -1,0 +1,116 @@
+"""Offline validation: passes on the reference recipes, fails with the named check otherwise;
+the digits recipe really improves shifted-domain accuracy when fine-tuned with ORT."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from flows.cli import main
+from tasks.errors import ValidationFailed
+from tasks.prepare import prepare
+from tasks.prepare.validate import validate
+from tests.prepare.kit import tiny_recipe
+
+
+def test_digits_validation_report(prepared_digits):
+    v = prepared_digits.validation
+    assert v == json.loads(prepared_digits.validation_path.read_text())
+    assert v["passed"] and v["probe_torch_loaded"] is False
+    assert v["checks"]["inference_matches_torch"]["max_abs_diff"] < 1e-4
+    assert v["checks"]["data_fits_model"]["train"] == {"samples": 400, "x_shape": [1, 8, 8]}
+    assert v["steps_per_epoch"] == 13 and v["batch_size"] == 32
+    assert 0 < v["measured_peak_rss_mb"] < v["board_peak_estimate_mb"] < 1024
+    assert v["time_per_step_s"] > 0
+
+
+def test_large_outputs_are_compared_with_a_scaled_tolerance(tmp_path):
+    """A high lr makes logits huge; float32 rounding then exceeds 1e-4 in absolute terms although
+    ORT and PyTorch agree (relative ~1e-7): the check scales its tolerance, it does not fail."""
+    from tasks.paths import PROJECT_ROOT
+    from tasks.recipe.load import load_recipe
+
+    recipe = load_recipe(PROJECT_ROOT / "recipes" / "digits.toml", {"optimizer.lr": 9.5})
+    v = prepare(recipe, tmp_path / "out").validation
+    match = v["checks"]["inference_matches_torch"]
+    assert match["max_abs_diff"] > 1e-4  # what a fixed absolute tolerance used to reject
+    assert match["max_abs_diff"] < 1e-4 * match["output_scale"]
+
+
+def test_loss_that_cannot_fall_fails(tmp_path):
+    recipe = tiny_recipe(tmp_path, {"optimizer": {"kind": "sgd", "lr": 1e-30}})
+    with pytest.raises(ValidationFailed) as info:
+        prepare(recipe, tmp_path / "out")
+    assert info.value.check == "loss_falls"
+    report = json.loads((tmp_path / "out" / "validation.json").read_text())
+    assert (report["passed"], report["failed_check"]) == (False, "loss_falls")
+
+
+def test_labels_out_of_range_fail(tmp_path):
+    recipe = tiny_recipe(tmp_path, {"model": {"num_classes": 2}})
+    prepare(recipe, tmp_path / "out", validate=False)
+    with pytest.raises(ValidationFailed, match=r"data.train .*labels in \[0, 2\], expected \[0, 1\]") as info:
+        validate(recipe, tmp_path / "out")
+    assert info.value.check == "data_fits_model"
+
+
+def test_broken_artifact_fails_named_check(tmp_path):
+    recipe = tiny_recipe(tmp_path)
+    prepare(recipe, tmp_path / "out", validate=False)
+    (tmp_path / "out" / "artifacts" / "optimizer_model.onnx").write_bytes(b"not onnx")
+    with pytest.raises(ValidationFailed) as info:
+        validate(recipe, tmp_path / "out")
+    assert info.value.check == "load_artifacts"
+
+
+def _accuracy(path, data):
+    import onnxruntime
+
+    sess = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return float((sess.run(None, {"input": data["x"]})[0].argmax(1) == data["y"]).mean())
+
+
+def test_digits_fine_tuning_improves_shifted_accuracy(prepared_digits, digits_recipe, tmp_path):
+    """The product's accuracy demo: ORT fine-tuning of the prepared artifacts on the shifted domain."""
+    from onnxruntime.training import api
+
+    art = prepared_digits.artifacts_dir
+    state = api.CheckpointState.load_checkpoint(str(art / "checkpoint"))
+    module = api.Module(str(art / "training_model.onnx"), state, str(art / "eval_model.onnx"))
+    opt = api.Optimizer(str(art / "optimizer_model.onnx"), module)
+    opt.set_learning_rate(digits_recipe.optimizer.lr)
+    train, test = np.load(digits_recipe.data.train), np.load(digits_recipe.data.test)
+    module.export_model_for_inferencing(str(tmp_path / "before.onnx"), ["logits"])
+    rng = np.random.default_rng(0)
+    for _ in range(digits_recipe.training.epochs):
+        for idx in np.array_split(rng.permutation(len(train["y"])), len(train["y"]) // 32):
+            module(train["x"][idx], train["y"][idx])
+            opt.step()
+            module.lazy_reset_grad()
+    module.export_model_for_inferencing(str(tmp_path / "after.onnx"), ["logits"])
+    before, after = _accuracy(tmp_path / "before.onnx", test), _accuracy(tmp_path / "after.onnx", test)
+    assert before < 0.5 and after > before + 0.25, (before, after)
+
+
+def test_cli_prepare_exit_codes(tmp_path, capsys):
+    from tasks.paths import PROJECT_ROOT
+
+    recipe = str(PROJECT_ROOT / "recipes" / "embedded_loss.toml")
+    assert main(["prepare", recipe, "--out", str(tmp_path / "ok"), "--set", "training.batch_size=8"]) == 0
+    assert "validation passed" in capsys.readouterr().out
+    assert main(["prepare", recipe, "--out", str(tmp_path / "bad"), "--set", "optimizer.kind=adam"]) == 2
+    assert "recipe field 'optimizer.kind'" in capsys.readouterr().err
+    assert main(["prepare", recipe, "--out", str(tmp_path / "nl"), "--set", "optimizer.lr=1e-30"]) == 5
+    assert "validation check 'loss_falls' failed" in capsys.readouterr().err
+
+
+def test_cli_stages_one_by_one(tmp_path, capsys):
+    from tasks.paths import PROJECT_ROOT
+
+    recipe, out = str(PROJECT_ROOT / "recipes" / "digits.toml"), str(tmp_path)
+    assert main(["export", recipe, "--out", out]) == 0
+    assert main(["artifacts", recipe, "--model", f"{out}/model.onnx", "--out", out]) == 0
+    assert main(["validate", recipe, "--out", out, "--steps", "3"]) == 0
+    assert json.loads((tmp_path / "validation.json").read_text())["passed"]

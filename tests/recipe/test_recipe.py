@@ -1,0 +1,109 @@
+"""Recipe parsing: every wrong field gives a RecipeError naming it; overrides; hashing."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.errors import RecipeError
+from tasks.recipe.load import load_recipe, parse_override, parse_recipe, recipe_hash
+from tests.prepare.kit import BASE, merge
+
+BAD = [  # (change to the base recipe, field named in the error)
+    ({"colour": "blue"}, "colour"),
+    ({"model": {"depth": 3}}, "model.depth"),
+    ({"training": {"batchsize": 8}}, "training.batchsize"),
+    ({"name": "Bad Name!"}, "name"),
+    ({"task": "clustering"}, "task"),
+    ({"model": None}, "model"),
+    ({"model": {"torchvision": "resnet18"}}, "model.torchvision"),
+    ({"model": {"callable": "no-colon"}}, "model.callable"),
+    ({"model": {"input_shape": [1, 0, 4]}}, "model.input_shape"),
+    ({"model": {"input_shape": "1x4x4"}}, "model.input_shape"),
+    ({"model": {"num_classes": 0}}, "model.num_classes"),
+    ({"model": {"output_names": ["a", 3]}}, "model.output_names"),
+    ({"trainable": {"strategy": "last-layer"}}, "trainable.strategy"),
+    ({"trainable": {"strategy": None}}, "trainable.strategy"),
+    ({"loss": {"kind": "hinge"}}, "loss.kind"),
+    ({"loss": {"kind": "custom:nocallable"}}, "loss.kind"),
+    ({"loss": {"kind": "embedded"}}, "loss.kind"),
+    ({"task": "regression"}, "loss.kind"),
+    ({"optimizer": {"kind": "adam"}}, "optimizer.kind"),
+    ({"optimizer": {"lr": 0}}, "optimizer.lr"),
+    ({"optimizer": {"lr": "fast"}}, "optimizer.lr"),
+    ({"training": {"batch_size": 0}}, "training.batch_size"),
+    ({"training": {"epochs": True}}, "training.epochs"),
+    ({"training": {"epochs": 2.5}}, "training.epochs"),
+    ({"schedule": {"final_lr_ratio": 2.0}}, "schedule.final_lr_ratio"),
+    ({"data": {"test": None}}, "data.test"),
+    ({"data": {"board_train": "/data/train.npz"}}, "data.train"),
+    ({"data": {"make": "datasets"}}, "data.make"),
+    ({"data": {"feeds": {"labels": 1}}}, "data.feeds"),
+    ({"promotion": {"min_gain": "a lot"}}, "promotion.min_gain"),
+]
+
+
+@pytest.mark.parametrize(("change", "field"), BAD, ids=[f for _, f in BAD])
+def test_bad_field_is_named(tmp_path, change, field):
+    with pytest.raises(RecipeError) as info:
+        parse_recipe(merge(BASE, change), tmp_path / "r.toml")
+    assert info.value.field == field
+    assert f"'{field}'" in str(info.value)
+
+
+def test_embedded_needs_loss_first(tmp_path):
+    change = {"task": "embedded", "loss": {"kind": "embedded"}, "model": {"output_names": ["loss"]}}
+    with pytest.raises(RecipeError, match="model.output_names"):
+        parse_recipe(merge(BASE, change), tmp_path / "r.toml")
+
+
+def test_paths_resolve_against_recipe_folder(tmp_path):
+    r = parse_recipe(merge(BASE, {"model": {"weights": "w/base.pt"}}), tmp_path / "r.toml")
+    assert r.data.train == tmp_path / "data" / "train.npz"
+    assert r.model.weights == tmp_path / "w" / "base.pt"
+    assert (r.trainable.strategy, r.loss.kind, r.optimizer.weight_decay) == (
+        "classifier",
+        "cross-entropy",
+        0.01,
+    )
+
+
+def test_custom_loss_reference(tmp_path):
+    r = parse_recipe(merge(BASE, {"loss": {"kind": "custom:models:two_head_loss"}}), tmp_path / "r.toml")
+    assert (r.loss.kind, r.loss.factory) == ("custom", "models:two_head_loss")
+
+
+def test_load_with_overrides_and_hash(tmp_path):
+    from tasks.paths import PROJECT_ROOT
+
+    path = PROJECT_ROOT / "recipes" / "digits.toml"
+    base = load_recipe(path)
+    changed = load_recipe(path, {"training.epochs": 7, "optimizer.lr": 0.5})
+    assert (changed.training.epochs, changed.optimizer.lr) == (7, 0.5)
+    assert recipe_hash(base) == recipe_hash(load_recipe(path)) != recipe_hash(changed)
+    with pytest.raises(RecipeError, match="training.epoch'"):
+        load_recipe(path, {"training.epoch": 7})
+
+
+def test_reference_recipes_parse():
+    from tasks.paths import PROJECT_ROOT
+
+    recipes = sorted((PROJECT_ROOT / "recipes").glob("*.toml"))
+    assert {r.stem for r in recipes} >= {"digits", "mobilenet_v2", "two_head_custom_loss", "embedded_loss"}
+    for path in recipes:
+        assert load_recipe(path).source == path
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(RecipeError, match="existing recipe file"):
+        load_recipe(tmp_path / "nope.toml")
+    (tmp_path / "bad.toml").write_text("name = [unclosed\n")
+    with pytest.raises(RecipeError, match="valid TOML"):
+        load_recipe(tmp_path / "bad.toml")
+
+
+def test_parse_override():
+    assert parse_override("training.epochs=5") == ("training.epochs", 5)
+    assert parse_override("loss.kind=mse") == ("loss.kind", "mse")
+    assert parse_override("model.input_shape=[1, 8, 8]") == ("model.input_shape", [1, 8, 8])
+    with pytest.raises(RecipeError, match="key=value"):
+        parse_override("epochs")
