@@ -73,7 +73,6 @@ class RunLog(logging.Handler):
 def run_flow(recipe: str, board: str, overrides: dict[str, Any]) -> dict[str, Any]:
     """One in-process run of flow ``odl``; returns stage seconds, board loop time and overhead."""
     from flows.odl import OdlParams, odl
-    from tasks.paths import state_dir
 
     handler = RunLog()
     with _capture(handler, {"tasks.board": logging.INFO, "prefect.client": logging.DEBUG}):
@@ -83,9 +82,9 @@ def run_flow(recipe: str, board: str, overrides: dict[str, Any]) -> dict[str, An
     if not state.is_completed():
         raise SystemExit(f"flow run of {recipe} failed: {state.message}")
     out = state.result()
-    job_id = f"odl-{state.state_details.flow_run_id}"
-    result = json.loads((state_dir("runs", job_id) / "result.json").read_text())
-    stages = {k.split(" to ")[0].split(" on ")[0]: round(v, 3) for k, v in out["timings"].items()}
+    job_id = out.job_id
+    result = json.loads((out.run_dir / "result.json").read_text())
+    stages = {k.split(" to ")[0].split(" on ")[0]: round(v, 3) for k, v in out.timings.items()}
     loop = float(result["train_loop_s"])
     return {
         **stages,
@@ -94,7 +93,7 @@ def run_flow(recipe: str, board: str, overrides: dict[str, Any]) -> dict[str, An
         "overhead_s": round(total - loop, 3),
         "overhead_share": round((total - loop) / total, 3),
         "overhead_without_evaluate_share": round((total - loop - stages["evaluate"]) / total, 3),
-        "outside_stages_s": round(total - sum(out["timings"].values()), 3),
+        "outside_stages_s": round(total - sum(out.timings.values()), 3),
         "train_stage_minus_loop_s": round(stages["train"] - loop, 3),
         # agent side: session load, checkpoints, inference export; host side: SSH, job start, polling
         "agent_outside_loop_s": round(float(result["duration_s"]) - loop, 3),

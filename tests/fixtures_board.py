@@ -1,4 +1,8 @@
-"""Session fixtures of the board area: a real virtual board (private sshd, own user, own netns).
+"""Fixtures of the board area: a board on this machine through the local transport (no root), and a
+real virtual board (private sshd, own user, own netns; root only).
+
+``local_board`` is a fresh agent root in a tmp folder with the agent installed, reached through
+``transport = "local"`` exactly as the pipeline reaches any board.
 
 ``virtual_board`` yields the :class:`tasks.board.inventory.Board` of a board brought up for this test
 session (unique name per session, purged at the end); ``virtual_board_home`` is the ODL_HOME that
@@ -54,3 +58,31 @@ def virtual_board(virtual_board_home: Path) -> Iterator:
     finally:
         with odl_home_env(virtual_board_home):
             board_down(name, purge=True)
+
+
+@pytest.fixture
+def local_board(board_python: Path, tmp_path: Path):
+    """A board whose root is a tmp folder on this machine, with the agent installed as on a board."""
+    from tasks.board.agent import install_agent
+    from tasks.board.inventory import Board
+    from tasks.board.transport import connect
+
+    board = Board(name="local", transport="local", root=str(tmp_path / "odl"), python=str(board_python))
+    conn = connect(board)
+    try:
+        install_agent(conn, board)
+    finally:
+        conn.close()
+    return board
+
+
+@pytest.fixture(scope="session")
+def local_board_home(tmp_path_factory: pytest.TempPathFactory, board_python: Path) -> Path:
+    """An ODL_HOME whose inventory names one local-transport board, ``here``."""
+    from tasks.board.inventory import Board, save_board
+
+    home = tmp_path_factory.mktemp("odl-local-home")
+    root = home / "board-root"
+    save_board(Board(name="here", transport="local", root=str(root), python=str(board_python)),
+               home / "inventory.toml")  # fmt: skip
+    return home

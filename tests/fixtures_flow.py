@@ -1,4 +1,5 @@
-"""Session fixtures of the flow area: a tiny real ONNX classifier with its test set."""
+"""Session fixtures of the flow area: a tiny real ONNX classifier with its test set, a Prefect test
+API, the board the flow tests use (local transport) and a real Prefect stack for tests/e2e."""
 
 from __future__ import annotations
 
@@ -60,12 +61,21 @@ def prefect_harness():
 
 
 @pytest.fixture(scope="session")
-def flow_home(virtual_board, virtual_board_home):
-    """ODL_HOME pointed at the virtual board's home (inventory, keys, registry) for the session."""
+def flow_home(local_board_home):
+    """ODL_HOME for the flow tests (inventory, registry, runs): the local-transport board's home.
+    tests/e2e/test_flow_vboard.py overrides it with the virtual board's home."""
     from tests.fixtures_board import odl_home_env
 
-    with odl_home_env(virtual_board_home):
-        yield virtual_board_home
+    with odl_home_env(local_board_home):
+        yield local_board_home
+
+
+@pytest.fixture(scope="session")
+def flow_board(flow_home):
+    """The board the flow tests train on: ``here`` (local transport, no root)."""
+    from tasks.board.inventory import get_board
+
+    return get_board("here")
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """The ``odl`` command line: every pipeline stage runs from here without a Prefect server.
 
-Each subcommand lives in its own ``flows.cmd_*`` module exposing ``register(subparsers)``;
+Each subcommand lives in its own ``flows.cli.<area>`` module exposing ``register(subparsers)``;
 handlers import heavy packages (torch, onnx, prefect) lazily so ``odl --help`` stays fast.
 """
 
@@ -26,26 +26,39 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="odl", description="On-device learning pipeline for STM32MP2 boards."
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="debug logging, library messages and tracebacks"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    _verbose_everywhere(sub)
     return parser
+
+
+def _verbose_everywhere(sub: argparse._SubParsersAction) -> None:
+    """Accept ``-v`` after the subcommand too (``odl flow RECIPE -v``)."""
+    for parser in sub.choices.values():
+        parser.add_argument(
+            "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+        )
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _verbose_everywhere(action)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``odl`` console script; returns the process exit status."""
+    from flows.cli.terminal import error_line, setup_logging
+
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-        stream=sys.stderr,
-    )
+    setup_logging(args.verbose)
     try:
         return int(args.func(args) or 0)
     except PipelineError as exc:
-        print(f"odl: error: {exc}", file=sys.stderr)
+        if args.verbose:
+            logging.getLogger("flows").exception("failed")
+        print(f"odl: error: {error_line(exc)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("odl: interrupted", file=sys.stderr)

@@ -19,8 +19,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     run = sub.add_parser(
         "flow", help="run the whole Prefect flow odl (evaluation and promotion included) in this process"
     )
-    run.add_argument("recipe", nargs="?", default="recipes/digits.toml")
-    run.add_argument("--board", default="vboard")
+    run.add_argument(
+        "recipe",
+        nargs="?",
+        type=Path,
+        help="recipe TOML, relative to the current folder (default: the digits demo)",
+    )
+    run.add_argument("--board", default="vboard", help="board name in the inventory (default vboard)")
+    run.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="override a recipe field (TOML value)"
+    )
     run.add_argument("--epochs", type=int)
     run.add_argument("--batch-size", type=int)
     run.add_argument("--lr", type=float)
@@ -66,18 +74,40 @@ def _stack(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from flows.odl import OdlParams, odl
+    from pydantic import ValidationError
 
-    params = OdlParams(
-        recipe=args.recipe,
-        board=args.board,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        promotion_min_gain=args.promotion_min_gain,
-    )
-    result = odl(params)
-    print(result["summary"])
+    from flows.cli.progress import Bars
+    from flows.odl import OdlParams, odl
+    from tasks.board.inventory import get_board, valid_board_name
+    from tasks.errors import RecipeError
+    from tasks.paths import PROJECT_ROOT
+    from tasks.prefect.progress import watch
+    from tasks.recipe.load import load_recipe, parse_override
+
+    recipe = (args.recipe or PROJECT_ROOT / "recipes" / "digits.toml").expanduser().resolve()
+    valid_board_name(args.board)
+    try:
+        params = OdlParams(
+            recipe=str(recipe),
+            board=args.board,
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            promotion_min_gain=args.promotion_min_gain,
+            overrides=dict(parse_override(text) for text in args.set or []),
+        )
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise RecipeError(".".join(map(str, err["loc"])), err["msg"], err.get("input")) from exc
+    load_recipe(params.recipe_path(), params.recipe_overrides())  # bad input: one line, nothing started
+    get_board(params.board)
+    with Bars() as bars:
+        watch(bars)
+        try:
+            outcome = odl(params)
+        finally:
+            watch(None)
+    print(outcome.summary)
     return 0
 
 

@@ -64,7 +64,7 @@ class Board:
         lines = [f"[boards.{self.name}]"]
         for f in dataclasses.fields(self):
             val = getattr(self, f.name)
-            if f.name == "name" or val is None:
+            if f.name == "name" or val is None or val == "":
                 continue
             lines.append(f"{f.name} = {_toml_value(val)}")
         return "\n".join(lines) + "\n"

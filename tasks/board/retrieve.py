@@ -15,7 +15,7 @@ from pathlib import Path
 from device_agent.protocol import JobResult
 from tasks.board.inventory import Board
 from tasks.board.jobs import job_dir
-from tasks.board.transport import Transport, connect
+from tasks.board.transport import Progress, Transport, connect
 from tasks.errors import DeviceError, TransferError
 from tasks.hashing import file_sha256
 
@@ -30,6 +30,7 @@ def retrieve(
     result: JobResult,
     out_dir: Path,
     board: Board | None = None,
+    progress: Progress | None = None,
 ) -> dict[str, Path]:
     """Download the job's outputs into ``out_dir``; returns {output name: local path}.
 
@@ -38,7 +39,7 @@ def retrieve(
     if isinstance(conn_or_board, Board):
         conn = connect(conn_or_board)
         try:
-            return retrieve(conn, job_id, result, out_dir, conn_or_board)
+            return retrieve(conn, job_id, result, out_dir, conn_or_board, progress)
         finally:
             conn.close()
     if board is None:
@@ -48,7 +49,7 @@ def retrieve(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     got = {
-        name: _fetch_verified(conn_or_board, jdir, ref.path, ref.sha256, out_dir)
+        name: _fetch_verified(conn_or_board, jdir, ref.path, ref.sha256, out_dir, progress)
         for name, ref in result.outputs.items()
     }
     for name in PLAIN_FILES:
@@ -70,14 +71,16 @@ def refuse_links(conn: Transport, board: Board, jdir: str) -> None:
         )
 
 
-def _fetch_verified(conn: Transport, jdir: str, rel: str, sha256: str, out_dir: Path) -> Path:
+def _fetch_verified(
+    conn: Transport, jdir: str, rel: str, sha256: str, out_dir: Path, progress: Progress | None
+) -> Path:
     parts = rel.split("/")
     if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
         raise DeviceError(f"result.json lists output {rel!r}: expected a plain path inside the job folder")
     remote = posixpath.join(jdir, rel)
     local = out_dir / rel
     local.parent.mkdir(parents=True, exist_ok=True)
-    _fetch(conn, remote, local)
+    _fetch(conn, remote, local, progress)
     got = file_sha256(local)
     if got != sha256:
         local.unlink(missing_ok=True)
@@ -87,10 +90,10 @@ def _fetch_verified(conn: Transport, jdir: str, rel: str, sha256: str, out_dir: 
     return local
 
 
-def _fetch(conn: Transport, remote: str, local: Path) -> Path:
+def _fetch(conn: Transport, remote: str, local: Path, progress: Progress | None = None) -> Path:
     tmp = local.with_name(f".{local.name}.part")
     try:
-        conn.get(remote, tmp)
+        conn.get(remote, tmp, progress)
         os.replace(tmp, local)
     finally:
         tmp.unlink(missing_ok=True)

@@ -1,127 +1,29 @@
-"""The odl flow under Prefect (test harness) against the virtual board: artifacts and both promotion outcomes."""
+"""The flow tests of tests/flow/test_flow.py, run on the virtual board (real sshd, own user, netns)."""
 
 from __future__ import annotations
 
 import pytest
 
+from tests.flow.test_flow import (  # noqa: F401 - collected here with the fixtures below
+    promoted_run,
+    test_failing_run_loses_nothing_promoted,
+    test_first_run_is_promoted_with_report_and_progress,
+    test_run_forced_to_lose_keeps_current_and_reuses_cache,
+)
+
 pytestmark = [pytest.mark.slow, pytest.mark.board]
 
 
-def _run(board: str, **kw):
-    from flows.odl import OdlParams, odl
+@pytest.fixture(scope="module")
+def flow_home(virtual_board, virtual_board_home):
+    """ODL_HOME pointed at the virtual board's home (inventory, keys, registry) for this module."""
+    from tests.fixtures_board import odl_home_env
 
-    state = odl(OdlParams(board=board, **kw), return_state=True)
-    assert state.is_completed(), state.message
-    return state.state_details.flow_run_id, state.result()
-
-
-def _artifacts(run_id):
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
-
-    with get_client(sync_client=True) as client:
-        found = client.read_artifacts(
-            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]))
-        )
-    return {a.key: a for a in found}
-
-
-def _assert_no_key_in_prefect(run_id, key_path, arts) -> None:
-    """The board's private key appears in no artifact and no log line of the run."""
-    from pathlib import Path
-
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-
-    from tests.e2e.test_secrets import _key_fragments
-
-    with get_client(sync_client=True) as client:
-        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
-    texts = [str(a.data) + str(a.description) for a in arts.values()] + [rec.message for rec in logs]
-    assert len(logs) > 5 and any("board" in t for t in texts)  # the logs were really read
-    for fragment in _key_fragments(Path(key_path)):
-        assert not any(fragment in t for t in texts)
-
-
-def _task_states(run_id):
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
-    return {r.name.rsplit("-", 1)[0]: r.state.name for r in runs}
+    with odl_home_env(virtual_board_home):
+        yield virtual_board_home
 
 
 @pytest.fixture(scope="module")
-def promoted_run(prefect_harness, flow_home, virtual_board):
-    return _run(virtual_board.name)
-
-
-def test_first_run_is_promoted_with_report_and_progress(promoted_run, virtual_board, flow_home):
-    from tasks.judge.registry import Registry
-
-    run_id, out = promoted_run
-    board = virtual_board.name
-    assert out["promoted"] and out["version"] == "v0001"
-    arts = _artifacts(run_id)
-    report = arts[f"odl-report-digits-{board}"].data
-    assert "**Promoted**" in report and "## Before / after on the host test set `test.npz`" in report
-    assert "data:image/png;base64," in report and "### Extra test set `clean`" in report
-    assert arts[f"odl-progress-digits-{board}"].data == 100
-    epochs = arts[f"odl-epochs-digits-{board}"].data
-    assert "train_loss" in epochs
-    base, cand = out["metrics"]["base"]["accuracy"], out["metrics"]["candidate"]["accuracy"]
-    assert cand > base  # fine-tuning on the shifted domain gains accuracy
-    current = Registry(flow_home / "registry").current("digits", board)
-    assert current.name == "v0001" and current.info["flow_run_id"] == str(run_id)
-    _assert_no_key_in_prefect(run_id, virtual_board.key, arts)
-    assert set(current.info["input_hashes"]) >= {"recipe", "data.train", "data.test"}
-
-
-def test_run_forced_to_lose_keeps_current_and_reuses_cache(promoted_run, virtual_board, flow_home):
-    from tasks.judge.registry import Registry
-
-    board = virtual_board.name
-    reg = Registry(flow_home / "registry")
-    before = reg.current("digits", board).model.read_bytes()
-    run_id, out = _run(board, promotion_min_gain=1.0)
-    assert not out["promoted"] and out["version"] == "v0002"
-    assert "**Not promoted**" in _artifacts(run_id)[f"odl-report-digits-{board}"].data
-    current = reg.current("digits", board)
-    assert current.name == "v0001" and current.model.read_bytes() == before
-    assert [v.promoted for v in reg.versions("digits", board)] == [True, False]
-    states = _task_states(run_id)
-    assert states["export"] == "Cached" and states["generate artifacts"] == "Cached"
-    assert states["validate recipe"] == "Cached" and states[f"train on {board}"] == "Completed"
-
-
-def test_failing_run_loses_nothing_promoted(promoted_run, virtual_board, flow_home, tmp_path):
-    """Training that fails on the board (its dataset path is wrong) fails the run before promotion;
-    the registry keeps its versions and the bytes of the current model."""
-    import shutil
-
-    from flows.odl import OdlParams, odl
-    from tasks.judge.registry import Registry
-    from tasks.paths import PROJECT_ROOT
-
-    recipes = PROJECT_ROOT / "recipes"
-    for module in ("models.py", "datasets.py"):
-        shutil.copy(recipes / module, tmp_path / module)
-    text = (recipes / "digits.toml").read_text().replace('"data/', f'"{recipes}/data/')
-    text = text.replace(
-        f'train = "{recipes}/data/digits/train.npz"', 'board_train = "/nonexistent/train.npz"'
-    )
-    (tmp_path / "digits.toml").write_text(text)
-    board = virtual_board.name
-    reg = Registry(flow_home / "registry")
-    versions = [v.name for v in reg.versions("digits", board)]
-    current = reg.current("digits", board)
-    before = (current.name, current.model.read_bytes())
-    state = odl(OdlParams(recipe=str(tmp_path / "digits.toml"), board=board), return_state=True)
-    assert state.is_failed()
-    assert "/nonexistent/train.npz" in state.message, state.message
-    states = _task_states(state.state_details.flow_run_id)
-    assert states[f"train on {board}"] == "Failed" and "promote" not in states, states
-    assert [v.name for v in reg.versions("digits", board)] == versions
-    now = reg.current("digits", board)
-    assert (now.name, now.model.read_bytes()) == before
+def flow_board(virtual_board, flow_home):
+    """The virtual board of the session."""
+    return virtual_board

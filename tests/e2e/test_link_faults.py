@@ -79,12 +79,12 @@ def test_link_cut_during_training_reconnects_and_loses_nothing(
 def test_killed_host_process_reattaches_instead_of_training_again(
     virtual_board: Board, virtual_board_home: Path, tmp_path: Path
 ) -> None:
-    from tasks.pipeline import default_job_id
+    from tasks import stages
     from tasks.recipe.load import load_recipe
 
     recipe_path = PROJECT_ROOT / "recipes" / "digits.toml"
     overrides = {"training.epochs": LONG_EPOCHS}
-    job_id = default_job_id(load_recipe(recipe_path, overrides))
+    job_id = stages.job_id(stages.inputs(load_recipe(recipe_path, overrides)))
     argv = [sys.executable, "-m", "flows.cli", "run", str(recipe_path), "--board", virtual_board.name,
             "--set", f"training.epochs={LONG_EPOCHS}", "--no-validate", "--out", str(tmp_path / "out")]  # fmt: skip
     env = os.environ | {"ODL_HOME": str(virtual_board_home)}

@@ -26,14 +26,14 @@ def _key_fragments(key: Path) -> list[str]:
 def test_full_run_leaks_no_key_and_leaves_no_writable_file(
     virtual_board: Board, virtual_board_home: Path, tmp_path: Path, caplog
 ) -> None:
-    from tasks.pipeline import run_pipeline
+    from flows.cli.run import run_on_board
 
     caplog.set_level(logging.DEBUG)
     out = tmp_path / "run"
     with odl_home_env(virtual_board_home):
-        summary = run_pipeline(PROJECT_ROOT / "recipes" / "digits.toml", virtual_board.name, out,
+        summary = run_on_board(PROJECT_ROOT / "recipes" / "digits.toml", virtual_board.name, out,
                                overrides={"training.epochs": 2}, validate=False)  # fmt: skip
-    assert summary.result.status == "finished"
+    assert summary.training.result.status == "finished"
     fragments = _key_fragments(Path(virtual_board.key))
     assert len(fragments) > 3
     texts = {"host log": caplog.text}

@@ -1,28 +1,14 @@
-"""Fixtures of the fault suite: a board driven through LocalTransport (same agent, same root layout,
-no sshd) for the fast cases, and helpers shared by the virtual-board cases."""
+"""Helpers of the fault suite (the ``local_board`` fixture lives in tests/fixtures_board.py: same
+agent, same root layout, no sshd)."""
 
 from __future__ import annotations
 
 import posixpath
-from pathlib import Path
-
-import pytest
 
 from device_agent.protocol import Event
-from tasks.board import agent, jobs
+from tasks.board import jobs
 from tasks.board.inventory import Board
-from tasks.board.transport import LocalTransport, Transport
-
-
-@pytest.fixture
-def local_board(board_python: Path, tmp_path: Path) -> Board:
-    """A board whose root is a tmp folder on this machine, with the agent installed as on a board."""
-    board = Board(
-        name="local", host="127.0.0.1", user="nobody", key=tmp_path / "no-key",
-        root=str(tmp_path / "odl"), python=str(board_python),
-    )  # fmt: skip
-    agent.install_agent(LocalTransport(), board)
-    return board
+from tasks.board.transport import Transport
 
 
 def board_events(conn: Transport, board: Board, job_id: str) -> list[Event]:

@@ -1,11 +1,11 @@
-"""Retry policy and cache inputs of the Prefect tasks (no server needed)."""
+"""Retry policy and cache keys of the Prefect tasks (no server needed)."""
 
 from __future__ import annotations
 
 from prefect.states import Completed, Failed
 
 from tasks.errors import DeviceUnreachable, RecipeError, TrainingFailed, TransferError
-from tasks.prefect.tasks import input_hashes, retry_if_retryable
+from tasks.prefect.tasks import retry_if_retryable
 
 
 def test_only_retryable_errors_are_retried():
@@ -19,17 +19,16 @@ def test_only_retryable_errors_are_retried():
     assert not verdict(ValueError("bug")) and not retry_if_retryable(None, None, Completed(data=1))
 
 
-def test_input_hashes_cover_recipe_data_and_model_source(digits_recipe):
-    from tasks.recipe.datafiles import ensure_datasets
+def test_cached_steps_key_on_the_inputs_only_while_their_output_exists(tmp_path, monkeypatch, digits_recipe):
+    from tasks import stages
+    from tasks.prefect import tasks as pt
 
-    ensure_datasets(digits_recipe)
-    hashes = input_hashes(digits_recipe)
-    assert {
-        "recipe",
-        "data.train",
-        "data.test",
-        "data.extra_tests.clean",
-        "model.weights",
-        "model.callable",
-    } <= set(hashes)
-    assert all(len(h) == 64 for h in hashes.values())
+    monkeypatch.setenv("ODL_HOME", str(tmp_path))
+    stages.prepare_data(digits_recipe)
+    inp = stages.inputs(digits_recipe)
+    key_fn = pt.export.cache_policy.cache_key_fn
+    assert key_fn(None, {"inp": inp}) is None  # nothing exported yet: the task must run
+    stages.export(inp)
+    assert key_fn(None, {"inp": inp}) == f"export-{inp.key}"
+    (inp.folder / ".done-export").unlink()
+    assert key_fn(None, {"inp": inp}) is None

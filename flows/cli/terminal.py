@@ -1,0 +1,53 @@
+"""What the ``odl`` command prints on stderr: our own INFO lines, warnings and errors of everything
+else; with ``-v`` also debug lines, library chatter (httpx, paramiko, Prefect's task runs) and
+tracebacks. Log lines go through the same rich console as the progress bars, so they never
+tear a bar apart."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from rich.logging import RichHandler
+
+from flows.cli.progress import console
+
+OWN = ("tasks", "flows", "device_agent")
+CHATTY = ("prefect.task_runs",)  # per-task INFO lines repeat what the bars and the summary show
+
+
+class Quiet(logging.Filter):
+    """Without ``-v``: no tracebacks, no INFO lines of Prefect's task runs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        return not (record.levelno < logging.WARNING and record.name.startswith(CHATTY))
+
+
+def setup_logging(verbose: bool) -> None:
+    """Route every log record to stderr (through rich on a terminal), quiet unless ``verbose``."""
+    if console().is_terminal:
+        handler: logging.Handler = RichHandler(
+            console=console(), show_path=False, rich_tracebacks=verbose, log_time_format="%H:%M:%S"
+        )
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", datefmt="%H:%M:%S")
+        )
+    if not verbose:
+        handler.addFilter(Quiet())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose else logging.WARNING)  # libraries: warnings only
+    for name in OWN:
+        logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+def error_line(exc: BaseException) -> str:
+    """The one line an error is shown as (its first line; ``-v`` shows the rest)."""
+    text = str(exc).strip() or type(exc).__name__
+    first, _, rest = text.partition("\n")
+    return first + (" (more with -v)" if rest.strip() else "")

@@ -1,0 +1,78 @@
+"""The run's report in the Prefect UI (markdown and per-epoch table artifacts, one key per
+recipe+board so nightly runs line up as versions) and in ``$ODL_HOME/reports/<recipe>-<board>/``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tasks import stages
+from tasks.judge.report import ReportInput, epoch_table, render_report, report_key, step_losses, summary_text
+from tasks.paths import state_dir
+from tasks.recipe.schema import Recipe
+
+TRAINING_FIELDS = ("steps", "epochs_done", "duration_s", "train_loop_s", "peak_rss_mb")
+
+
+def _columns(sets: dict[str, dict[str, Any]], reference: stages.Reference) -> dict[str, Any]:
+    """Column names as the report shows them ("current (v0003)")."""
+    label = {"current": f"current ({reference.name})" if reference.model else "current"}
+    return {label.get(col, col): metrics for col, metrics in sets.items()}
+
+
+def report_input(
+    recipe: Recipe,
+    board: str,
+    run_id: str,
+    training: stages.Training,
+    evaluation: stages.Evaluation,
+    promotion: stages.Promotion,
+    timings: dict[str, float],
+) -> ReportInput:
+    """Everything the report shows, from the stages' typed results."""
+    result = training.result.to_dict()
+    ref = evaluation.reference
+    return ReportInput(
+        recipe=recipe.name,
+        board=board,
+        flow_run_id=run_id,
+        job_id=training.job_id,
+        test_set=recipe.data.test.name,
+        evaluations=_columns(evaluation.test, ref),
+        decision=promotion.decision,
+        version=promotion.version,
+        extra_tests={k: _columns(v, ref) for k, v in evaluation.sets.items() if k != "test"},
+        history=result.get("history", []),
+        step_losses=step_losses(training.events),
+        timings=timings,
+        training={k: result[k] for k in TRAINING_FIELDS if k in result},
+    )
+
+
+def publish(
+    recipe: Recipe,
+    board: str,
+    run_id: str,
+    training: stages.Training,
+    evaluation: stages.Evaluation,
+    promotion: stages.Promotion,
+    timings: dict[str, float],
+) -> str:
+    """Create the report artifacts, keep a copy under ``$ODL_HOME/reports``; returns the summary."""
+    from prefect import get_run_logger
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    inp = report_input(recipe, board, run_id, training, evaluation, promotion, timings)
+    markdown, summary = render_report(inp), summary_text(inp)
+    create_markdown_artifact(
+        markdown, key=report_key(recipe.name, board), description=f"ODL report {recipe.name} on {board}"
+    )
+    create_table_artifact(
+        epoch_table(inp.history),
+        key=report_key(recipe.name, board, "epochs"),
+        description="per-epoch metrics from the board",
+    )
+    folder = state_dir("reports", f"{recipe.name}-{board}")
+    (folder / "latest.md").write_text(markdown)
+    (folder / "latest.txt").write_text(summary + "\n")
+    get_run_logger().info("summary:\n%s", summary)
+    return summary

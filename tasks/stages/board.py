@@ -1,0 +1,135 @@
+"""Board stages: deploy (agent + blobs), train (run or reattach, follow events), retrieve.
+
+Each takes the board's inventory entry and opens its own connection through the transport seam
+(``ssh`` or ``local``, from the entry), unless the caller passes an open one to share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from device_agent.protocol import Event, JobResult, JobSpec
+from tasks.board.inventory import Board
+from tasks.board.transport import Progress, Transport, connect
+from tasks.errors import TransferError
+
+log = logging.getLogger(__name__)
+
+EventCallback = Callable[[Event], None]
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What deploying a job's files did: the agent's answer and the blobs sent or already there."""
+
+    board: str
+    info: Any  # the agent's typed ``info`` answer
+    uploaded: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
+    bytes_sent: int = 0
+
+
+@dataclass(frozen=True)
+class Training:
+    """A job that ended on the board: its result and every event it wrote, in order."""
+
+    board: str
+    job_id: str
+    result: JobResult
+    events: tuple[Event, ...] = ()
+
+
+@dataclass(frozen=True)
+class Retrieved:
+    """The job's outputs on the host, each verified against ``result.json``."""
+
+    job_id: str
+    out_dir: Path
+    files: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def inference(self) -> Path:
+        """The trained inference model."""
+        if "inference" not in self.files:
+            raise TransferError(
+                f"job {self.job_id}: result.json lists no 'inference' output (has {sorted(self.files)})"
+            )
+        return self.files["inference"]
+
+
+@contextlib.contextmanager
+def _link(board: Board, conn: Transport | None) -> Iterator[Transport]:
+    if conn is not None:
+        yield conn
+        return
+    own = connect(board)
+    try:
+        yield own
+    finally:
+        own.close()
+
+
+def deploy(
+    board: Board,
+    spec: JobSpec,
+    files: dict[str, Path],
+    *,
+    progress: Progress | None = None,
+    conn: Transport | None = None,
+) -> Deployment:
+    """Install/check the agent (refusing a board that cannot run ``spec``), upload missing blobs."""
+    from tasks.board.agent import install_agent
+    from tasks.board.blobs import upload_blobs
+
+    with _link(board, conn) as link:
+        info = install_agent(link, board, spec.memory_estimate_mb)
+        report = upload_blobs(link, board, files, progress)
+    return Deployment(board.name, info, tuple(report.uploaded), tuple(report.skipped), report.bytes_sent)
+
+
+def train(
+    board: Board,
+    spec: JobSpec,
+    files: dict[str, Path],
+    *,
+    on_event: EventCallback | None = None,
+    conn: Transport | None = None,
+) -> Training:
+    """Create, start and follow the job on a deployed board; reattaches when it already exists.
+
+    A finished job returns its result; a running one is followed; an interrupted one resumes from
+    its last checkpoint. Raises TrainingFailed when the job fails or is cancelled.
+    """
+    from tasks.board.run import run_job
+
+    events: list[Event] = []
+
+    def record(event: Event) -> None:
+        events.append(event)
+        if on_event is not None:
+            on_event(event)
+
+    with _link(board, conn) as link:
+        _, result = run_job(link, board, spec, files, record, deployed=True)
+    return Training(board.name, spec.job_id, result, tuple(events))
+
+
+def retrieve(
+    board: Board,
+    training: Training,
+    out_dir: Path,
+    *,
+    progress: Progress | None = None,
+    conn: Transport | None = None,
+) -> Retrieved:
+    """Download the job's outputs into ``out_dir``, each checked against its sha256."""
+    from tasks.board.retrieve import retrieve as download
+
+    with _link(board, conn) as link:
+        files = download(link, training.job_id, training.result, Path(out_dir), board, progress)
+    return Retrieved(training.job_id, Path(out_dir), files)
