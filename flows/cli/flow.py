@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from pathlib import Path
 
 from tasks.paths import odl_home
@@ -98,9 +100,12 @@ def _run(args: argparse.Namespace) -> int:
         )
     except ValidationError as exc:
         err = exc.errors()[0]
-        raise RecipeError(".".join(map(str, err["loc"])), err["msg"], err.get("input")) from exc
+        flag = "--" + "-".join(map(str, err["loc"])).replace("_", "-")
+        raise RecipeError(flag, err["msg"][0].lower() + err["msg"][1:], err.get("input")) from exc
     load_recipe(params.recipe_path(), params.recipe_overrides())  # bad input: one line, nothing started
     get_board(params.board)
+    where = _prefect_api()
+    print(f"flow run on {where}", file=sys.stderr)
     with Bars() as bars:
         watch(bars)
         try:
@@ -109,6 +114,28 @@ def _run(args: argparse.Namespace) -> int:
             watch(None)
     print(outcome.summary)
     return 0
+
+
+def _prefect_api() -> str:
+    """Point this process at the local stack's server when it runs (the run shows in its UI), else
+    at a temporary server on the stack's database; library defaults as the stack sets them."""
+    from flows import stack
+
+    env = stack.stack_env()
+    for key in (
+        "PREFECT_HOME",
+        "PREFECT_SERVER_ANALYTICS_ENABLED",
+        "DO_NOT_TRACK",
+        "PREFECT_LOGGING_EXTRA_LOGGERS",
+        "PREFECT_RESULTS_PERSIST_BY_DEFAULT",
+    ):
+        os.environ.setdefault(key, env[key])
+    if "PREFECT_API_URL" in os.environ:
+        return os.environ["PREFECT_API_URL"]
+    if stack.api_healthy(env):
+        os.environ["PREFECT_API_URL"] = env["PREFECT_API_URL"]
+        return f"the local stack's server ({env['PREFECT_API_URL'].removesuffix('/api')})"
+    return f"a temporary Prefect server (database in {env['PREFECT_HOME']}; `odl stack up` for the UI)"
 
 
 def _evaluate(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemaining
 from device_agent.protocol import Event
 
 PLAIN_EVERY_S = 2.0
+QUIET_EVENTS = ("eval", "checkpoint")  # the epoch line that follows carries the same figures
 
 
 def console() -> Console:
@@ -75,11 +76,12 @@ class Bars:
             self._set("train", step, self.total_steps, detail)
             return
         if ev.type in ("finished", "failed", "cancelled") and self.total_steps:
+            done = int(d.get("steps", d.get("step", 0)) or 0)
             self._set(
-                "train", int(d.get("steps", d.get("step", 0)) or 0), self.total_steps, ev.type, force=True
+                "train", done, self.total_steps, f"step {done}/{self.total_steps} {ev.type}", force=True
             )
-        if self.enabled:
-            console().print(f"board: {ev.type} {_brief(d)}", highlight=False)
+        if self.enabled and ev.type not in QUIET_EVENTS:
+            self._line(f"board: {ev.type} {_brief(d)}")
 
     def _bytes(self, name: str, done: int, total: int) -> None:
         mb = f"{done / 1e6:.1f} MB" if total == done else f"{done / 1e6:.1f}/{total / 1e6:.1f} MB"
@@ -96,7 +98,13 @@ class Bars:
         now = time.monotonic()
         if force or now - self.last_plain.get(name, 0.0) >= PLAIN_EVERY_S:
             self.last_plain[name] = now
-            print(f"{name} {detail}".strip(), file=sys.stderr, flush=True)
+            self._line(f"{name} {detail}".strip())
+
+    def _line(self, text: str) -> None:
+        if self.progress is not None:
+            console().print(text, highlight=False, soft_wrap=True)
+        else:
+            print(text, file=sys.stderr, flush=True)
 
 
 def _brief(data: dict[str, Any]) -> str:

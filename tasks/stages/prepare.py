@@ -95,7 +95,8 @@ def job_id(inp: Inputs, run: str | None = None) -> str:
     each nightly run trains anew.
     """
     base = f"{inp.recipe.name}-{inp.key[:12]}"
-    return f"{base}-{run[:12]}" if run else base
+    tag = "".join(c for c in run or "" if c.isalnum())[:12]
+    return f"{base}-{tag}" if tag else base
 
 
 def step_done(inp: Inputs, step: str) -> bool:

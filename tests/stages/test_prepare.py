@@ -48,7 +48,7 @@ def test_model_source_and_training_fields_change_the_job_but_promotion_does_not(
     edited = stages.inputs(load_recipe(recipe_copy))
     assert edited.key != key
     assert stages.job_id(edited) == f"digits-{edited.key[:12]}"
-    assert stages.job_id(edited, "0123456789abcdef") == f"digits-{edited.key[:12]}-0123456789ab"
+    assert stages.job_id(edited, "0123-4567-89abcdef") == f"digits-{edited.key[:12]}-0123456789ab"
 
 
 def test_prepare_reuses_each_done_step_and_redoes_what_is_missing(tmp_path, monkeypatch, digits_recipe):
