@@ -130,6 +130,8 @@ def _prefect_api() -> str:
         "PREFECT_RESULTS_PERSIST_BY_DEFAULT",
     ):
         os.environ.setdefault(key, env[key])
+    # a temporary server on a new database migrates it first: ~10 s here, more on a loaded machine
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     if "PREFECT_API_URL" in os.environ:
         return os.environ["PREFECT_API_URL"]
     if stack.api_healthy(env):

@@ -37,9 +37,10 @@ def setup_logging(verbose: bool) -> None:
         )
     if not verbose:
         handler.addFilter(Quiet())
+    handler.odl_terminal = True  # type: ignore[attr-defined]
     root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
+    for old in [h for h in root.handlers if getattr(h, "odl_terminal", False)]:
+        root.removeHandler(old)  # a second main() in one process (tests) replaces ours only
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if verbose else logging.WARNING)  # libraries: warnings only
     for name in OWN:
