@@ -12,7 +12,6 @@ import json
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
 
 from tasks.errors import RecipeError
 from tasks.recipe.schema import (
@@ -30,9 +29,9 @@ from tasks.recipe.schema import (
     TrainableSpec,
     TrainingSpec,
 )
+from tasks.recipe.table import Table, optional_ref, ref
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
-REF_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 TOP_KEYS = {
     "name",
     "task",
@@ -50,92 +49,16 @@ MODEL_KEYS |= {"input_names", "output_names"}
 DATA_KEYS = {"make", "train", "board_train", "eval", "test", "extra_tests", "feeds"}
 
 
-class _Table:
-    """One TOML table being read: typed getters that name the field on error."""
-
-    def __init__(self, data: object, where: str, allowed: set[str], source: str) -> None:
-        if not isinstance(data, dict):
-            raise RecipeError(where, "a table", data, source=source)
-        unknown = sorted(set(data) - allowed)
-        if unknown:
-            raise RecipeError(
-                _dot(where, unknown[0]),
-                f"a known key, this one is unknown (allowed: {', '.join(sorted(allowed))})",
-                source=source,
-            )
-        self.d, self.where, self.source = data, where, source
-
-    def err(self, key: str, expected: str, got: object = None) -> RecipeError:
-        """Build the RecipeError for ``key`` of this table."""
-        return RecipeError(_dot(self.where, key), expected, got, source=self.source)
-
-    def get(self, key: str, typ: type | tuple[type, ...], default: Any = ..., what: str = "") -> Any:
-        """Return ``key`` checked against ``typ`` (bool is never an int here)."""
-        if key not in self.d:
-            if default is ...:
-                raise self.err(key, f"{what or _tname(typ)} (missing)")
-            return default
-        val = self.d[key]
-        types = typ if isinstance(typ, tuple) else (typ,)
-        if (isinstance(val, bool) and bool not in types) or not isinstance(val, typ):
-            raise self.err(key, what or _tname(typ), val)
-        return val
-
-    def number(
-        self, key: str, default: float, lo: float, hi: float = float("inf"), *, integer: bool = False
-    ) -> Any:
-        """Return a number in [lo, hi] (an int when ``integer``)."""
-        typ: Any = int if integer else (int, float)
-        kind = "an integer" if integer else "a number"
-        val = self.get(key, typ, default, f"{kind} in [{lo}, {hi}]")
-        if not lo <= val <= hi:
-            raise self.err(key, f"{kind} in [{lo}, {hi}]", val)
-        return val if integer else float(val)
-
-    def strings(self, key: str, default: tuple[str, ...] = ()) -> tuple[str, ...]:
-        """Return a list of non-empty strings as a tuple."""
-        val = self.get(key, list, list(default), "a list of strings")
-        if not all(isinstance(v, str) and v for v in val):
-            raise self.err(key, "a list of non-empty strings", val)
-        return tuple(val)
-
-    def path(self, key: str, base: Path, *, required: bool = False) -> Path | None:
-        """Return an absolute path (relative ones resolve against ``base``)."""
-        val = self.get(key, str, ... if required else None, "a file path")
-        return None if val is None else (base / val).resolve()
-
-
-def _dot(where: str, key: str) -> str:
-    return f"{where}.{key}" if where else key
-
-
-def _tname(typ: type | tuple[type, ...]) -> str:
-    names = {"str": "a string", "int": "an integer", "float": "a number", "list": "a list", "dict": "a table"}
-    types = typ if isinstance(typ, tuple) else (typ,)
-    return " or ".join(names.get(t.__name__, t.__name__) for t in types)
-
-
-def _ref(t: _Table, key: str, value: str) -> str:
-    if not REF_RE.match(value):
-        raise t.err(key, "a 'module:callable' reference", value)
-    return value
-
-
-def _optional_ref(t: _Table, key: str) -> str | None:
-    value = t.get(key, str, None, "a 'module:callable' reference")
-    return None if value is None else _ref(t, key, value)
-
-
-def _parse_model(t: _Table, base: Path) -> ModelSpec:
+def _parse_model(t: Table, base: Path) -> ModelSpec:
     kinds = [k for k in ("torchvision", "callable", "onnx") if k in t.d]
     if len(kinds) != 1:
         raise t.err(
             "torchvision", "exactly one of model.torchvision, model.callable, model.onnx", kinds or None
         )
     kind = kinds[0]
-    ref = t.get(kind, str, what="a non-empty string")
-    ref = _ref(t, kind, ref) if kind == "callable" else ref
-    ref = str(t.path("onnx", base)) if kind == "onnx" else ref
+    value = t.get(kind, str, what="a non-empty string")
+    value = ref(t, kind, value) if kind == "callable" else value
+    value = str(t.path("onnx", base)) if kind == "onnx" else value
     shape = t.get("input_shape", list, what="a list of positive integers")
     if not shape or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape):
         raise t.err("input_shape", "a non-empty list of positive integers (one sample, no batch axis)", shape)
@@ -146,7 +69,7 @@ def _parse_model(t: _Table, base: Path) -> ModelSpec:
         raise t.err("num_classes", "an integer >= 1 (required for torchvision models)")
     return ModelSpec(
         kind=kind,
-        ref=ref,
+        ref=value,
         input_shape=tuple(shape),
         num_classes=num_classes,
         weights=t.path("weights", base),
@@ -156,7 +79,7 @@ def _parse_model(t: _Table, base: Path) -> ModelSpec:
     )
 
 
-def _parse_trainable(t: _Table) -> TrainableSpec:
+def _parse_trainable(t: Table) -> TrainableSpec:
     strategy = t.get("strategy", str, None)
     if strategy is not None and strategy not in STRATEGIES:
         raise t.err("strategy", " or ".join(repr(s) for s in STRATEGIES), strategy)
@@ -166,17 +89,17 @@ def _parse_trainable(t: _Table) -> TrainableSpec:
     return spec
 
 
-def _parse_loss(t: _Table) -> LossSpec:
+def _parse_loss(t: Table) -> LossSpec:
     kind = t.get("kind", str)
     if kind in BUILTIN_LOSSES or kind == "embedded":
         return LossSpec(kind)
     if kind.startswith("custom:"):
-        return LossSpec("custom", _ref(t, "kind", kind.removeprefix("custom:")))
+        return LossSpec("custom", ref(t, "kind", kind.removeprefix("custom:")))
     expected = ", ".join(BUILTIN_LOSSES) + ", custom:module:factory or embedded"
     raise t.err("kind", expected, kind)
 
 
-def _parse_optimizer(t: _Table) -> OptimizerSpec:
+def _parse_optimizer(t: Table) -> OptimizerSpec:
     kind = t.get("kind", str, "adamw")
     if kind not in OPTIMIZERS:
         raise t.err("kind", " or ".join(repr(o) for o in OPTIMIZERS), kind)
@@ -186,7 +109,7 @@ def _parse_optimizer(t: _Table) -> OptimizerSpec:
     return OptimizerSpec(kind, lr, t.number("weight_decay", 0.01, 0.0, 1.0))
 
 
-def _parse_training(t: _Table) -> TrainingSpec:
+def _parse_training(t: Table) -> TrainingSpec:
     return TrainingSpec(
         batch_size=t.number("batch_size", 16, 1, 65536, integer=True),
         epochs=t.number("epochs", 3, 1, 100000, integer=True),
@@ -196,8 +119,8 @@ def _parse_training(t: _Table) -> TrainingSpec:
     )
 
 
-def _parse_data(t: _Table, base: Path) -> DataSpec:
-    extra = _Table(
+def _parse_data(t: Table, base: Path) -> DataSpec:
+    extra = Table(
         t.get("extra_tests", dict, {}), "data.extra_tests", set(t.d.get("extra_tests", {})), t.source
     )
     feeds = t.get("feeds", dict, {})
@@ -209,7 +132,7 @@ def _parse_data(t: _Table, base: Path) -> DataSpec:
         board_train=t.get("board_train", str, None),
         eval=t.path("eval", base),
         extra_tests={k: extra.path(k, base) for k in extra.d},  # type: ignore[misc]
-        make=_optional_ref(t, "make"),
+        make=optional_ref(t, "make"),
         feeds=dict(feeds),
     )
     if (spec.train is None) == (spec.board_train is None):
@@ -223,7 +146,7 @@ def _parse_data(t: _Table, base: Path) -> DataSpec:
 def parse_recipe(data: dict, source: Path) -> Recipe:
     """Validate a parsed TOML mapping and build the typed :class:`Recipe`."""
     src, base = str(source), Path(source).resolve().parent
-    top = _Table(data, "", TOP_KEYS, src)
+    top = Table(data, "", TOP_KEYS, src)
     name = top.get("name", str)
     if not NAME_RE.match(name):
         raise top.err("name", "1-64 chars of [a-z0-9_-] starting with a letter or digit", name)
@@ -231,10 +154,10 @@ def parse_recipe(data: dict, source: Path) -> Recipe:
     if task not in TASKS:
         raise top.err("task", " or ".join(repr(x) for x in TASKS), task)
 
-    def table(key: str, allowed: set[str], required: bool = True) -> _Table:
+    def table(key: str, allowed: set[str], required: bool = True) -> Table:
         if required and key not in data:
             raise top.err(key, "a table (missing)")
-        return _Table(data.get(key, {}), key, allowed, src)
+        return Table(data.get(key, {}), key, allowed, src)
 
     recipe = Recipe(
         name=name,
@@ -254,13 +177,13 @@ def parse_recipe(data: dict, source: Path) -> Recipe:
     return recipe
 
 
-def _parse_schedule(t: _Table) -> ScheduleSpec:
+def _parse_schedule(t: Table) -> ScheduleSpec:
     return ScheduleSpec(
         t.number("warmup_steps", 0, 0, 10**9, integer=True), t.number("final_lr_ratio", 0.0, 0.0, 1.0)
     )
 
 
-def _parse_promotion(t: _Table) -> PromotionSpec:
+def _parse_promotion(t: Table) -> PromotionSpec:
     metric = t.get("metric", str, "accuracy")
     if not metric:
         raise t.err("metric", "a metric name such as 'accuracy' or 'loss'", metric)
