@@ -24,7 +24,7 @@ from tasks.board.inventory import BOARD_NAME_PATTERN, get_board
 from tasks.judge.report import report_key
 from tasks.paths import state_dir
 from tasks.prefect import tasks as pt
-from tasks.prefect.publish import publish
+from tasks.prefect.publish import publish, report_input
 from tasks.recipe.load import load_recipe
 
 log = logging.getLogger(__name__)
@@ -116,6 +116,6 @@ def odl(params: OdlParams | None = None) -> Outcome:
     evaluation, t["evaluate"] = pt.timed(pt.evaluate, recipe, prep, got.inference, reference)
     info = {"flow_run_id": run_id, "job_id": spec.job_id, "input_key": inp.key, "input_hashes": inp.hashes}
     promotion, t["promote"] = pt.timed(pt.promote, recipe, board.name, evaluation, got.inference, prep, info)
-    summary = publish(recipe, board.name, run_id, training, evaluation, promotion, t)
+    summary = publish(report_input(recipe, board.name, run_id, training, evaluation, promotion, t))
     test = evaluation.test
     return Outcome(spec.job_id, run_dir, promotion.decision.promote, promotion.version, summary, test, t)

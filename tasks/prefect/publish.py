@@ -48,30 +48,21 @@ def report_input(
     )
 
 
-def publish(
-    recipe: Recipe,
-    board: str,
-    run_id: str,
-    training: stages.Training,
-    evaluation: stages.Evaluation,
-    promotion: stages.Promotion,
-    timings: dict[str, float],
-) -> str:
+def publish(inp: ReportInput) -> str:
     """Create the report artifacts, keep a copy under ``$ODL_HOME/reports``; returns the summary."""
     from prefect import get_run_logger
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-    inp = report_input(recipe, board, run_id, training, evaluation, promotion, timings)
     markdown, summary = render_report(inp), summary_text(inp)
     create_markdown_artifact(
-        markdown, key=report_key(recipe.name, board), description=f"ODL report {recipe.name} on {board}"
+        markdown, key=report_key(inp.recipe, inp.board), description=f"ODL report {inp.recipe} on {inp.board}"
     )
     create_table_artifact(
         epoch_table(inp.history),
-        key=report_key(recipe.name, board, "epochs"),
+        key=report_key(inp.recipe, inp.board, "epochs"),
         description="per-epoch metrics from the board",
     )
-    folder = state_dir("reports", f"{recipe.name}-{board}")
+    folder = state_dir("reports", f"{inp.recipe}-{inp.board}")
     (folder / "latest.md").write_text(markdown)
     (folder / "latest.txt").write_text(summary + "\n")
     get_run_logger().info("summary:\n%s", summary)

@@ -12,28 +12,11 @@ import pytest
 
 from tasks.board.inventory import Board, get_board, load_inventory, save_board
 from tasks.board.transport import LocalTransport, connect, quote_argv
-from tasks.errors import BoardError, DeviceUnreachable, HostKeyRejected, RemoteCommandFailed
+from tasks.errors import BoardError, DeviceUnreachable, HostKeyRejected
+from tests.board.contract import TransportContract
 from tests.fixtures_board import odl_home_env
 
 pytestmark = pytest.mark.board
-
-
-def test_run_passes_each_argument_literally(virtual_board: Board) -> None:
-    marker = f"/tmp/odl-pwned-{secrets.token_hex(4)}"
-    evil = [f"x; touch {marker}", f"$(touch {marker})", f"`touch {marker}`", "a'b\"c", "*"]
-    conn = connect(virtual_board)
-    try:
-        res = conn.run(["printf", "%s\\n", *evil])
-        assert res.stdout.splitlines() == evil
-        assert not conn.exists(marker)
-        failed = conn.run(["sh", "-c", "echo oops >&2; exit 7"], check=False)
-        assert (failed.code, failed.stderr.strip(), bool(failed)) == (7, "oops", False)
-        with pytest.raises(RemoteCommandFailed) as info:
-            conn.run(["false"])
-        assert info.value.code == 1 and info.value.command == ["false"]
-    finally:
-        conn.close()
-    assert not Path(marker).exists()
 
 
 def test_runs_as_unprivileged_user_in_its_own_namespace(virtual_board: Board) -> None:
@@ -144,3 +127,20 @@ def test_quote_argv_and_local_transport(tmp_path: Path) -> None:
     assert local.run(["echo", "$(id)"]).stdout.strip() == "$(id)"
     (tmp_path / "f").write_bytes(b"0123456789")
     assert local.read_from(str(tmp_path / "f"), 4) == b"456789"
+
+
+class TestSSHTransport(TransportContract):
+    """The transport contract of tests/board/contract.py over a real sshd."""
+
+    @pytest.fixture
+    def conn(self, virtual_board: Board):
+        link = connect(virtual_board)
+        yield link
+        link.close()
+
+    @pytest.fixture
+    def remote_dir(self, conn, virtual_board: Board) -> str:
+        folder = posixpath.join(virtual_board.root, f"contract-{secrets.token_hex(4)}")
+        conn.run(["mkdir", "-p", folder])
+        yield folder
+        conn.run(["rm", "-rf", folder])
