@@ -76,6 +76,7 @@ def _stack(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    where = _prefect_api()  # before Prefect is imported: it reads its settings once
     from pydantic import ValidationError
 
     from flows.cli.progress import Bars
@@ -104,7 +105,6 @@ def _run(args: argparse.Namespace) -> int:
         raise RecipeError(flag, err["msg"][0].lower() + err["msg"][1:], err.get("input")) from exc
     load_recipe(params.recipe_path(), params.recipe_overrides())  # bad input: one line, nothing started
     get_board(params.board)
-    where = _prefect_api()
     print(f"flow run on {where}", file=sys.stderr)
     with Bars() as bars:
         watch(bars)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tasks.board.inventory import Board
-from tasks.board.transport import Progress, Transport
+from tasks.board.transport import ByteProgress, Transport
 from tasks.errors import DeviceError, DeviceIncompatible, DeviceUnreachable, TransferError
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,11 @@ class UploadReport:
 
 
 def upload_blobs(
-    conn: Transport, board: Board, files: dict[str, Path], progress: Progress | None = None, retries: int = 3
+    conn: Transport,
+    board: Board,
+    files: dict[str, Path],
+    progress: ByteProgress | None = None,
+    retries: int = 3,
 ) -> UploadReport:
     """Upload the blobs the board lacks (by sha256 + size), verified on the board, renamed atomically."""
     blobs = posixpath.join(board.root, "blobs")
@@ -79,14 +83,14 @@ def upload_blobs(
     return report
 
 
-def _offset_progress(progress: Progress | None, base: int, total: int) -> Progress | None:
+def _offset_progress(progress: ByteProgress | None, base: int, total: int) -> ByteProgress | None:
     if progress is None:
         return None
     return lambda done, _size: progress(base + done, total)
 
 
 def _upload_one(
-    conn: Transport, board: Board, sha: str, path: Path, retries: int, progress: Progress | None
+    conn: Transport, board: Board, sha: str, path: Path, retries: int, progress: ByteProgress | None
 ) -> None:
     blobs = posixpath.join(board.root, "blobs")
     for attempt in range(1, retries + 1):

@@ -15,7 +15,7 @@ from pathlib import Path
 from device_agent.protocol import JobResult
 from tasks.board.inventory import Board
 from tasks.board.jobs import job_dir
-from tasks.board.transport import Progress, Transport, connect
+from tasks.board.transport import ByteProgress, Transport, connect
 from tasks.errors import DeviceError, TransferError
 from tasks.hashing import file_sha256
 
@@ -30,7 +30,7 @@ def retrieve(
     result: JobResult,
     out_dir: Path,
     board: Board | None = None,
-    progress: Progress | None = None,
+    progress: ByteProgress | None = None,
 ) -> dict[str, Path]:
     """Download the job's outputs into ``out_dir``; returns {output name: local path}.
 
@@ -72,7 +72,7 @@ def refuse_links(conn: Transport, board: Board, jdir: str) -> None:
 
 
 def _fetch_verified(
-    conn: Transport, jdir: str, rel: str, sha256: str, out_dir: Path, progress: Progress | None
+    conn: Transport, jdir: str, rel: str, sha256: str, out_dir: Path, progress: ByteProgress | None
 ) -> Path:
     parts = rel.split("/")
     if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
@@ -90,7 +90,7 @@ def _fetch_verified(
     return local
 
 
-def _fetch(conn: Transport, remote: str, local: Path, progress: Progress | None = None) -> Path:
+def _fetch(conn: Transport, remote: str, local: Path, progress: ByteProgress | None = None) -> Path:
     tmp = local.with_name(f".{local.name}.part")
     try:
         conn.get(remote, tmp, progress)

@@ -13,18 +13,18 @@ from tasks.board.blobs import UploadReport, upload_blobs
 from tasks.board.follow import EventCallback, follow_job
 from tasks.board.inventory import Board
 from tasks.board.jobs import create_job, job_dir, read_result, resumable, start_job
-from tasks.board.transport import Progress, Transport, connect
+from tasks.board.transport import ByteProgress, Transport
 
 log = logging.getLogger(__name__)
 
 
-def run_job(
+def drive_job(
     conn: Transport,
     board: Board,
     spec: JobSpec,
     files: dict[str, Path],
     on_event: EventCallback | None = None,
-    progress: Progress | None = None,
+    progress: ByteProgress | None = None,
     *,
     deployed: bool = False,
 ) -> tuple[UploadReport, JobResult]:
@@ -49,20 +49,3 @@ def run_job(
     if resumable(read_result(conn, board, spec.job_id)):
         log.info("job %s %s on board %s", spec.job_id, start_job(conn, board, spec.job_id), board.name)
     return report, follow_job(conn, board, spec.job_id, 0, on_event)
-
-
-def train(
-    board: Board,
-    spec: JobSpec,
-    files: dict[str, Path],
-    on_event: EventCallback | None = None,
-    *,
-    deployed: bool = False,
-) -> JobResult:
-    """Deploy and train ``spec`` on ``board``; idempotent on ``spec.job_id`` (reattaches)."""
-    job_dir(board, spec.job_id)
-    conn = connect(board)
-    try:
-        return run_job(conn, board, spec, files, on_event, deployed=deployed)[1]
-    finally:
-        conn.close()

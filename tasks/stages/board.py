@@ -15,7 +15,7 @@ from typing import Any
 
 from device_agent.protocol import Event, JobResult, JobSpec
 from tasks.board.inventory import Board
-from tasks.board.transport import Progress, Transport, connect
+from tasks.board.transport import ByteProgress, Transport, connect
 from tasks.errors import TransferError
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ def deploy(
     spec: JobSpec,
     files: dict[str, Path],
     *,
-    progress: Progress | None = None,
+    progress: ByteProgress | None = None,
     conn: Transport | None = None,
 ) -> Deployment:
     """Install/check the agent (refusing a board that cannot run ``spec``), upload missing blobs."""
@@ -105,8 +105,10 @@ def train(
     A finished job returns its result; a running one is followed; an interrupted one resumes from
     its last checkpoint. Raises TrainingFailed when the job fails or is cancelled.
     """
-    from tasks.board.run import run_job
+    from tasks.board.jobs import job_dir
+    from tasks.board.run import drive_job
 
+    job_dir(board, spec.job_id)  # an unsafe job id is refused before anything connects
     events: list[Event] = []
 
     def record(event: Event) -> None:
@@ -115,7 +117,7 @@ def train(
             on_event(event)
 
     with _link(board, conn) as link:
-        _, result = run_job(link, board, spec, files, record, deployed=True)
+        _, result = drive_job(link, board, spec, files, record, deployed=True)
     return Training(board.name, spec.job_id, result, tuple(events))
 
 
@@ -124,7 +126,7 @@ def retrieve(
     training: Training,
     out_dir: Path,
     *,
-    progress: Progress | None = None,
+    progress: ByteProgress | None = None,
     conn: Transport | None = None,
 ) -> Retrieved:
     """Download the job's outputs into ``out_dir``, each checked against its sha256."""

@@ -43,7 +43,7 @@ def _final_weights(conn, board: Board, job_id: str, tmp: Path) -> dict[str, np.n
 
 
 def _run_with_fault(board: Board, digits_job, job_id: str, fault, when) -> tuple[object, list[Event]]:
-    """run_job with ``fault(event)`` fired once (in a thread) at the first event ``when`` accepts."""
+    """drive_job with ``fault(event)`` fired once (in a thread) at the first event ``when`` accepts."""
     spec, files = digits_job(job_id, epochs=EPOCHS, checkpoint_every=5)
     events: list[Event] = []
     fired = threading.Event()
@@ -56,7 +56,7 @@ def _run_with_fault(board: Board, digits_job, job_id: str, fault, when) -> tuple
 
     conn = connect(board)
     try:
-        _, result = run.run_job(conn, board, spec, files, on_event)
+        _, result = run.drive_job(conn, board, spec, files, on_event)
     finally:
         conn.close()
     assert fired.is_set(), "the fault never fired"
@@ -69,7 +69,7 @@ def reference(virtual_board: Board, digits_job, tmp_path_factory) -> tuple[objec
     spec, files = digits_job(f"ref-{os.getpid()}", epochs=EPOCHS, checkpoint_every=5)
     conn = connect(virtual_board)
     try:
-        _, result = run.run_job(conn, virtual_board, spec, files)
+        _, result = run.drive_job(conn, virtual_board, spec, files)
         return result, _final_weights(conn, virtual_board, spec.job_id, tmp_path_factory.mktemp("ref"))
     finally:
         conn.close()
@@ -198,7 +198,7 @@ def test_link_cut_during_download_leaves_no_file_then_retrieve_succeeds(
     spec, files = digits_job(f"dl-{os.getpid()}", epochs=1)
     conn = connect(virtual_board)
     try:
-        _, result = run.run_job(conn, virtual_board, spec, files)
+        _, result = run.drive_job(conn, virtual_board, spec, files)
         jdir = jobs.job_dir(virtual_board, spec.job_id)  # a big output, so the cut lands mid-transfer
         conn.run(
             ["sh", "-c", 'head -c 100000000 /dev/urandom > "$1"', "sh", posixpath.join(jdir, "agent.log")]

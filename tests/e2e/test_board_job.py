@@ -39,7 +39,7 @@ def test_deploy_train_retrieve_digits(
         # the others travel
         blobs = f"{virtual_board.root}/blobs"
         missing = {sha for sha in files if not conn.exists(f"{blobs}/{sha}")}
-        report, result = run.run_job(conn, virtual_board, spec, files, events.append)
+        report, result = run.drive_job(conn, virtual_board, spec, files, events.append)
         assert missing and sorted(report.uploaded) == sorted(missing)
         assert report.bytes_sent == sum(files[sha].stat().st_size for sha in missing) > 0
         assert sorted(report.skipped) == sorted(set(files) - missing)
@@ -47,7 +47,7 @@ def test_deploy_train_retrieve_digits(
         assert_events_complete(events, job_id)
         assert [e.type for e in events].count("epoch") == digits_recipe.training.epochs
         got = retrieve(conn, job_id, result, tmp_path / "out", virtual_board)
-        again, same = run.run_job(conn, virtual_board, spec, files)  # same job id: reattach, no training
+        again, same = run.drive_job(conn, virtual_board, spec, files)  # same job id: reattach, no training
         assert again.bytes_sent == 0 and same == result
         second = blobs.upload_blobs(conn, virtual_board, files)  # another job of the same inputs
         assert second.bytes_sent == 0 and sorted(second.skipped) == sorted(files)

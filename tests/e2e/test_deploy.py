@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from device_agent.protocol import BlobRef, DataRef, JobSpec, TrainParams
-from tasks.board import follow, jobs, run
+from tasks import stages
+from tasks.board import follow, jobs
 from tasks.board.blobs import upload_blobs
 from tasks.board.inventory import Board
 from tasks.board.transport import connect
@@ -103,7 +104,7 @@ def test_unsafe_job_ids_are_refused_before_anything_runs(virtual_board: Board, j
     home = posixpath.dirname(virtual_board.root)
     before = _tree(home)
     with pytest.raises(InvalidJob, match="refused"):
-        run.train(virtual_board, _spec(job_id), {})
+        stages.train(virtual_board, _spec(job_id), {})
     conn = connect(virtual_board)
     try:
         with pytest.raises(InvalidJob):

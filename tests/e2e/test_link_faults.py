@@ -60,7 +60,7 @@ def test_link_cut_during_training_reconnects_and_loses_nothing(
     caplog.set_level(logging.INFO, logger="tasks.board")
     conn = connect(virtual_board)
     try:
-        _, result = run.run_job(conn, virtual_board, spec, files, cut_when_training)
+        _, result = run.drive_job(conn, virtual_board, spec, files, cut_when_training)
     finally:
         conn.close()
         with odl_home_env(virtual_board_home):

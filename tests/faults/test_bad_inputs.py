@@ -56,9 +56,9 @@ def test_diverging_lr_fails_for_good_and_keeps_the_last_good_checkpoint(
 ) -> None:
     conn = LocalTransport()
     spec, files = digits_job("diverging", epochs=3, lr=1e30, checkpoint_every=1)
-    for _ in range(2):  # a second run_job does not train again: DIVERGED is never retried
+    for _ in range(2):  # a second drive_job does not train again: DIVERGED is never retried
         with pytest.raises(TrainingFailed, match=f"failed \\(exit {int(ExitCode.DIVERGED)}\\)") as info:
-            run.run_job(conn, local_board, spec, files)
+            run.drive_job(conn, local_board, spec, files)
         assert not info.value.retryable
     result = jobs.read_result(conn, local_board, spec.job_id)
     assert result.status == "failed" and result.exit_code == ExitCode.DIVERGED
@@ -113,7 +113,7 @@ def test_incompatible_board_is_refused_before_anything_is_uploaded(
             board = dataclasses.replace(board, python=_numpy_only_python(board_python, venv))
             want = "without the training API"
         with pytest.raises(DeviceIncompatible, match=want) as info:
-            run.run_job(conn, board, spec, files)
+            run.drive_job(conn, board, spec, files)
         assert info.value.exit_code == 11 and not info.value.retryable
         assert conn.run(["ls", "-A", board.root]).stdout.split() == ["agent"]  # no blobs/, no jobs/
     finally:

@@ -52,7 +52,9 @@ def test_follow_after_resume_skips_the_stale_terminal_event(
     assert resumed and resumed[-1].data["resumed_from_step"] == before[-1].data["step"]
 
 
-def test_run_job_resumes_a_cancelled_job_instead_of_reporting_it(local_board: Board, digits_job, monkeypatch):
+def test_drive_job_resumes_a_cancelled_job_instead_of_reporting_it(
+    local_board: Board, digits_job, monkeypatch
+):
     conn = LocalTransport()
     spec, files = digits_job("rerun-cancelled", epochs=EPOCHS)
     blobs.upload_blobs(conn, local_board, files)
@@ -60,7 +62,7 @@ def test_run_job_resumes_a_cancelled_job_instead_of_reporting_it(local_board: Bo
     monkeypatch.setenv("ODL_AGENT_STEP_DELAY_S", "0.02")
     _cancel_after_a_step(conn, local_board, spec.job_id)
     monkeypatch.delenv("ODL_AGENT_STEP_DELAY_S")
-    report, result = run.run_job(conn, local_board, spec, files)
+    report, result = run.drive_job(conn, local_board, spec, files)
     assert report.bytes_sent == 0
     assert result.status == "finished" and result.steps == EPOCHS * 13
 

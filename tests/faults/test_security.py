@@ -85,7 +85,7 @@ def test_host_does_not_download_through_a_planted_link(
 ) -> None:
     conn = LocalTransport()
     spec, files = digits_job("fetch-link", epochs=1)
-    _, result = run.run_job(conn, local_board, spec, files)
+    _, result = run.drive_job(conn, local_board, spec, files)
     jdir = jobs.job_dir(local_board, spec.job_id)
     victim = tmp_path / "victim"
     victim.write_text(SECRET)

@@ -8,10 +8,10 @@ board) or ``local`` (an agent root on this machine). Everything above this packa
 from __future__ import annotations
 
 from tasks.board.inventory import Board
-from tasks.board.transport.base import Progress, Result, Transport, quote_argv
+from tasks.board.transport.base import ByteProgress, Result, Transport, quote_argv
 from tasks.board.transport.local import LocalTransport
 
-__all__ = ["Board", "LocalTransport", "Progress", "Result", "Transport", "connect", "quote_argv"]
+__all__ = ["Board", "LocalTransport", "ByteProgress", "Result", "Transport", "connect", "quote_argv"]
 
 
 def connect(board: Board) -> Transport:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from tasks.board.transport.base import Progress, Result
+from tasks.board.transport.base import ByteProgress, Result
 from tasks.errors import DeviceUnreachable, RemoteCommandFailed, TransferError
 
 CHUNK = 1024 * 1024
@@ -37,11 +37,11 @@ class LocalTransport:
             raise RemoteCommandFailed(argv, proc.returncode, res.stderr or res.stdout)
         return res
 
-    def put(self, local: Path, remote: str, progress: Progress | None = None) -> None:
+    def put(self, local: Path, remote: str, progress: ByteProgress | None = None) -> None:
         """Copy ``local`` to ``remote`` (reporting progress like an upload)."""
         self._copy(Path(local), Path(remote), progress, f"upload {local} -> {remote}")
 
-    def get(self, remote: str, local: Path, progress: Progress | None = None) -> None:
+    def get(self, remote: str, local: Path, progress: ByteProgress | None = None) -> None:
         """Copy ``remote`` to ``local``; no partial file on failure."""
         try:
             self._copy(Path(remote), Path(local), progress, f"download {remote} -> {local}")
@@ -65,7 +65,7 @@ class LocalTransport:
     def close(self) -> None:
         """Nothing to close."""
 
-    def _copy(self, src: Path, dst: Path, progress: Progress | None, what: str) -> None:
+    def _copy(self, src: Path, dst: Path, progress: ByteProgress | None, what: str) -> None:
         try:
             total = src.stat().st_size
             done = 0

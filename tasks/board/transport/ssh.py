@@ -18,7 +18,7 @@ from pathlib import Path
 import paramiko
 
 from tasks.board.inventory import Board
-from tasks.board.transport.base import Progress, Result, quote_argv
+from tasks.board.transport.base import ByteProgress, Result, quote_argv
 from tasks.errors import DeviceUnreachable, HostKeyRejected, RemoteCommandFailed, TransferError
 
 log = logging.getLogger(__name__)
@@ -147,7 +147,7 @@ class SSHTransport:
             raise RemoteCommandFailed(argv, code, res.stderr or res.stdout)
         return res
 
-    def put(self, local: Path, remote: str, progress: Progress | None = None) -> None:
+    def put(self, local: Path, remote: str, progress: ByteProgress | None = None) -> None:
         """Upload ``local`` to ``remote``, streamed through an exec channel (``cat > remote``).
 
         Streaming avoids SFTP's per-32 KB request round trips (about twice SFTP's throughput
@@ -163,7 +163,7 @@ class SSHTransport:
             chan.shutdown_write()
             self._finish(chan, f"upload to {remote}")
 
-    def get(self, remote: str, local: Path, progress: Progress | None = None) -> None:
+    def get(self, remote: str, local: Path, progress: ByteProgress | None = None) -> None:
         """Download ``remote`` to ``local`` (``cat remote`` on an exec channel); no partial file on failure."""
         try:
             with _transfer(self.board.name, f"download {remote} -> {local}"):
@@ -231,7 +231,7 @@ def _transfer(board: str, what: str) -> Iterator[None]:
         raise TransferError(f"board {board}: {what} failed: {exc or type(exc).__name__}") from exc
 
 
-def _send_file(chan: paramiko.Channel, local: Path, total: int, progress: Progress | None) -> None:
+def _send_file(chan: paramiko.Channel, local: Path, total: int, progress: ByteProgress | None) -> None:
     with open(local, "rb") as src:
         done = 0
         while chunk := src.read(STREAM_CHUNK):
