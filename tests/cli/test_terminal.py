@@ -26,6 +26,17 @@ def _odl(args: list[str], cwd: Path, home: Path, timeout: float = 600) -> subpro
 
 
 @pytest.fixture
+def cli_home(tmp_path: Path, board_python: Path) -> Path:
+    """An ODL_HOME of this test alone (its own registry) with a local-transport board ``here``."""
+    from tasks.board.inventory import Board, save_board
+
+    home = tmp_path / "home"
+    board = Board(name="here", transport="local", root=str(tmp_path / "board"), python=str(board_python))
+    save_board(board, home / "inventory.toml")
+    return home
+
+
+@pytest.fixture
 def elsewhere(tmp_path: Path, digits_recipe) -> Path:
     """A user's own folder: a copy of the digits recipe (its data shared), and a folder beside it."""
     from tasks import stages
@@ -42,36 +53,34 @@ def elsewhere(tmp_path: Path, digits_recipe) -> Path:
     return tmp_path / "cwd"
 
 
-def test_bad_recipe_under_odl_flow_prints_one_line(elsewhere: Path, local_board_home: Path) -> None:
+def test_bad_recipe_under_odl_flow_prints_one_line(elsewhere: Path, cli_home: Path) -> None:
     bad = elsewhere / "bad.toml"
     bad.write_text('name = "x"\n[model]\n')
-    res = _odl(["flow", "bad.toml", "--board", "here"], elsewhere, local_board_home)
+    res = _odl(["flow", "bad.toml", "--board", "here"], elsewhere, cli_home)
     assert res.returncode == RecipeError.exit_code
     assert res.stderr.strip().splitlines() == [
         f"odl: error: {bad}: recipe field 'model.torchvision': expected exactly one of model.torchvision, "
         "model.callable, model.onnx"
     ]
-    res = _odl(["flow", "../elsewhere/recipe.toml", "--board", "Bad_Name"], elsewhere, local_board_home)
+    res = _odl(["flow", "../elsewhere/recipe.toml", "--board", "Bad_Name"], elsewhere, cli_home)
     assert res.returncode == BoardError.exit_code and len(res.stderr.strip().splitlines()) == 1
-    res = _odl(
-        ["flow", "../elsewhere/recipe.toml", "--board", "here", "--epochs", "0"], elsewhere, local_board_home
-    )
+    res = _odl(["flow", "../elsewhere/recipe.toml", "--board", "here", "--epochs", "0"], elsewhere, cli_home)
     assert res.returncode == RecipeError.exit_code and "'--epochs'" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
 
 
-def test_verbose_shows_the_traceback(elsewhere: Path, local_board_home: Path) -> None:
-    res = _odl(["flow", "missing.toml", "-v"], elsewhere, local_board_home)
+def test_verbose_shows_the_traceback(elsewhere: Path, cli_home: Path) -> None:
+    res = _odl(["flow", "missing.toml", "-v"], elsewhere, cli_home)
     assert res.returncode == RecipeError.exit_code
     assert "Traceback" in res.stderr and str(elsewhere / "missing.toml") in res.stderr
 
 
 @pytest.mark.slow
 def test_odl_run_from_another_folder_shows_plain_progress_and_no_chatter(
-    elsewhere: Path, local_board_home: Path
+    elsewhere: Path, cli_home: Path
 ) -> None:
     res = _odl(["run", "../elsewhere/recipe.toml", "--board", "here", "--set", "training.epochs=2"],
-               elsewhere, local_board_home)  # fmt: skip
+               elsewhere, cli_home)  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert "job digits-" in res.stdout and ": finished, 26 steps, 2 epochs" in res.stdout
     lines = res.stderr.splitlines()
@@ -81,9 +90,9 @@ def test_odl_run_from_another_folder_shows_plain_progress_and_no_chatter(
 
 
 @pytest.mark.slow
-def test_odl_flow_from_another_folder(elsewhere: Path, local_board_home: Path) -> None:
+def test_odl_flow_from_another_folder(elsewhere: Path, cli_home: Path) -> None:
     res = _odl(["flow", "../elsewhere/recipe.toml", "--board", "here", "--epochs", "2"],
-               elsewhere, local_board_home)  # fmt: skip
+               elsewhere, cli_home)  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     assert "digits on here:" in res.stdout
     lines = res.stderr.splitlines()

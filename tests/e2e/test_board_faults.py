@@ -111,7 +111,7 @@ def test_agent_killed_mid_training_is_resumed_and_ends_like_an_uninterrupted_run
 def test_sshd_restarted_mid_training_reconnects_and_completes(
     virtual_board: Board, virtual_board_home: Path, digits_job, reference, tmp_path: Path, caplog
 ) -> None:
-    from tasks.vboard.board import restart_sshd
+    from tasks.vboard.faults import restart_sshd
 
     job_id = f"sshd-{os.getpid()}"
 
@@ -130,7 +130,7 @@ def test_sshd_restarted_mid_training_reconnects_and_completes(
 
 def _cut_for(board: Board, home: Path, seconds: float) -> None:
     """Take the board's link down now (before the caller reads another byte), restore it later."""
-    from tasks.vboard.board import set_link
+    from tasks.vboard.faults import set_link
 
     def restore() -> None:
         time.sleep(seconds)
@@ -257,7 +257,7 @@ def small_disk_board(virtual_board: Board, virtual_board_home: Path):
 
 def test_board_disk_full(small_disk_board: Board, digits_job, tmp_path: Path) -> None:
     board = small_disk_board
-    blobs = posixpath.join(board.root, "blobs")
+    blob_dir = posixpath.join(board.root, "blobs")
     conn = connect(board)
     try:
         with pytest.raises(DeviceIncompatible, match="MB free disk"):  # info: far below 100 MB
@@ -267,12 +267,12 @@ def test_board_disk_full(small_disk_board: Board, digits_job, tmp_path: Path) ->
         sha = file_sha256(big)
         with pytest.raises(DeviceIncompatible, match="not enough disk space"):  # checked before sending
             blobs.upload_blobs(conn, board, {sha: big})
-        assert conn.run(["ls", "-A", blobs]).stdout.split() == []
+        assert conn.run(["ls", "-A", blob_dir]).stdout.split() == []
         bigger = tmp_path / "bigger.bin"
         bigger.write_bytes(np.random.default_rng(3).bytes(48 * 2**20))
         with pytest.raises(DeviceIncompatible, match="disk full"):  # the disk fills during the transfer
             blobs._upload_one(conn, board, file_sha256(bigger), bigger, 3, None)
-        assert conn.run(["ls", "-A", blobs]).stdout.split() == []  # no partial blob left
+        assert conn.run(["ls", "-A", blob_dir]).stdout.split() == []  # no partial blob left
 
         spec, files = digits_job(f"disk-{os.getpid()}")
         blobs.upload_blobs(conn, board, files)

@@ -38,6 +38,7 @@ def test_deploy_train_retrieve_digits(
         # the session's board may already hold some blobs (the same data from another test): only
         # the others travel
         blobs = f"{virtual_board.root}/blobs"
+        conn.run(["rm", "-f", f"{blobs}/{spec.train_data.blob.sha256}"])  # at least the data travels
         missing = {sha for sha in files if not conn.exists(f"{blobs}/{sha}")}
         report, result = run.drive_job(conn, virtual_board, spec, files, events.append)
         assert missing and sorted(report.uploaded) == sorted(missing)

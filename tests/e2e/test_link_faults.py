@@ -37,7 +37,7 @@ def test_link_cut_during_training_reconnects_and_loses_nothing(
     virtual_board: Board, virtual_board_home: Path, prepared_digits, digits_recipe, caplog
 ) -> None:
     from tasks.prepare.jobspec import build_job_spec
-    from tasks.vboard.board import set_link
+    from tasks.vboard.faults import set_link
 
     job_id = f"digits-cut-{os.getpid()}"
     spec, files = build_job_spec(digits_recipe, prepared_digits, job_id)
