@@ -17,7 +17,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tasks.errors import PipelineError
+from tasks.errors import HostExit, PipelineError
 from tasks.paths import PROJECT_ROOT, odl_home
 
 log = logging.getLogger(__name__)
@@ -29,6 +29,8 @@ SERVICES = ("worker", "prefect-server")  # stop order
 
 class StackError(PipelineError):
     """The local Prefect stack could not be started, deployed or stopped."""
+
+    exit_code = HostExit.STACK
 
 
 def local_timezone() -> str:

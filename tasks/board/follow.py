@@ -12,7 +12,7 @@ from device_agent.protocol import Event, JobResult, SpecError
 from tasks.board.inventory import Board
 from tasks.board.jobs import job_dir, job_status, read_result, start_job
 from tasks.board.transport import Transport, connect
-from tasks.errors import DeviceUnreachable, TrainingFailed
+from tasks.errors import DeviceError, DeviceUnreachable, TrainingFailed, should_retry
 
 log = logging.getLogger(__name__)
 
@@ -32,18 +32,24 @@ def follow_job(
 ) -> JobResult:
     """Follow ``events.jsonl`` from ``offset`` until the job ends; reconnects on a dropped link.
 
-    Each event (by ``seq``) is delivered once. Returns the JobResult; raises TrainingFailed for a
-    failed or cancelled job (never retried) and DeviceUnreachable after ``max_outage_s`` offline.
+    Each event (by ``seq``) is delivered once. A failure the retry policy calls retryable
+    (:func:`tasks.errors.should_retry`: link down, transfer) is retried on a new connection with
+    backoff; past ``max_outage_s`` of such failures in a row it raises DeviceUnreachable. Returns
+    the JobResult; raises TrainingFailed for a failed or cancelled job (never retried).
     """
     follower = _Follower(board, job_id, offset, on_event)
     link, owned = conn, False
+    outage = _Outage(board, max_outage_s)
     try:
         while True:
             try:
                 result = follower.poll(link)
-            except DeviceUnreachable as exc:
-                link, owned = _reconnect(board, link, owned, exc, max_outage_s), True
+            except DeviceError as exc:
+                if not should_retry(exc):
+                    raise
+                link, owned = _reconnect(board, link, owned, exc, outage), True
                 continue
+            outage.over()
             if result is not None:
                 return _final(result)
             time.sleep(poll_s)
@@ -107,23 +113,43 @@ class _Follower:
             self.on_event(event)
 
 
-def _reconnect(board: Board, link: Transport, owned: bool, exc: Exception, max_outage_s: float) -> Transport:
+class _Outage:
+    """Retryable failures in a row: the wait before each new try (0, 1, 2, 4 ... 10 s) and the limit."""
+
+    def __init__(self, board: Board, max_s: float) -> None:
+        self.board, self.max_s = board, max_s
+        self.since: float | None = None
+        self.delay = 0.0
+
+    def wait(self, exc: Exception) -> None:
+        """Sleep before the next try; DeviceUnreachable once the failures span ``max_s``."""
+        now = time.monotonic()
+        if self.since is None:
+            self.since, self.delay = now, 0.0
+        if now + self.delay - self.since > self.max_s:
+            raise DeviceUnreachable(
+                f"board {self.board.name}: unreachable for {self.max_s:.0f} s: {exc}"
+            ) from exc
+        time.sleep(self.delay)
+        self.delay = min(max(2 * self.delay, 1.0), 10.0)
+
+    def over(self) -> None:
+        """A try succeeded: the next failure starts a new outage."""
+        self.since = None
+
+
+def _reconnect(board: Board, link: Transport, owned: bool, exc: Exception, outage: _Outage) -> Transport:
     log.warning("board %s: %s; reconnecting", board.name, exc)
     if owned:
         link.close()
-    deadline, delay = time.monotonic() + max_outage_s, 1.0
     while True:
+        outage.wait(exc)
         try:
             link = connect(board)
             log.info("board %s: reconnected", board.name)
             return link
         except DeviceUnreachable as again:
-            if time.monotonic() + delay > deadline:
-                raise DeviceUnreachable(
-                    f"board {board.name}: unreachable for {max_outage_s:.0f} s: {again}"
-                ) from again
-            time.sleep(delay)
-            delay = min(delay * 2, 10.0)
+            exc = again
 
 
 def _final(result: JobResult) -> JobResult:

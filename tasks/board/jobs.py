@@ -8,11 +8,11 @@ import posixpath
 import secrets
 from typing import Any
 
-from device_agent.protocol import NEVER_RETRY, ExitCode, JobResult, JobSpec, SpecError, valid_job_id
+from device_agent.protocol import ExitCode, JobResult, JobSpec, SpecError, valid_job_id
 from tasks.board.agent import agent_argv
 from tasks.board.inventory import Board
 from tasks.board.transport import Transport
-from tasks.errors import InvalidJob, RemoteCommandFailed
+from tasks.errors import InvalidJob, RemoteCommandFailed, agent_exit_retryable
 
 
 def job_dir(board: Board, job_id: str) -> str:
@@ -66,7 +66,7 @@ def resumable(result: JobResult | None) -> bool:
     """True when the job must (re)start: no result yet, cancelled, or failed for a retryable cause."""
     if result is None:
         return True
-    return result.status != "finished" and not (result.status == "failed" and result.exit_code in NEVER_RETRY)
+    return result.status != "finished" and agent_exit_retryable(result.exit_code)
 
 
 def job_status(conn: Transport, board: Board, job_id: str) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from device_agent.protocol import ExitCode
 from tasks.board import agent, jobs, run
 from tasks.board.inventory import Board
 from tasks.board.transport import LocalTransport, connect
-from tasks.errors import DeviceIncompatible, TrainingFailed, ValidationFailed
+from tasks.errors import DeviceIncompatible, HostExit, TrainingFailed, ValidationFailed
 from tests.agent.test_bad_inputs import DATA_CASES
 
 
@@ -37,7 +37,7 @@ def test_host_refuses_bad_training_data_before_upload(digits_recipe, prepared_di
     with pytest.raises(ValidationFailed) as info:
         check_data(recipe, prepared_digits.manifest)
     assert info.value.check == "data_fits_model" and "data.train" in str(info.value)
-    assert info.value.exit_code == 5
+    assert info.value.exit_code == HostExit.VALIDATION
 
 
 def test_unknown_board_is_named_with_its_exit_code(tmp_path: Path) -> None:
@@ -46,7 +46,7 @@ def test_unknown_board_is_named_with_its_exit_code(tmp_path: Path) -> None:
     env = os.environ | {"ODL_HOME": str(tmp_path)}
     argv = [sys.executable, "-m", "flows.cli", "run", "recipes/digits.toml", "--board", "nosuchboard"]
     proc = subprocess.run(argv, env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 7, proc.stderr
+    assert proc.returncode == HostExit.BOARD, proc.stderr
     assert "nosuchboard" in proc.stderr and "odl: error:" in proc.stderr
     assert not (tmp_path / "prepared").exists() and not (tmp_path / "runs").exists()
 
@@ -114,7 +114,7 @@ def test_incompatible_board_is_refused_before_anything_is_uploaded(
             want = "without the training API"
         with pytest.raises(DeviceIncompatible, match=want) as info:
             run.drive_job(conn, board, spec, files)
-        assert info.value.exit_code == 11 and not info.value.retryable
+        assert info.value.exit_code == HostExit.INCOMPATIBLE and not info.value.retryable
         assert conn.run(["ls", "-A", board.root]).stdout.split() == ["agent"]  # no blobs/, no jobs/
     finally:
         conn.close()

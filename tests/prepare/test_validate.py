@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from flows.cli import main
-from tasks.errors import ValidationFailed
+from tasks.errors import HostExit, ValidationFailed
 from tasks.prepare import prepare
 from tasks.prepare.validate import validate
 from tests.prepare.kit import tiny_recipe
@@ -100,9 +100,15 @@ def test_cli_prepare_exit_codes(tmp_path, capsys):
     recipe = str(PROJECT_ROOT / "recipes" / "embedded_loss.toml")
     assert main(["prepare", recipe, "--out", str(tmp_path / "ok"), "--set", "training.batch_size=8"]) == 0
     assert "validation passed" in capsys.readouterr().out
-    assert main(["prepare", recipe, "--out", str(tmp_path / "bad"), "--set", "optimizer.kind=adam"]) == 2
+    assert (
+        main(["prepare", recipe, "--out", str(tmp_path / "bad"), "--set", "optimizer.kind=adam"])
+        == HostExit.RECIPE
+    )
     assert "recipe field 'optimizer.kind'" in capsys.readouterr().err
-    assert main(["prepare", recipe, "--out", str(tmp_path / "nl"), "--set", "optimizer.lr=1e-30"]) == 5
+    assert (
+        main(["prepare", recipe, "--out", str(tmp_path / "nl"), "--set", "optimizer.lr=1e-30"])
+        == HostExit.VALIDATION
+    )
     assert "validation check 'loss_falls' failed" in capsys.readouterr().err
 
 
