@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from device_agent.protocol import Event
-from tasks.board import jobs, run
+from tasks.board import blobs, jobs, run
 from tasks.board.inventory import Board
 from tasks.board.retrieve import retrieve
 from tasks.board.transport import connect
@@ -37,9 +37,9 @@ def test_deploy_train_retrieve_digits(
     try:
         # the session's board may already hold some blobs (the same data from another test): only
         # the others travel
-        blobs = f"{virtual_board.root}/blobs"
-        conn.run(["rm", "-f", f"{blobs}/{spec.train_data.blob.sha256}"])  # at least the data travels
-        missing = {sha for sha in files if not conn.exists(f"{blobs}/{sha}")}
+        blob_dir = f"{virtual_board.root}/blobs"
+        conn.run(["rm", "-f", f"{blob_dir}/{spec.train_data.blob.sha256}"])  # at least the data travels
+        missing = {sha for sha in files if not conn.exists(f"{blob_dir}/{sha}")}
         report, result = run.drive_job(conn, virtual_board, spec, files, events.append)
         assert missing and sorted(report.uploaded) == sorted(missing)
         assert report.bytes_sent == sum(files[sha].stat().st_size for sha in missing) > 0
