@@ -1,4 +1,4 @@
-"""``python3 -m device_agent [--root ROOT] info|validate|run|start|status|cancel``.
+"""``python3 -m device_agent [--root ROOT] info|blobs|put-blob|validate|run|start|status|cancel``.
 
 Stdout carries JSON lines only; human logs go to stderr and ``JOBDIR/agent.log``. The process
 exit status is a :class:`~device_agent.protocol.ExitCode` (see README.md for the table).
@@ -59,8 +59,24 @@ def cmd_info(args: argparse.Namespace) -> int:
     from device_agent.sysinfo import board_info
 
     info = board_info(args.root)
-    emit(info)
-    return ExitCode.OK if info["training_api"] else ExitCode.NO_TRAINING_API
+    emit(info.to_dict())
+    return ExitCode.OK if info.training_api else ExitCode.NO_TRAINING_API
+
+
+def cmd_blobs(args: argparse.Namespace) -> int:
+    """List ROOT/blobs (sha256 -> size) and its free bytes; remove uploads cut off 10 min ago."""
+    from device_agent.blobstore import list_blobs
+
+    emit(list_blobs(args.root).to_dict())
+    return ExitCode.OK
+
+
+def cmd_put_blob(args: argparse.Namespace) -> int:
+    """Verify an upload's sha256 and rename it into ROOT/blobs/SHA256 (read-only)."""
+    from device_agent.blobstore import put_blob
+
+    emit(put_blob(args.root, args.tmp, args.sha256).to_dict())
+    return ExitCode.OK
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -188,8 +204,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-COMMANDS = {"info": cmd_info, "validate": cmd_validate, "run": cmd_run, "start": cmd_start,
-            "status": cmd_status, "cancel": cmd_cancel}  # fmt: skip
+COMMANDS = {"info": cmd_info, "blobs": cmd_blobs, "put-blob": cmd_put_blob, "validate": cmd_validate,
+            "run": cmd_run, "start": cmd_start, "status": cmd_status, "cancel": cmd_cancel}  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -202,6 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--root", type=Path, default=None, help="agent root (default $ODL_ROOT or ~/odl)")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="versions, training API, RAM and disk as one JSON object")
+    sub.add_parser("blobs", help=(cmd_blobs.__doc__ or "").split("\n")[0])
+    put = sub.add_parser("put-blob", help=(cmd_put_blob.__doc__ or "").split("\n")[0])
+    put.add_argument("tmp", help="the upload: ROOT/blobs/.tmp-SHA256-HEX")
+    put.add_argument("sha256", help="the hash it must have (its name in ROOT/blobs)")
     for name in ("validate", "run", "start", "status", "cancel"):
         sub.add_parser(name, help=(COMMANDS[name].__doc__ or "").split("\n")[0]).add_argument("jobdir")
     return parser
@@ -219,5 +239,6 @@ def main(argv: list[str] | None = None) -> int:
         return int(COMMANDS[args.command](args))
     except AgentError as exc:
         log.error("%s", exc)
-        emit({"job_id": getattr(args, "jobdir", None) and Path(args.jobdir).name, **exc.to_dict()})
+        job = {"job_id": Path(args.jobdir).name} if getattr(args, "jobdir", None) else {}
+        emit({**job, **exc.to_dict()})
         return int(exc.code)

@@ -14,7 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from device_agent.errors import AgentError
-from device_agent.protocol import BlobRef, DataRef, ExitCode, JobResult, JobSpec, SpecError, file_sha256
+from device_agent.protocol import (
+    VERSION_KEY,
+    BlobRef,
+    DataRef,
+    ExitCode,
+    JobResult,
+    JobSpec,
+    SpecError,
+    file_sha256,
+)
 from device_agent.sysinfo import free_disk_mb, meminfo_mb
 
 LOCK_FD_ENV = "ODL_AGENT_LOCK_FD"
@@ -94,7 +103,7 @@ def load_spec(job: JobDir) -> JobSpec:
     try:
         spec = JobSpec.from_json(job.spec_file.read_text())
     except SpecError as exc:
-        code = ExitCode.PROTOCOL_MISMATCH if exc.field == "protocol" else ExitCode.INVALID_SPEC
+        code = ExitCode.PROTOCOL_MISMATCH if exc.field == VERSION_KEY else ExitCode.INVALID_SPEC
         raise AgentError(code, f"job.json: {exc}", exc.field) from exc
     if spec.job_id != job.path.name:
         raise AgentError(

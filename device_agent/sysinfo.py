@@ -8,9 +8,8 @@ import resource
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
-from device_agent.protocol import AGENT_VERSION, PROTOCOL_VERSION
+from device_agent.protocol import AGENT_VERSION, PROTOCOL_VERSION, VERSION_KEY, BoardInfo
 
 FAKE_MEM_ENV = "ODL_AGENT_FAKE_MEM_MB"
 
@@ -69,33 +68,33 @@ def versions() -> dict[str, str]:
         ort_version = f"missing ({exc})"
     return {
         "agent": AGENT_VERSION,
-        "protocol": str(PROTOCOL_VERSION),
+        VERSION_KEY: str(PROTOCOL_VERSION),
         "python": platform.python_version(),
         "numpy": numpy.__version__,
         "onnxruntime": ort_version,
     }
 
 
-def board_info(root: Path) -> dict[str, Any]:
+def board_info(root: Path) -> BoardInfo:
     """The ``info`` answer: versions, training API status, RAM, disk, CPUs, machine."""
     from device_agent.ort import training_api_status
 
     ok, err = training_api_status()
     vers = versions()
     mem = meminfo_mb()
-    return {
-        "protocol_version": PROTOCOL_VERSION,
-        "agent_version": AGENT_VERSION,
-        "python_version": vers["python"],
-        "numpy_version": vers["numpy"],
-        "ort_version": vers["onnxruntime"],
-        "training_api": ok,
-        "training_api_error": err,
-        "mem_total_mb": mem["total_mb"],
-        "mem_available_mb": mem["available_mb"],
-        "disk_free_mb": free_disk_mb(root),
-        "root": str(root),
-        "cpu_count": os.cpu_count() or 1,
-        "machine": platform.machine(),
-        "torch_loaded": bool(sys.modules.get("torch")),
-    }
+    return BoardInfo(
+        protocol_version=PROTOCOL_VERSION,
+        agent_version=AGENT_VERSION,
+        python_version=vers["python"],
+        numpy_version=vers["numpy"],
+        ort_version=vers["onnxruntime"],
+        training_api=ok,
+        training_api_error=err,
+        mem_total_mb=mem["total_mb"],
+        mem_available_mb=mem["available_mb"],
+        disk_free_mb=free_disk_mb(root),
+        root=str(root),
+        cpu_count=os.cpu_count() or 1,
+        machine=platform.machine(),
+        torch_loaded=bool(sys.modules.get("torch")),
+    )

@@ -9,10 +9,9 @@ import logging
 import posixpath
 import secrets
 from pathlib import Path
-from typing import Any
 
 import device_agent
-from device_agent.protocol import PROTOCOL_VERSION
+from device_agent.protocol import PROTOCOL_VERSION, VERSION_KEY, BoardInfo, SpecError
 from tasks.board.inventory import Board
 from tasks.board.transport import Transport
 from tasks.errors import DeviceIncompatible
@@ -46,7 +45,7 @@ def agent_argv(board: Board, *args: str) -> list[str]:
     ]
 
 
-def install_agent(conn: Transport, board: Board, memory_estimate_mb: float = 0.0) -> dict[str, Any]:
+def install_agent(conn: Transport, board: Board, memory_estimate_mb: float = 0.0) -> BoardInfo:
     """Install the agent when its hash differs, then check ``info``; DeviceIncompatible on mismatch."""
     want = agent_hash()
     stamp = posixpath.join(board.root, "agent", ".agent-hash")
@@ -78,44 +77,55 @@ def _upload_agent(conn: Transport, board: Board, digest: str) -> None:
     log.info("board %s: installed device agent %s (%s)", board.name, device_agent.AGENT_VERSION, digest[:12])
 
 
-def agent_info(conn: Transport, board: Board) -> dict[str, Any]:
-    """The board's ``device_agent info`` answer as a dict."""
-    res = conn.run(agent_argv(board, "info"), check=False)
+def last_json_line(text: str) -> object:
+    """The agent's answer: the last line of its stdout parsed as JSON (None when there is none)."""
     try:
-        info = json.loads(res.stdout.strip().splitlines()[-1])
-    except (json.JSONDecodeError, IndexError) as exc:
+        return json.loads(text.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        return None
+
+
+def agent_info(conn: Transport, board: Board) -> BoardInfo:
+    """The board's ``device_agent info`` answer; DeviceIncompatible when it cannot be read.
+
+    An agent of another protocol version is refused as such, even when its answer has other fields.
+    """
+    res = conn.run(agent_argv(board, "info"), check=False)
+    raw = last_json_line(res.stdout)
+    if not isinstance(raw, dict):
         raise DeviceIncompatible(
-            f"board {board.name}: 'device_agent info' gave no JSON (exit {res.code}): {(res.stderr or res.stdout)[-500:]}"
-        ) from exc
-    if not isinstance(info, dict):
-        raise DeviceIncompatible(
-            f"board {board.name}: 'device_agent info' answered {info!r}, expected an object"
+            f"board {board.name}: 'device_agent info' gave no JSON object (exit {res.code}): "
+            f"{(res.stderr or res.stdout)[-500:]}"
         )
-    return info
+    try:
+        return BoardInfo.from_dict(raw)
+    except SpecError as exc:
+        if raw.get(VERSION_KEY) != PROTOCOL_VERSION:
+            raise DeviceIncompatible(
+                f"board {board.name} cannot run this job: agent protocol {raw.get(VERSION_KEY)!r}, "
+                f"host speaks {PROTOCOL_VERSION}"
+            ) from exc
+        raise DeviceIncompatible(
+            f"board {board.name}: 'device_agent info' answer is malformed: {exc}"
+        ) from exc
 
 
-def check_info(board: Board, info: dict[str, Any], memory_estimate_mb: float = 0.0) -> None:
+def check_info(board: Board, info: BoardInfo, memory_estimate_mb: float = 0.0) -> None:
     """Refuse a board whose protocol, ORT version, training API, RAM or disk cannot run the job."""
     problems = []
-    protocol = info.get("protocol_version", info.get("protocol"))
-    if protocol != PROTOCOL_VERSION:
-        problems.append(f"agent protocol {protocol!r}, host speaks {PROTOCOL_VERSION}")
-    if info.get("ort_version") != board.ort_version:
-        problems.append(f"onnxruntime {info.get('ort_version')!r}, inventory expects {board.ort_version}")
-    if not info.get("training_api"):
+    if info.protocol_version != PROTOCOL_VERSION:
+        problems.append(f"agent protocol {info.protocol_version}, host speaks {PROTOCOL_VERSION}")
+    if info.ort_version != board.ort_version:
+        problems.append(f"onnxruntime {info.ort_version!r}, inventory expects {board.ort_version}")
+    if not info.training_api:
         problems.append(
-            f"onnxruntime without the training API ({info.get('training_api_error', 'not importable')})"
+            f"onnxruntime without the training API ({info.training_api_error or 'not importable'})"
         )
-    free_mb = _num(info, "mem_available_mb")
-    if memory_estimate_mb and free_mb is not None and memory_estimate_mb > free_mb:
-        problems.append(f"job needs ~{memory_estimate_mb:.0f} MB RAM, board has {free_mb:.0f} MB available")
-    disk_mb = _num(info, "disk_free_mb")
-    if disk_mb is not None and disk_mb < 100:
-        problems.append(f"only {disk_mb:.0f} MB free disk under {board.root}")
+    if memory_estimate_mb and memory_estimate_mb > info.mem_available_mb:
+        problems.append(
+            f"job needs ~{memory_estimate_mb:.0f} MB RAM, board has {info.mem_available_mb:.0f} MB available"
+        )
+    if info.disk_free_mb < 100:
+        problems.append(f"only {info.disk_free_mb:.0f} MB free disk under {board.root}")
     if problems:
         raise DeviceIncompatible(f"board {board.name} cannot run this job: " + "; ".join(problems))
-
-
-def _num(info: dict[str, Any], key: str) -> float | None:
-    val = info.get(key)
-    return float(val) if isinstance(val, int | float) and not isinstance(val, bool) else None

@@ -1,39 +1,37 @@
 """Content-addressed upload of artifacts and data to a board's ``ROOT/blobs/<sha256>``.
 
 A blob the board already has (same sha256 and size) is skipped; a new one is written under a
-temporary name, its hash verified on the board, then renamed: a half-written file is never used.
+temporary name, then the agent's ``put-blob`` verifies its hash on the board and renames it: a
+half-written file is never used. The listing is the agent's ``blobs`` command, which also removes
+uploads a dropped link left behind. Both need the agent installed (``install_agent`` first).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import posixpath
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from device_agent.protocol import BLOBS_DIR, BlobListing, ExitCode, SpecError, blob_tmp_name, valid_blob_name
+from tasks.board.agent import agent_argv, last_json_line
 from tasks.board.inventory import Board
 from tasks.board.transport import ByteProgress, Transport
-from tasks.errors import DeviceError, DeviceIncompatible, DeviceUnreachable, TransferError
+from tasks.errors import (
+    DeviceError,
+    DeviceIncompatible,
+    DeviceUnreachable,
+    InvalidJob,
+    RemoteCommandFailed,
+    TransferError,
+    should_retry,
+)
 
 log = logging.getLogger(__name__)
 
-# Fixed helper programs run by the board's python (arguments are passed as argv, never inlined).
-LIST_BLOBS = (
-    "import os,sys,json,time\nd=sys.argv[1]\nos.makedirs(d,exist_ok=True)\n"
-    "for e in os.scandir(d):\n"  # half uploads of a dropped link, untouched for 10 min: never used, removed
-    "    if e.name.startswith('.tmp-') and e.stat().st_mtime<time.time()-600: os.unlink(e.path)\n"
-    "have={e.name:e.stat().st_size for e in os.scandir(d) if e.is_file() and len(e.name)==64}\n"
-    "st=os.statvfs(d)\nprint(json.dumps({'blobs':have,'free':st.f_bavail*st.f_frsize}))"
-)
 DISK_MARGIN = 16 * 2**20  # bytes kept free on the board beyond the blobs (job files, checkpoints)
-VERIFY_BLOB = (
-    "import hashlib,os,sys\ntmp,sha,final=sys.argv[1:4]\nh=hashlib.sha256()\n"
-    "with open(tmp,'rb') as f:\n    [h.update(b) for b in iter(lambda: f.read(1<<20), b'')]\n"
-    "if h.hexdigest()!=sha:\n    os.unlink(tmp); sys.exit(3)\nos.chmod(tmp,0o444)\nos.replace(tmp,final)"
-)
 
 
 @dataclass
@@ -53,9 +51,14 @@ def upload_blobs(
     retries: int = 3,
 ) -> UploadReport:
     """Upload the blobs the board lacks (by sha256 + size), verified on the board, renamed atomically."""
-    blobs = posixpath.join(board.root, "blobs")
-    listing = json.loads(conn.run([board.python, "-c", LIST_BLOBS, blobs]).stdout)
-    have, free = listing["blobs"], int(listing["free"])
+    for sha in files:
+        try:
+            valid_blob_name(sha)
+        except SpecError as exc:
+            raise InvalidJob(f"blob name {sha!r} refused: {exc}") from exc
+    blobs = posixpath.join(board.root, BLOBS_DIR)
+    listing = board_blobs(conn, board)
+    have, free = listing.blobs, listing.free
     report = UploadReport()
     total = sum(Path(p).stat().st_size for sha, p in files.items() if have.get(sha) != Path(p).stat().st_size)
     if total + DISK_MARGIN > free:
@@ -89,32 +92,47 @@ def _offset_progress(progress: ByteProgress | None, base: int, total: int) -> By
     return lambda done, _size: progress(base + done, total)
 
 
+def board_blobs(conn: Transport, board: Board) -> BlobListing:
+    """The agent's ``blobs`` answer: what ``ROOT/blobs`` holds and the free bytes there."""
+    argv = agent_argv(board, "blobs")
+    res = conn.run(argv)
+    try:
+        return BlobListing.from_dict(last_json_line(res.stdout))
+    except SpecError as exc:
+        raise RemoteCommandFailed(argv, res.code, f"unreadable answer ({exc}): {res.stdout}") from exc
+
+
 def _upload_one(
     conn: Transport, board: Board, sha: str, path: Path, retries: int, progress: ByteProgress | None
 ) -> None:
-    blobs = posixpath.join(board.root, "blobs")
+    """Upload one blob; a retryable failure (transfer, hash mismatch) is tried again on this link."""
+    blobs = posixpath.join(board.root, BLOBS_DIR)
     for attempt in range(1, retries + 1):
-        tmp = posixpath.join(blobs, f".tmp-{sha}-{secrets.token_hex(4)}")
+        tmp = posixpath.join(blobs, blob_tmp_name(sha, secrets.token_hex(4)))
         try:
             conn.put(path, tmp, progress)
-            res = conn.run(
-                [board.python, "-c", VERIFY_BLOB, tmp, sha, posixpath.join(blobs, sha)], check=False
-            )
-            if res.code == 0:
-                return
-            err = TransferError(
-                f"board {board.name}: blob {sha[:12]} ({path.name}) hash mismatch after upload"
-            )
-        except (TransferError, DeviceUnreachable) as exc:
-            err = exc
-            with contextlib.suppress(DeviceError):  # the link may be gone: LIST_BLOBS cleans up later
+            _put_blob(conn, board, tmp, sha, path)
+            return
+        except DeviceError as exc:
+            with contextlib.suppress(DeviceError):  # the link may be gone: 'blobs' cleans up later
                 conn.run(["rm", "-f", tmp], check=False)
-            if isinstance(exc, DeviceUnreachable):
-                raise
             if "No space left" in str(exc):
                 raise DeviceIncompatible(
                     f"board {board.name}: disk full (no space left on device) under {blobs} "
                     f"while uploading {path.name}; the partial blob was removed"
                 ) from exc
+            if isinstance(exc, DeviceUnreachable) or not should_retry(exc):
+                raise  # an unreachable board is retried by the caller, on a new connection
+            err = exc
         log.warning("upload of %s failed (attempt %d/%d): %s", path.name, attempt, retries, err)
     raise err
+
+
+def _put_blob(conn: Transport, board: Board, tmp: str, sha: str, path: Path) -> None:
+    """The agent's ``put-blob``: TransferError when the upload's hash is not ``sha``."""
+    argv = agent_argv(board, "put-blob", tmp, sha)
+    res = conn.run(argv, check=False)
+    if res.code == ExitCode.BLOB_MISMATCH:
+        raise TransferError(f"board {board.name}: blob {sha[:12]} ({path.name}) hash mismatch after upload")
+    if res.code != 0:
+        raise RemoteCommandFailed(argv, res.code, res.stderr or res.stdout)

@@ -3,13 +3,12 @@ and idempotently, the agent started detached, its ``status`` and ``result.json``
 
 from __future__ import annotations
 
-import json
 import posixpath
 import secrets
 from typing import Any
 
 from device_agent.protocol import ExitCode, JobResult, JobSpec, SpecError, valid_job_id
-from tasks.board.agent import agent_argv
+from tasks.board.agent import agent_argv, last_json_line
 from tasks.board.inventory import Board
 from tasks.board.transport import Transport
 from tasks.errors import InvalidJob, RemoteCommandFailed, agent_exit_retryable
@@ -72,7 +71,7 @@ def resumable(result: JobResult | None) -> bool:
 def job_status(conn: Transport, board: Board, job_id: str) -> dict[str, Any]:
     """The agent's ``status`` answer for the job (state: pending/running/interrupted/finished/...)."""
     res = conn.run(agent_argv(board, "status", job_dir(board, job_id)), check=False, timeout=60)
-    try:
-        return json.loads(res.stdout.strip().splitlines()[-1])
-    except (json.JSONDecodeError, IndexError):
-        return {"state": "unknown", "exit_code": res.code, "error": (res.stderr or res.stdout)[-500:]}
+    answer = last_json_line(res.stdout)
+    if isinstance(answer, dict):
+        return answer
+    return {"state": "unknown", "exit_code": res.code, "error": (res.stderr or res.stdout)[-500:]}

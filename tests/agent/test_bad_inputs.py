@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from device_agent.protocol import BlobRef, DataRef, ExitCode
+from device_agent.protocol import PROTOCOL_VERSION, BlobRef, DataRef, ExitCode
 
 SHA0 = "0" * 64
 
@@ -28,7 +28,18 @@ def _set(d: dict, path: str, value: object) -> None:
 SPEC_CASES = [  # (path in job.json, new value or KeyError to delete, code, text in the message)
     ("job_id", "other", ExitCode.INVALID_SPEC, "field 'job_id'"),
     ("job_id", "../x", ExitCode.INVALID_SPEC, "field 'job_id'"),
-    ("protocol", 99, ExitCode.PROTOCOL_MISMATCH, "field 'protocol': expected protocol version 1"),
+    (
+        "protocol_version",
+        99,
+        ExitCode.PROTOCOL_MISMATCH,
+        f"field 'protocol_version': expected protocol version {PROTOCOL_VERSION} (got 99)",
+    ),
+    (
+        "protocol_version",
+        KeyError,
+        ExitCode.PROTOCOL_MISMATCH,
+        "field 'protocol_version': expected an integer",
+    ),
     ("artifacts.checkpoint", KeyError, ExitCode.INVALID_SPEC, "field 'artifacts.checkpoint'"),
     (
         "artifacts.eval_model.sha256",
@@ -77,6 +88,20 @@ def test_invalid_json_and_missing_job(agent_board):
     assert run.code == ExitCode.INVALID_SPEC and "valid JSON" in run.last["error"]
     gone = agent_board.run("run", str(agent_board.job_dir("nope")))
     assert gone.code == ExitCode.JOB_NOT_FOUND
+
+
+def test_job_of_protocol_1_is_a_version_mismatch(agent_board, digits_job):
+    spec, _ = digits_job("oldjob")
+    raw = spec.to_dict()
+    del raw["protocol_version"]
+    raw["protocol"] = 1  # how protocol 1 spelled the version in job.json
+    jdir = agent_board.write_raw("oldjob", raw)
+    for command in ("validate", "start"):
+        run = agent_board.run(command, str(jdir))
+        assert run.code == ExitCode.PROTOCOL_MISMATCH, (command, run.out, run.err)
+        assert (
+            f"'protocol_version': expected protocol version {PROTOCOL_VERSION} (got 1)" in run.last["error"]
+        )
 
 
 def test_corrupt_and_missing_artifacts(agent_board, digits_job):

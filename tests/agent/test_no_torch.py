@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 
+from device_agent.protocol import PROTOCOL_VERSION, BoardInfo
 from tasks.paths import PROJECT_ROOT
 
 SCRIPT = """
@@ -25,10 +26,11 @@ def test_board_venv_has_no_torch(board_python):
 def test_info_reports_versions_and_training_api(agent_board):
     run = agent_board.run("info")
     assert run.code == 0, run.err
-    info = run.last
-    assert info["training_api"] is True and info["ort_version"] == "1.19.2"
-    assert info["protocol_version"] == 1 and info["mem_available_mb"] > 0 and info["disk_free_mb"] > 0
-    assert info["torch_loaded"] is False and info["cpu_count"] >= 1
+    info = BoardInfo.from_dict(run.last)
+    assert info.to_dict() == run.last  # the typed answer holds every field the agent sent
+    assert info.training_api is True and info.ort_version == "1.19.2"
+    assert info.protocol_version == PROTOCOL_VERSION and info.mem_available_mb > 0 and info.disk_free_mb > 0
+    assert info.torch_loaded is False and info.cpu_count >= 1
 
 
 def test_run_prepared_digits_without_torch_or_prefect(agent_board, digits_job):

@@ -50,7 +50,7 @@ def test_event_log_cuts_torn_line_and_continues_seq(tmp_path):
     log.emit("step", step=1, loss=0.5)
     log.close()
     with open(path, "a") as fh:
-        fh.write('{"v": 1, "type": "step", "seq": 2, "da')  # a write cut by a power loss
+        fh.write('{"protocol_version": 2, "type": "step", "seq": 2, "da')  # a write cut by a power loss
     log = EventLog(path, "j")
     log.emit("step", step=2, loss=0.4)
     log.close()

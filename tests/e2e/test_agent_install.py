@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from device_agent.protocol import PROTOCOL_VERSION, BoardInfo
 from tasks.board import agent
 from tasks.board.inventory import Board
 from tasks.board.transport import connect
@@ -23,8 +24,10 @@ def test_agent_installed_once_and_info_checked(virtual_board: Board) -> None:
     stamp = posixpath.join(virtual_board.root, "agent", ".agent-hash")
     try:
         info = agent.install_agent(conn, virtual_board)
-        assert info["protocol_version"] == 1 and info["ort_version"] == "1.19.2" and info["training_api"]
-        assert info["torch_loaded"] is False
+        assert (
+            info.protocol_version == PROTOCOL_VERSION and info.ort_version == "1.19.2" and info.training_api
+        )
+        assert info.torch_loaded is False
         assert conn.run(["cat", stamp]).stdout.strip() == agent.agent_hash()
         mtime = conn.run(["stat", "-c", "%Y.%Z", stamp]).stdout
         conn.run(["sh", "-c", "sleep 1.1"])
@@ -40,14 +43,17 @@ def test_agent_installed_once_and_info_checked(virtual_board: Board) -> None:
 
 
 def test_check_info_names_each_problem(virtual_board: Board) -> None:
-    info = {"protocol_version": 2, "ort_version": "1.19.2", "training_api": False,
-            "training_api_error": "No module named 'onnxruntime.training'", "mem_available_mb": 300.0,
-            "disk_free_mb": 50.0}  # fmt: skip
+    info = BoardInfo(
+        protocol_version=PROTOCOL_VERSION + 1, agent_version="9.0", python_version="3.11.2", numpy_version="2.0",
+        ort_version="1.19.2", training_api=False, training_api_error="No module named 'onnxruntime.training'",
+        mem_total_mb=4000.0, mem_available_mb=300.0, disk_free_mb=50.0, root=virtual_board.root, cpu_count=2,
+        machine="aarch64", torch_loaded=False,
+    )  # fmt: skip
     with pytest.raises(DeviceIncompatible) as err:
         agent.check_info(virtual_board, info, memory_estimate_mb=900)
     msg = str(err.value)
-    for part in ("agent protocol 2, host speaks 1", "without the training API", "needs ~900 MB RAM, board has 300 MB",
-                 "only 50 MB free disk"):  # fmt: skip
+    for part in (f"agent protocol {PROTOCOL_VERSION + 1}, host speaks {PROTOCOL_VERSION}", "without the training API",
+                 "needs ~900 MB RAM, board has 300 MB", "only 50 MB free disk"):  # fmt: skip
         assert part in msg
 
 
@@ -63,7 +69,7 @@ def test_ram_capped_single_cpu_board_refuses_a_big_job(virtual_board_home: Path)
         try:
             assert conn.run(["sh", "-c", "echo $ODL_AGENT_FAKE_MEM_MB"]).stdout.strip() == "64"
             assert conn.run(["nproc"]).stdout.strip() == "1"
-            assert agent.install_agent(conn, board, memory_estimate_mb=32)["mem_available_mb"] == 64
+            assert agent.install_agent(conn, board, memory_estimate_mb=32).mem_available_mb == 64
             with pytest.raises(DeviceIncompatible, match="needs ~200 MB RAM, board has 64 MB available"):
                 agent.install_agent(conn, board, memory_estimate_mb=200)
         finally:

@@ -165,6 +165,7 @@ def test_link_cut_during_upload_fails_retryably_then_the_retry_lands_a_whole_blo
 
     conn = connect(virtual_board)
     try:
+        agent.install_agent(conn, virtual_board)  # blobs are listed and verified by the agent
         with pytest.raises((TransferError, DeviceUnreachable)) as info:
             blobs.upload_blobs(conn, virtual_board, {sha: big}, progress)
     finally:

@@ -13,6 +13,7 @@ import pytest
 from device_agent.protocol import BlobRef, DataRef, JobSpec, TrainParams
 from tasks import stages
 from tasks.board import follow, jobs
+from tasks.board.agent import install_agent
 from tasks.board.blobs import upload_blobs
 from tasks.board.inventory import Board
 from tasks.board.transport import connect
@@ -66,6 +67,7 @@ def test_upload_sends_only_what_the_board_lacks(virtual_board: Board, tmp_path: 
     files = dict([_blob(tmp_path, 1_500_000), _blob(tmp_path, 10)])
     conn = connect(virtual_board)
     try:
+        install_agent(conn, virtual_board)  # blobs are listed and verified by the agent
         seen: list[tuple[int, int]] = []
         first = upload_blobs(conn, virtual_board, files, progress=lambda d, t: seen.append((d, t)))
         assert first.bytes_sent == 1_500_010 and sorted(first.uploaded) == sorted(files) and not first.skipped
@@ -85,6 +87,7 @@ def test_wrong_size_blob_is_replaced_and_bad_hash_never_lands(virtual_board: Boa
     blobs = posixpath.join(virtual_board.root, "blobs")
     conn = connect(virtual_board)
     try:
+        install_agent(conn, virtual_board)
         upload_blobs(conn, virtual_board, {})  # creates blobs/
         conn.run(["sh", "-c", 'head -c 1000 /dev/zero > "$1"', "sh", posixpath.join(blobs, sha)])
         report = upload_blobs(conn, virtual_board, {sha: path})

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from device_agent.protocol import ExitCode
+from device_agent.protocol import PROTOCOL_VERSION, ExitCode
 from tasks.board import agent, jobs, run
 from tasks.board.inventory import Board
 from tasks.board.transport import LocalTransport, connect
@@ -106,8 +106,10 @@ def test_incompatible_board_is_refused_before_anything_is_uploaded(
         if problem == "protocol":  # an agent from another release: same files but PROTOCOL_VERSION 99
             agent.install_agent(conn, board)
             proto = posixpath.join(board.root, "agent", "device_agent", "protocol.py")
-            conn.run(["sed", "-i", "s/^PROTOCOL_VERSION = 1$/PROTOCOL_VERSION = 99/", proto])
-            want = "agent protocol 99, host speaks 1"
+            conn.run(
+                ["sed", "-i", f"s/^PROTOCOL_VERSION = {PROTOCOL_VERSION}$/PROTOCOL_VERSION = 99/", proto]
+            )
+            want = f"agent protocol 99, host speaks {PROTOCOL_VERSION}"
         else:
             venv = Path(f"/var/tmp/odl-faults-numpy-only-{os.getpid()}")
             board = dataclasses.replace(board, python=_numpy_only_python(board_python, venv))

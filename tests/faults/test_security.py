@@ -16,7 +16,7 @@ from tasks.board import agent, blobs, jobs, run
 from tasks.board.inventory import Board, get_board, valid_board_name
 from tasks.board.retrieve import retrieve
 from tasks.board.transport import LocalTransport
-from tasks.errors import BoardError, DeviceError, RecipeError, RemoteCommandFailed
+from tasks.errors import BoardError, DeviceError, InvalidJob, RecipeError, RemoteCommandFailed, TransferError
 from tasks.recipe.load import parse_recipe
 from tests.prepare.kit import BASE, merge
 
@@ -42,6 +42,28 @@ def test_board_dataset_path_cannot_climb_out_of_the_root(tmp_path: Path, path: s
     with pytest.raises(RecipeError) as info:
         parse_recipe(merge(BASE, {"data": {"train": None, "board_train": path}}), tmp_path / "r.toml")
     assert info.value.field == "data.board_train"
+
+
+@pytest.mark.parametrize("name", [*EVIL, "A" * 64, "0" * 63])
+def test_blob_names_that_are_not_a_sha256_are_refused_before_anything_runs(
+    local_board: Board, tmp_path: Path, name: str
+) -> None:
+    src = tmp_path / "payload"
+    src.write_text(SECRET)
+    before = sorted(Path(local_board.root).rglob("*"))
+    with pytest.raises(InvalidJob, match="blob name"):
+        blobs.upload_blobs(LocalTransport(), local_board, {name: src})
+    assert sorted(Path(local_board.root).rglob("*")) == before
+    assert not list(Path.cwd().glob("MARK")) and not (tmp_path / "MARK").exists()
+
+
+def test_an_upload_whose_hash_differs_never_lands(local_board: Board, tmp_path: Path) -> None:
+    src = tmp_path / "payload"
+    src.write_text(SECRET)
+    liar = "f" * 64
+    with pytest.raises(TransferError, match="hash mismatch after upload"):
+        blobs.upload_blobs(LocalTransport(), local_board, {liar: src}, retries=2)
+    assert os.listdir(posixpath.join(local_board.root, "blobs")) == []
 
 
 def _job(conn: LocalTransport, board: Board, digits_job, job_id: str, **train) -> str:

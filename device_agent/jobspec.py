@@ -1,0 +1,216 @@
+"""What the host sends: ``job.json`` (:class:`JobSpec`) and its parts. Import these names from
+:mod:`device_agent.protocol`, which re-exports them."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from device_agent.protocol import (
+    ARTIFACT_KEYS,
+    PROTOCOL_VERSION,
+    TASKS,
+    VERSION_KEY,
+    SpecError,
+    check_version,
+    get_field,
+    parse_json,
+    reject_unknown,
+    typed_fields,
+    valid_blob_name,
+    valid_job_id,
+)
+
+
+@dataclass(frozen=True)
+class BlobRef:
+    """A file held under ``blobs/<sha256>`` on the board."""
+
+    sha256: str
+    size: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sha256": self.sha256, "size": self.size}
+
+    @classmethod
+    def from_dict(cls, d: object, where: str) -> BlobRef:
+        if not isinstance(d, dict):
+            raise SpecError(where, "an object with sha256 and size", d)
+        reject_unknown(d, {"sha256", "size"}, where)
+        sha = valid_blob_name(get_field(d, "sha256", str, where), f"{where}.sha256")
+        size = get_field(d, "size", int, where)
+        if size < 0:
+            raise SpecError(f"{where}.size", "a size >= 0", size)
+        return cls(sha, size)
+
+
+@dataclass(frozen=True)
+class DataRef:
+    """A dataset for the board: a blob (uploaded by the host) or a path already on the board.
+
+    ``format`` is ``npz`` (arrays ``x`` and ``y``) or ``image-folder`` (class subfolders).
+    ``path`` is absolute or relative to the agent root; it is only used when ``blob`` is None.
+    """
+
+    format: str
+    blob: BlobRef | None = None
+    path: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "blob": self.blob.to_dict() if self.blob else None,
+            "path": self.path,
+        }
+
+    @classmethod
+    def from_dict(cls, d: object, where: str) -> DataRef:
+        if not isinstance(d, dict):
+            raise SpecError(where, "an object with format and blob or path", d)
+        reject_unknown(d, {"format", "blob", "path"}, where)
+        fmt = get_field(d, "format", str, where)
+        if fmt not in ("npz", "image-folder"):
+            raise SpecError(f"{where}.format", "'npz' or 'image-folder'", fmt)
+        blob_d = d.get("blob")
+        blob = BlobRef.from_dict(blob_d, f"{where}.blob") if blob_d is not None else None
+        path = get_field(d, "path", str, where, None)
+        if (blob is None) == (path is None):
+            raise SpecError(where, "exactly one of 'blob' or 'path'", d)
+        if fmt == "image-folder" and blob is not None:
+            raise SpecError(f"{where}.blob", "a 'path' on the board for image-folder datasets", blob_d)
+        return cls(fmt, blob, path)
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    """What the recipe tells the training loop."""
+
+    batch_size: int
+    epochs: int
+    lr: float
+    warmup_steps: int = 0
+    final_lr_ratio: float = 0.0  # linear decay from lr to lr*final_lr_ratio at the last step
+    checkpoint_every: int = 0  # steps; 0 = only at epoch ends
+    log_every: int = 1  # emit a 'step' event every N steps
+    seed: int = 0
+    max_steps: int = 0  # 0 = epochs * steps_per_epoch; > 0 stops early (for dry runs)
+    drop_last: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: object, where: str = "train") -> TrainParams:
+        if not isinstance(d, dict):
+            raise SpecError(where, "an object", d)
+        reject_unknown(d, {f.name for f in dataclasses.fields(cls)}, where)
+        p = cls(**typed_fields(cls, d, where))
+        p.check(where)
+        return p
+
+    def check(self, where: str = "train") -> None:
+        """Raise SpecError on values that make no sense."""
+        if self.batch_size < 1:
+            raise SpecError(f"{where}.batch_size", "an integer >= 1", self.batch_size)
+        if self.epochs < 1:
+            raise SpecError(f"{where}.epochs", "an integer >= 1", self.epochs)
+        if not (self.lr > 0 and self.lr < float("inf")):
+            raise SpecError(f"{where}.lr", "a finite number > 0", self.lr)
+        for name in ("warmup_steps", "checkpoint_every", "max_steps"):
+            if getattr(self, name) < 0:
+                raise SpecError(f"{where}.{name}", "an integer >= 0", getattr(self, name))
+        if self.log_every < 1:
+            raise SpecError(f"{where}.log_every", "an integer >= 1", self.log_every)
+        if not 0.0 <= self.final_lr_ratio <= 1.0:
+            raise SpecError(f"{where}.final_lr_ratio", "a number in [0, 1]", self.final_lr_ratio)
+
+
+JOB_KEYS = {VERSION_KEY, "job_id", "recipe_name", "artifacts", "train_data", "eval_data", "train", "task",
+            "output_names", "feeds", "memory_estimate_mb", "num_classes"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """``job.json``: everything the agent needs to run one training job."""
+
+    job_id: str
+    artifacts: dict[str, BlobRef]  # keys: ARTIFACT_KEYS
+    train_data: DataRef
+    train: TrainParams
+    task: str  # one of TASKS: decides metrics (accuracy for classification/binary)
+    output_names: tuple[str, ...]  # graph outputs kept by export_model_for_inferencing
+    eval_data: DataRef | None = None
+    feeds: dict[str, str] = field(default_factory=dict)  # model input name -> npz key
+    memory_estimate_mb: float = 0.0
+    recipe_name: str = ""
+    num_classes: int = 0  # classification: labels must be < num_classes (0 = take it from the model)
+    protocol_version: int = PROTOCOL_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            VERSION_KEY: self.protocol_version,
+            "job_id": self.job_id,
+            "recipe_name": self.recipe_name,
+            "artifacts": {k: v.to_dict() for k, v in self.artifacts.items()},
+            "train_data": self.train_data.to_dict(),
+            "eval_data": self.eval_data.to_dict() if self.eval_data else None,
+            "train": self.train.to_dict(),
+            "task": self.task,
+            "output_names": list(self.output_names),
+            "feeds": dict(self.feeds),
+            "memory_estimate_mb": self.memory_estimate_mb,
+            "num_classes": self.num_classes,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: object) -> JobSpec:
+        if not isinstance(d, dict):
+            raise SpecError("job", "a JSON object", type(d).__name__)
+        version = check_version(d, "")
+        reject_unknown(d, JOB_KEYS, "")
+        job_id = valid_job_id(d.get("job_id"))
+        arts = get_field(d, "artifacts", dict, "")
+        missing = [k for k in ARTIFACT_KEYS if k not in arts]
+        if missing:
+            raise SpecError(f"artifacts.{missing[0]}", "a blob reference", None)
+        reject_unknown(arts, set(ARTIFACT_KEYS), "artifacts")
+        artifacts = {k: BlobRef.from_dict(arts[k], f"artifacts.{k}") for k in ARTIFACT_KEYS}
+        eval_d = d.get("eval_data")
+        task = get_field(d, "task", str, "")
+        if task not in TASKS:
+            raise SpecError("task", " or ".join(repr(t) for t in TASKS), task)
+        outs = get_field(d, "output_names", list, "")
+        if not outs or not all(isinstance(o, str) and o for o in outs):
+            raise SpecError("output_names", "a non-empty list of output names", outs)
+        feeds = get_field(d, "feeds", dict, "", {})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in feeds.items()):
+            raise SpecError("feeds", "a mapping of input name to npz key (strings)", feeds)
+        mem = get_field(d, "memory_estimate_mb", (int, float), "", 0.0)
+        if mem < 0:
+            raise SpecError("memory_estimate_mb", "a number >= 0", mem)
+        num_classes = get_field(d, "num_classes", int, "", 0)
+        if num_classes < 0:
+            raise SpecError("num_classes", "an integer >= 0 (0 = unknown)", num_classes)
+        return cls(
+            job_id=job_id,
+            artifacts=artifacts,
+            train_data=DataRef.from_dict(d.get("train_data"), "train_data"),
+            eval_data=DataRef.from_dict(eval_d, "eval_data") if eval_d is not None else None,
+            train=TrainParams.from_dict(d.get("train"), "train"),
+            task=task,
+            output_names=tuple(outs),
+            feeds=dict(feeds),
+            memory_estimate_mb=float(mem),
+            recipe_name=get_field(d, "recipe_name", str, "", ""),
+            num_classes=num_classes,
+            protocol_version=version,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSpec:
+        return cls.from_dict(parse_json(text, "job", "valid JSON"))
