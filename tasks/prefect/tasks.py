@@ -20,15 +20,10 @@ from prefect.cache_policies import CacheKeyFnPolicy
 
 from tasks import stages
 from tasks.board.inventory import Board
-from tasks.errors import PipelineError
+from tasks.errors import should_retry
 from tasks.prefect.progress import BoardProgress, terminal
 from tasks.prepare import Prepared
 from tasks.recipe.schema import Recipe
-
-
-def should_retry(exc: BaseException) -> bool:
-    """Whether a failed task is worth another try."""
-    return isinstance(exc, PipelineError) and exc.retryable
 
 
 def retry_if_retryable(task: Any, task_run: Any, state: Any) -> bool:
