@@ -30,7 +30,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.errors import RegistryError
+from tasks.board.inventory import valid_board_name
+from tasks.errors import BoardError, RegistryError
+from tasks.recipe.load import NAME_RE as RECIPE_NAME_RE
 from tasks.recipe.schema import PromotionSpec
 
 log = logging.getLogger(__name__)
@@ -38,7 +40,6 @@ log = logging.getLogger(__name__)
 LOWER_IS_BETTER = frozenset(
     {"loss", "mse", "mae", "latency_ms_per_sample", "latency_ms_batch1", "model_size_bytes"}
 )
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 VERSION_RE = re.compile(r"^v(\d{4,})$")
 
 
@@ -127,10 +128,14 @@ class Registry:
         self.root = Path(root)
 
     def entry(self, recipe: str, board: str) -> Path:
-        """The folder of one recipe+board pair (names are validated, never used raw in paths)."""
-        for what, name in (("recipe", recipe), ("board", board)):
-            if not NAME_RE.match(name):
-                raise RegistryError(f"{what} name {name!r}: expected 1-64 chars of [a-z0-9_-]")
+        """The folder of one recipe+board pair (names are validated by the recipe's and the
+        inventory's own rules, never used raw in paths)."""
+        if not isinstance(recipe, str) or not RECIPE_NAME_RE.match(recipe):
+            raise RegistryError(f"recipe name {recipe!r}: expected 1-64 chars of [a-z0-9_-]")
+        try:
+            valid_board_name(board)
+        except BoardError as exc:
+            raise RegistryError(str(exc)) from exc
         return self.root / f"{recipe}-{board}"
 
     def versions(self, recipe: str, board: str) -> list[Version]:

@@ -72,6 +72,11 @@ def test_bad_names_and_broken_pointer(tmp_path, model):
     reg = Registry(tmp_path)
     with pytest.raises(RegistryError, match="board name '../x'"):
         reg.entry("digits", "../x")
+    for board in ("under_score", "x" * 21):  # the inventory's one rule, not the recipe names' rule
+        with pytest.raises(RegistryError, match="expected 1-20 chars of \\[a-z0-9-\\]"):
+            reg.entry("digits", board)
+    with pytest.raises(RegistryError, match="recipe name"):
+        reg.entry("Digits", "b")
     reg.entry("d", "b").mkdir(parents=True)
     (reg.entry("d", "b") / "current").write_text("v0042\n")
     with pytest.raises(RegistryError, match="not a recorded version"):
