@@ -73,7 +73,7 @@ def _info(args: argparse.Namespace) -> int:
     board = get_board(args.name)
     conn = connect(board)
     try:
-        print(json.dumps(install_agent(conn, board), indent=2))
+        print(json.dumps(install_agent(conn, board).to_dict(), indent=2))
     finally:
         conn.close()
     return 0
