@@ -11,6 +11,7 @@ import flows.stack  # noqa: F401 - registers StackError, the one PipelineError o
 from device_agent.protocol import EXIT_HELP, NEVER_RETRY, ExitCode
 from tasks import errors
 from tasks.errors import HOST_EXIT_HELP, HostExit, PipelineError
+from tasks.paths import PROJECT_ROOT
 
 
 def _error_classes() -> list[type[PipelineError]]:
@@ -49,6 +50,8 @@ def test_docstring_table_matches_the_enum() -> None:
     name_of = {cls.exit_code: cls.__name__ for cls in _error_classes()}
     rows = [line for line in doc.splitlines() if re.match(r"^\| \d+ \|", line)]
     assert rows == [f"| {int(c)} | `{c.name}` | `{name_of[c]}` | {HOST_EXIT_HELP[c]} |" for c in HostExit]
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    assert [line for line in readme.splitlines() if re.match(r"^\| \d+ \|", line)] == rows
 
 
 @pytest.mark.parametrize(
