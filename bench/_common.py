@@ -71,7 +71,7 @@ def odl_home(home: Path) -> Iterator[Path]:
 @contextlib.contextmanager
 def virtual_board(prefix: str) -> Iterator[Any]:
     """A throw-away virtual board (own sshd, user, netns) in the current ODL_HOME; purged at the end."""
-    from tasks.vboard.board import board_down, board_up
+    from tasks.vboard.lifecycle import board_down, board_up
 
     name = f"{prefix}{os.getpid() % 100000}"
     board = board_up(name, venv=BOARD_VENV)

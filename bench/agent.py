@@ -70,7 +70,7 @@ print(json.dumps({"samples_per_s": steps * bs / dt, "seconds": dt, "peak_rss_mb"
 def bench_recipe(recipe_file: str, steps: int, python: Path) -> dict:
     """Agent vs bare loop on one recipe; returns the figures."""
     from tasks.prepare import prepare
-    from tasks.prepare.jobspec import build_job_spec
+    from tasks.prepare.board_job import build_job_spec
     from tasks.recipe.load import load_recipe
 
     recipe = load_recipe(PROJECT_ROOT / "recipes" / recipe_file)

@@ -42,7 +42,7 @@ def prepare_once() -> Any:
 
 def measure_batch(prepared: Any, batch: int, python: Path, max_steps: int) -> dict[str, Any]:
     """Validation's estimate and the agent's measured peak at one batch size."""
-    from tasks.prepare.jobspec import build_job_spec
+    from tasks.prepare.board_job import build_job_spec
     from tasks.recipe.load import load_recipe
 
     recipe = load_recipe(RECIPE, {"training.batch_size": batch, "training.epochs": 1})

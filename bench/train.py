@@ -78,7 +78,7 @@ print(json.dumps({"samples_per_s": steps * bs / dt, "seconds": dt, "peak_rss_mb"
 def agent_job(recipe_file: str, steps: int) -> tuple[Any, dict[str, Path], Path, Any]:
     """Prepare the recipe (cached) and build a one-epoch job of ``steps`` steps on tiled data."""
     from tasks.prepare import prepare
-    from tasks.prepare.jobspec import build_job_spec
+    from tasks.prepare.board_job import build_job_spec
     from tasks.recipe.load import load_recipe
 
     recipe = load_recipe(PROJECT_ROOT / "recipes" / recipe_file)

@@ -121,7 +121,7 @@ def main() -> int:
 
 def run_on_virtual_board(tmp: Path, src: Path, args: argparse.Namespace) -> dict:
     """Bring up a throw-away virtual board in its own ODL_HOME, measure, purge it."""
-    from tasks.vboard.board import board_down, board_up
+    from tasks.vboard.lifecycle import board_down, board_up
 
     os.environ["ODL_HOME"] = str(tmp / "home")
     name = f"bench{os.getpid() % 100000}"

@@ -109,7 +109,7 @@ def agent_board(board_python: Path, tmp_path: Path) -> AgentBoard:
 @pytest.fixture(scope="session")
 def digits_job(digits_recipe, prepared_digits):
     """A factory: ``digits_job(job_id, **train_overrides) -> (JobSpec, files)`` from odl prepare."""
-    from tasks.prepare.jobspec import build_job_spec
+    from tasks.prepare.board_job import build_job_spec
 
     def make(job_id: str, **train: Any) -> tuple[JobSpec, dict[str, Path]]:
         spec, files = build_job_spec(digits_recipe, prepared_digits, job_id)

@@ -46,7 +46,7 @@ def virtual_board_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def virtual_board(virtual_board_home: Path) -> Iterator:
     """A virtual board for the whole session; torn down (user, netns, sshd) at the end."""
-    from tasks.vboard.board import board_down, board_up
+    from tasks.vboard.lifecycle import board_down, board_up
 
     if os.geteuid() != 0:
         pytest.skip("the virtual board needs root (useradd, ip netns, sshd)")

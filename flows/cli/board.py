@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from tasks.vboard.board import board_up
+    from tasks.vboard.lifecycle import board_up
 
     b = board_up(args.name, mem_mb=args.mem_mb, cpus=args.cpus, netns=not args.loopback)
     print(
@@ -41,14 +41,14 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    from tasks.vboard.board import board_down
+    from tasks.vboard.lifecycle import board_down
 
     print(json.dumps(board_down(args.name, purge=args.purge)))
     return 0
 
 
 def _status(args: argparse.Namespace) -> int:
-    from tasks.vboard.board import board_status
+    from tasks.vboard.lifecycle import board_status
 
     status = board_status(args.name)
     print(json.dumps(status, indent=2))

@@ -180,6 +180,6 @@ def prepared(inp: Inputs) -> Prepared:
 
 def job_spec(inp: Inputs, prep: Prepared, job: str) -> tuple[JobSpec, dict[str, Path]]:
     """The board's job spec for ``job`` and the local files it needs, keyed by sha256."""
-    from tasks.prepare.jobspec import build_job_spec
+    from tasks.prepare.board_job import build_job_spec
 
     return build_job_spec(inp.recipe, prep, job)

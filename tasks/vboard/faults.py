@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from tasks.errors import BoardError
-from tasks.vboard.board import board_dir, load_state
+from tasks.vboard.lifecycle import board_dir, load_state
 from tasks.vboard.sshd import read_pid, sh, start_sshd, stop_pidfile
 
 

@@ -16,7 +16,7 @@ from tests.fixtures_agent import AgentBoard
 @pytest.fixture
 def logits_job(digits_recipe, prepared_digits):
     """Jobs on odl prepare's artifacts, whose train/eval graphs also output the logits."""
-    from tasks.prepare.jobspec import build_job_spec
+    from tasks.prepare.board_job import build_job_spec
 
     def make(job_id: str, **train):
         spec, files = build_job_spec(digits_recipe, prepared_digits, job_id)

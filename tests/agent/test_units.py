@@ -60,7 +60,7 @@ def test_event_log_cuts_torn_line_and_continues_seq(tmp_path):
 
 
 def test_build_job_spec_maps_recipe_and_manifest(digits_recipe, prepared_digits):
-    from tasks.prepare.jobspec import build_job_spec
+    from tasks.prepare.board_job import build_job_spec
 
     spec, files = build_job_spec(digits_recipe, prepared_digits, "unit-1", max_steps=7)
     assert JobSpec.from_json(spec.to_json()) == spec
@@ -80,7 +80,7 @@ def test_build_job_spec_maps_recipe_and_manifest(digits_recipe, prepared_digits)
 def test_build_job_spec_errors(digits_recipe, prepared_digits):
     from dataclasses import replace
 
-    from tasks.prepare.jobspec import build_job_spec
+    from tasks.prepare.board_job import build_job_spec
 
     with pytest.raises(RecipeError, match="job_id"):
         build_job_spec(digits_recipe, prepared_digits, "../evil")

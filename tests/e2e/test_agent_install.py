@@ -59,7 +59,7 @@ def test_check_info_names_each_problem(virtual_board: Board) -> None:
 
 @pytest.mark.slow
 def test_ram_capped_single_cpu_board_refuses_a_big_job(virtual_board_home: Path) -> None:
-    from tasks.vboard.board import board_down, board_up
+    from tasks.vboard.lifecycle import board_down, board_up
 
     name = f"m{os.getpid()}"
     with odl_home_env(virtual_board_home):

@@ -239,7 +239,7 @@ def test_link_cut_during_download_leaves_no_file_then_retrieve_succeeds(
 def small_disk_board(virtual_board: Board, virtual_board_home: Path):
     """The virtual board with its agent root on a 40 MB tmpfs owned by the board user (mounted in
     the board's mount namespace: ``ip netns exec`` gave sshd its own)."""
-    from tasks.vboard.board import board_dir
+    from tasks.vboard.lifecycle import board_dir
 
     with odl_home_env(virtual_board_home):
         sshd_pid = (board_dir(virtual_board.name) / "sshd.pid").read_text().strip()

@@ -28,7 +28,7 @@ def assert_events_complete(events: list[Event], job_id: str) -> None:
 def test_deploy_train_retrieve_digits(
     virtual_board: Board, prepared_digits, digits_recipe, tmp_path: Path
 ) -> None:
-    from tasks.prepare.jobspec import build_job_spec
+    from tasks.prepare.board_job import build_job_spec
 
     job_id = f"digits-e2e-{os.getpid()}"
     spec, files = build_job_spec(digits_recipe, prepared_digits, job_id)

@@ -36,7 +36,7 @@ def _board_events(conn, board: Board, job_id: str) -> list[Event]:
 def test_link_cut_during_training_reconnects_and_loses_nothing(
     virtual_board: Board, virtual_board_home: Path, prepared_digits, digits_recipe, caplog
 ) -> None:
-    from tasks.prepare.jobspec import build_job_spec
+    from tasks.prepare.board_job import build_job_spec
     from tasks.vboard.faults import set_link
 
     job_id = f"digits-cut-{os.getpid()}"

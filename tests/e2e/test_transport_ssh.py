@@ -83,7 +83,7 @@ def test_put_get_exists_read_from(virtual_board: Board, tmp_path: Path) -> None:
 
 
 def test_board_up_is_idempotent(virtual_board: Board, virtual_board_home: Path) -> None:
-    from tasks.vboard.board import board_status, board_up
+    from tasks.vboard.lifecycle import board_status, board_up
 
     with odl_home_env(virtual_board_home):
         before = board_status(virtual_board.name)
