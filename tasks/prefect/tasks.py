@@ -39,12 +39,12 @@ RETRY = {"retries": 2, "retry_delay_seconds": 5, "retry_condition_fn": retry_if_
 
 
 def _cached_step(step: str) -> Any:
-    """Cache on the input hash (which covers the preparation code too) while the step's output is
-    on disk; with nothing on disk (new inputs, a removed folder) the key is None and the task runs."""
+    """Cache on the input hash (which covers the preparation code too); :func:`prepare_step`
+    refreshes the cache when the step's output is not on disk."""
 
-    def key(_ctx: Any, params: dict[str, Any]) -> str | None:
+    def key(_ctx: Any, params: dict[str, Any]) -> str:
         inp: stages.Inputs = params["inp"]
-        return f"{step}-{inp.key}" if stages.step_done(inp, step) else None
+        return f"{step}-{inp.key}"
 
     return {"cache_policy": CacheKeyFnPolicy(cache_key_fn=key), "persist_result": True}
 
@@ -126,3 +126,13 @@ def promote(
 ) -> stages.Promotion:
     """Record the candidate in the registry; it becomes current only if it beats the reference."""
     return stages.promote(recipe, board, evaluation, candidate, prep, info)
+
+
+PREPARE_STEPS = {"export": export, "artifacts": generate_artifacts, "validate": validate}
+
+
+def prepare_step(step: str, inp: stages.Inputs) -> Any:
+    """Run one cached preparation task: ``Cached`` when its output for these inputs is on disk,
+    run again (and re-cached) when it is not (new inputs, a removed folder)."""
+    refresh = not stages.step_done(inp, step)
+    return PREPARE_STEPS[step].with_options(refresh_cache=refresh)(inp)

@@ -19,16 +19,21 @@ def test_only_retryable_errors_are_retried():
     assert not verdict(ValueError("bug")) and not retry_if_retryable(None, None, Completed(data=1))
 
 
-def test_cached_steps_key_on_the_inputs_only_while_their_output_exists(tmp_path, monkeypatch, digits_recipe):
+def test_cached_steps_key_on_the_inputs_and_refresh_when_the_output_is_gone(
+    tmp_path, monkeypatch, digits_recipe
+):
     from tasks import stages
     from tasks.prefect import tasks as pt
 
     monkeypatch.setenv("ODL_HOME", str(tmp_path))
     stages.prepare_data(digits_recipe)
     inp = stages.inputs(digits_recipe)
-    key_fn = pt.export.cache_policy.cache_key_fn
-    assert key_fn(None, {"inp": inp}) is None  # nothing exported yet: the task must run
+    assert pt.export.cache_policy.cache_key_fn(None, {"inp": inp}) == f"export-{inp.key}"
+    calls = []
+    monkeypatch.setattr(type(pt.export), "with_options", lambda self, **kw: calls.append(kw) or (lambda i: i))
+    pt.prepare_step("export", inp)
     stages.export(inp)
-    assert key_fn(None, {"inp": inp}) == f"export-{inp.key}"
+    pt.prepare_step("export", inp)
     (inp.folder / ".done-export").unlink()
-    assert key_fn(None, {"inp": inp}) is None
+    pt.prepare_step("export", inp)
+    assert [c["refresh_cache"] for c in calls] == [True, False, True]
