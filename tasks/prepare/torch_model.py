@@ -2,16 +2,27 @@
 
 ``module:callable`` references resolve first against ``module.py`` in the recipe's folder, then
 against the import path, so recipes and their model files can be copied together anywhere.
+
+While a recipe's module loads and while its callables run (model, ``[data].make``, custom loss),
+the recipe's folder is first on ``sys.path`` (:func:`recipe_import_path`), so ``mymodel.py`` may
+import a sibling package (``from vision.ssd import Net`` with ``vision/`` beside the recipe).
+Siblings stay cached in ``sys.modules`` for later calls from the same folder; a recipe from another
+folder first drops them, so its own ``vision`` package is imported, not the first recipe's. A
+sibling named like a module imported outside any recipe (``torch``, ``tasks``) is that module:
+give siblings distinct names.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import importlib
 import importlib.util
 import logging
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +31,60 @@ from tasks.recipe.schema import Recipe
 
 log = logging.getLogger(__name__)
 
+_PATH_LOCK = threading.RLock()  # sys.path and sys.modules are process-wide
+_SIBLINGS: dict[str, Path] = {}  # top-level module name -> the recipe folder it was imported from
+_FILE_PREFIX = "_odl_recipe_"  # sys.modules names of recipe files loaded by path (unique per path)
+
+
+@contextlib.contextmanager
+def recipe_import_path(base_dir: Path) -> Iterator[None]:
+    """Put ``base_dir`` first on ``sys.path`` for the block; restore ``sys.path`` exactly afterwards.
+
+    Siblings cached from another recipe folder are dropped on entry; the top-level modules the
+    block imports from ``base_dir`` are remembered as this folder's siblings on exit.
+    """
+    base = Path(base_dir).resolve()
+    with _PATH_LOCK:
+        _drop_siblings(keep=base)
+        saved_path, before = list(sys.path), set(sys.modules)
+        sys.path.insert(0, str(base))
+        try:
+            yield
+        finally:
+            sys.path[:] = saved_path
+            if base not in {Path(p or ".").resolve() for p in saved_path}:  # else not the recipe's own
+                _remember_siblings(base, before)
+
+
+def _drop_siblings(keep: Path) -> None:
+    """Forget the modules (and submodules) imported from recipe folders other than ``keep``."""
+    for top in [t for t, folder in _SIBLINGS.items() if folder != keep]:
+        del _SIBLINGS[top]
+        for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+            del sys.modules[name]
+
+
+def _remember_siblings(base: Path, before: set[str]) -> None:
+    """Record the new top-level modules imported from a file or package in ``base`` (not :func:`_load_file`'s)."""
+    for top in {n.partition(".")[0] for n in list(sys.modules) if n not in before} - before:
+        if top.startswith(_FILE_PREFIX):
+            continue
+        module = sys.modules.get(top)
+        places = [getattr(module, "__file__", None), *(getattr(module, "__path__", None) or ())]
+        if any(p and Path(p).resolve().parent == base for p in places):
+            _SIBLINGS[top] = base
+
 
 def load_ref(base_dir: Path, ref: str, field: str = "model.callable") -> Callable[..., Any]:
-    """Return the callable named by ``module:callable``, importing ``base_dir/module.py`` if it exists."""
+    """Return the callable named by ``module:callable``, importing ``base_dir/module.py`` if it exists.
+
+    The module is imported, and the returned callable runs, under :func:`recipe_import_path`.
+    """
     module_name, _, attr = ref.partition(":")
     local = Path(base_dir) / (module_name.replace(".", "/") + ".py")
     try:
-        module = _load_file(local) if local.is_file() else importlib.import_module(module_name)
+        with recipe_import_path(base_dir):
+            module = _load_file(local) if local.is_file() else importlib.import_module(module_name)
     except ImportError as exc:
         raise RecipeError(
             field, f"an importable module '{module_name}' (next to the recipe or installed)", str(exc)
@@ -34,12 +92,23 @@ def load_ref(base_dir: Path, ref: str, field: str = "model.callable") -> Callabl
     func = getattr(module, attr, None)
     if not callable(func):
         raise RecipeError(field, f"a callable named '{attr}' in module '{module_name}'", ref)
-    return func
+    return _on_recipe_path(base_dir, func)
+
+
+def _on_recipe_path(base_dir: Path, func: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``func`` so each call runs under :func:`recipe_import_path` (its lazy imports find siblings)."""
+
+    @functools.wraps(func, updated=())
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with recipe_import_path(base_dir):
+            return func(*args, **kwargs)
+
+    return call
 
 
 def _load_file(path: Path) -> Any:
     """Import a module from a file under a name unique to its path (cached in sys.modules)."""
-    name = f"_odl_recipe_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]}_{path.stem}"
+    name = f"{_FILE_PREFIX}{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]}_{path.stem}"
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
