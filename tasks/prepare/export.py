@@ -1,17 +1,22 @@
 """Export the recipe's PyTorch model to ONNX in training mode (the input of ``generate_artifacts``).
 
 Per FACTS.md: the TorchScript exporter (``dynamo=False``) with ``training=TRAINING``,
-``do_constant_folding=False``, ``export_params=True``, opset 17 and a dynamic batch axis, on a copy
-of the model (tracing in training mode would update BatchNorm running statistics). The exporter's
-deprecation warnings and C++ chatter are captured and logged at DEBUG level.
+``do_constant_folding=False``, ``export_params=True``, opset 17 and a dynamic batch axis. It traces
+the caller's model itself, not a deep copy (a module holding a lock, a file or a module object
+cannot be copied, nor can torchvision's MNASNet): every parameter and buffer value (BatchNorm running
+statistics included), each module's ``training`` flag and BatchNorm momentum are restored afterwards,
+also when the export fails. The exporter's warnings, C++ chatter and the TorchScript graph it prints
+on stdout when it fails are captured and logged at DEBUG level; a failure becomes one ModelError
+line naming the operator, the module that uses it and what to change.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
+import dataclasses
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -31,26 +36,47 @@ OPSET = 17
 EXAMPLE_BATCH = 2
 
 
+@dataclasses.dataclass
+class Captured:
+    """What a :func:`quiet_output` block wrote to its file descriptors (filled when the block ends)."""
+
+    text: str = ""
+
+
 @contextlib.contextmanager
-def quiet_stderr(what: str) -> Iterator[None]:
-    """Capture Python warnings and everything written to fd 2; log it at DEBUG afterwards."""
-    sys.stderr.flush()
-    saved = os.dup(2)
+def quiet_output(what: str, fds: tuple[int, ...] = (1, 2)) -> Iterator[Captured]:
+    """Capture Python warnings and everything written to ``fds``; log it at DEBUG afterwards."""
+    streams = [s for s in (sys.stdout, sys.stderr) if s is not None]
+    for stream in streams:
+        stream.flush()
+    saved = {fd: os.dup(fd) for fd in fds}
+    captured = Captured()
     with tempfile.TemporaryFile(mode="w+b") as tmp, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        os.dup2(tmp.fileno(), 2)
+        for fd in fds:
+            os.dup2(tmp.fileno(), fd)
         try:
-            yield
+            yield captured
         finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
+            for stream in streams:
+                stream.flush()
+            for fd, kept in saved.items():
+                os.dup2(kept, fd)
+                os.close(kept)
             tmp.seek(0)
-            text = tmp.read().decode(errors="replace").strip()
-            msgs = [f"{w.category.__name__}: {w.message}" for w in caught]
-            log.debug("%s: %d warnings, %d bytes of stderr captured", what, len(msgs), len(text))
-            for line in [*dict.fromkeys(msgs), *text.splitlines()[-40:]]:
-                log.debug("%s: %s", what, line)
+            captured.text = tmp.read().decode(errors="replace").strip()
+            _log_captured(what, [f"{w.category.__name__}: {w.message}" for w in caught], captured.text)
+
+
+def quiet_stderr(what: str) -> contextlib.AbstractContextManager[Captured]:
+    """:func:`quiet_output` of fd 2 only."""
+    return quiet_output(what, (2,))
+
+
+def _log_captured(what: str, msgs: list[str], text: str) -> None:
+    log.debug("%s: %d warnings, %d bytes of output captured", what, len(msgs), len(text))
+    for line in [*dict.fromkeys(msgs), *text.splitlines()[-40:]]:
+        log.debug("%s: %s", what, line)
 
 
 def feed_keys(recipe: Recipe, input_names: list[str] | tuple[str, ...]) -> dict[str, str]:
@@ -103,31 +129,86 @@ def _outputs_of(model: Any, inputs: tuple[Any, ...], recipe: Recipe) -> list[Any
 
 
 def export_torch(recipe: Recipe, model: Any, path: Path) -> Path:
-    """Export ``model`` (left untouched) to ``path`` in training mode with a dynamic batch axis."""
+    """Export ``model`` (left as it was) to ``path`` in training mode with a dynamic batch axis."""
     import torch
 
-    names_in, names_out = recipe.model.input_names, recipe.model.output_names
-    inputs = tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in example_arrays(recipe, names_in))
-    work = copy.deepcopy(model).eval()
-    for m in work.modules():
-        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
-            m.momentum = 0.0  # tracing in training mode must not move the running statistics
+    inputs = tuple(
+        torch.from_numpy(np.ascontiguousarray(a)) for a in example_arrays(recipe, recipe.model.input_names)
+    )
+    with restored(model):
+        model.eval()
+        for m in model.modules():
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                m.momentum = 0.0  # tracing in training mode must not move the running statistics
+        _run_exporter(recipe, model, inputs, _batch_axes(recipe, model, inputs), path)
+    return path
+
+
+@contextlib.contextmanager
+def restored(model: Any) -> Iterator[None]:
+    """Give ``model`` back as it was when the block ends, also on an error.
+
+    Each module gets back its ``training`` flag, its ``momentum``, its own parameter and buffer
+    objects (one rebound in ``forward`` is put back) and the values they held (in-place updates
+    such as BatchNorm running statistics and ``num_batches_tracked`` are undone).
+    """
+    import torch
+
+    saved = [(m, _attrs(m), dict(m._parameters), dict(m._buffers)) for m in model.modules()]
+    tensors = [t for *_, ps, bs in saved for t in (*ps.values(), *bs.values()) if t is not None]
+    values = {id(t): (t, t.detach().clone()) for t in tensors}
     try:
-        outs = _outputs_of(work, inputs, recipe)
+        yield
+    finally:
+        with torch.no_grad():
+            for m, attrs, params, buffers in saved:
+                m.__dict__.update(attrs)
+                _put_back(m._parameters, params)
+                _put_back(m._buffers, buffers)
+            for tensor, value in values.values():
+                tensor.copy_(value)
+
+
+def _put_back(store: Any, saved: dict[str, Any]) -> None:
+    """Make a module's parameter or buffer dict hold exactly ``saved`` again (if ``forward`` changed it)."""
+    if len(store) != len(saved) or any(store.get(k) is not v for k, v in saved.items()):
+        store.clear()
+        store.update(saved)
+
+
+def _attrs(module: Any) -> dict[str, Any]:
+    """The plain attributes export changes: ``training`` and (BatchNorm's) ``momentum``."""
+    return {k: module.__dict__[k] for k in ("training", "momentum") if k in module.__dict__}
+
+
+def _batch_axes(recipe: Recipe, model: Any, inputs: tuple[Any, ...]) -> dict[str, dict[int, str]]:
+    """Dynamic batch axes of inputs and outputs, from one forward pass (RecipeError on a wrong shape)."""
+    try:
+        outs = _outputs_of(model, inputs, recipe)
     except (RuntimeError, ValueError, TypeError) as exc:
         raise RecipeError(
             "model.input_shape",
             "a shape the model accepts",
             f"{list(recipe.model.input_shape)}: {str(exc).splitlines()[0]}",
         ) from exc
-    axes = {
-        **_dynamic_axes(names_in, list(inputs), len(inputs[0])),
-        **_dynamic_axes(names_out, outs, len(inputs[0])),
+    batch = len(inputs[0])
+    return {
+        **_dynamic_axes(recipe.model.input_names, list(inputs), batch),
+        **_dynamic_axes(recipe.model.output_names, outs, batch),
     }
-    with quiet_stderr("torch.onnx.export"):
+
+
+def _run_exporter(
+    recipe: Recipe, model: Any, inputs: tuple[Any, ...], axes: dict[str, dict[int, str]], path: Path
+) -> None:
+    """Run the TorchScript exporter with stdout and stderr captured; ModelError (one line) if it fails."""
+    import torch
+
+    failure: Exception | None = None
+    with quiet_output("torch.onnx.export") as out:
         try:
             torch.onnx.export(
-                work,
+                model,
                 inputs,
                 str(path),
                 dynamo=False,
@@ -135,13 +216,76 @@ def export_torch(recipe: Recipe, model: Any, path: Path) -> Path:
                 do_constant_folding=False,
                 export_params=True,
                 opset_version=OPSET,
-                input_names=list(names_in),
-                output_names=list(names_out),
+                input_names=list(recipe.model.input_names),
+                output_names=list(recipe.model.output_names),
                 dynamic_axes=axes,
             )
         except Exception as exc:  # the exporter raises many types; all mean "cannot export"
-            raise ModelError(f"cannot export {recipe.model.ref} to ONNX: {str(exc).splitlines()[0]}") from exc
-    return path
+            failure = exc
+    if failure is not None:
+        raise ModelError(export_failure(recipe, failure, out.text)) from failure
+
+
+def export_failure(recipe: Recipe, exc: BaseException, dump: str) -> str:
+    """One line for an exporter failure: the operator, the module that uses it and what to change.
+
+    The failing node comes from the exporter's traceback, else from the TorchScript graph it printed
+    (``dump``): the first node of that operator, whose ``scope:`` names the module.
+    """
+    node = _failing_node(exc)
+    kind = node.kind() if node is not None else _kind_in_message(str(exc))
+    scope = node.scopeName() if node is not None else _scope_in_dump(kind, dump)
+    op, module = kind.rpartition("::")[2], _module_of(scope) if scope else ""
+    where = f"operator {op}" + (f" in {module}" if module else "") + ": " if op else ""
+    hint = _hint(recipe, exc, op, module.partition(" (")[0] or "the code that uses it")
+    return " ".join(f"cannot export {recipe.model.ref} to ONNX: {where}{_reason(exc)}; {hint}".split())
+
+
+def _failing_node(exc: BaseException) -> Any:
+    """The TorchScript node the exporter was converting when it failed (None if not in the traceback)."""
+    node, tb = None, exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "_run_symbolic_function":
+            node = tb.tb_frame.f_locals.get("node", node)
+        tb = tb.tb_next
+    return node
+
+
+def _kind_in_message(message: str) -> str:
+    """``aten::op`` named by an exporter error message, or ``""``."""
+    found = re.search(r"operator '([\w:.]+)'|export of operator (\w+)|namespace ([\w:.]+?)\.?\s", message)
+    name = next((g for g in found.groups() if g), "") if found else ""
+    return name if "::" in name or not name else f"aten::{name}"
+
+
+def _scope_in_dump(kind: str, dump: str) -> str:
+    """The ``scope:`` of the first ``kind`` node in a printed TorchScript graph, or ``""``."""
+    found = re.search(rf"= {re.escape(kind)}\(.*?, scope: (\S+)", dump) if kind else None
+    return found.group(1) if found else ""
+
+
+def _module_of(scope: str) -> str:
+    """``avgpool (AdaptiveAvgPool2d)`` from a scope ``...AlexNet::/...AdaptiveAvgPool2d::avgpool``."""
+    cls, _, name = scope.rpartition("/")[2].partition("::")
+    return f"{name or 'the forward of the model'} ({cls.rpartition('.')[2]})"
+
+
+def _reason(exc: BaseException) -> str:
+    """The exporter's first line without its boilerplate (issue-tracker plea, graph values)."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return re.split(r"\s*(?:Please feel free|\[Caused by|, try exporting with)", first)[0].rstrip(" .")
+
+
+def _hint(recipe: Recipe, exc: BaseException, op: str, module: str) -> str:
+    """What to change for this failure of ``op`` in ``module``."""
+    if op.startswith(("adaptive_avg_pool", "adaptive_max_pool")):
+        return (
+            f"use a model.input_shape whose feature map before {module} is a multiple of its output "
+            f"size (e.g. larger than {list(recipe.model.input_shape)})"
+        )
+    if "not supported" in str(exc) or "unrecognized namespace" in str(exc):
+        return f"rewrite {module} with operators ONNX opset {OPSET} supports, or replace that module"
+    return f"simplify or replace {module}; the exporter's output is logged at DEBUG level"
 
 
 def load_onnx(path: Path) -> Any:
