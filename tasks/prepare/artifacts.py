@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,8 @@ import onnx
 from tasks.errors import ArtifactError, RecipeError
 from tasks.hashing import file_sha256
 from tasks.prepare.export import check_onnx, feed_keys, load_onnx, quiet_stderr
-from tasks.prepare.trainable import resolve_trainable
+from tasks.prepare.fixups import apply_all, no_gradient_message
+from tasks.prepare.trainable import float_params, resolve_trainable
 from tasks.recipe.load import recipe_hash
 from tasks.recipe.schema import Recipe
 
@@ -195,7 +197,26 @@ def _run_generate(
                 additional_output_names=extra_outputs,
             )
         except Exception as exc:  # ORT raises RuntimeError, TypeError, onnx errors ...
-            raise ArtifactError(f"generate_artifacts failed: {str(exc).splitlines()[0]}") from exc
+            raise ArtifactError(_generate_failure(str(exc), model, trainable)) from exc
+
+
+def _generate_failure(error: str, model: onnx.ModelProto, trainable: list[str]) -> str:
+    """One line for a generate_artifacts failure, without ORT's C++ source positions."""
+    specific = no_gradient_message(error, model, trainable)
+    if specific:
+        return specific
+    text = error.strip().splitlines()[0] if error.strip() else ""
+    # ORT's text: "<file>.cc:<line> <C++ signature> [ONNXRuntimeError] : 1 : FAIL : <message>" or
+    # "<file>.h:<line> <C++ signature> <condition> was false. <message>": keep <message>
+    text = re.sub(r"^.*\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
+    text = re.sub(r"^\S+\.(cc|h|cpp):\d+ .*? was false\.", "", text).strip()
+    if re.search(r"\.(cc|h|cpp):\d+", text):
+        text = ""
+    what = text or "an internal check of ONNX Runtime failed"
+    return (
+        f"generate_artifacts could not build the training graph ({what}): try trainable parameters nearer "
+        "the outputs (trainable.strategy = 'classifier'); -v logs the exporter and ONNX Runtime output"
+    )
 
 
 def training_inputs(eval_model: onnx.ModelProto, params: set[str]) -> list[str]:
@@ -220,12 +241,17 @@ def generate(recipe: Recipe, model_onnx: Path, out_dir: Path, *, bn_fix: bool = 
     if Path(model_onnx).resolve() != local.resolve():
         shutil.copyfile(model_onnx, local)
     n_bn = fix_batchnorm(model) if bn_fix else 0
-    trainable, frozen, counts = resolve_trainable(recipe, model)
+    trainable, _, _ = resolve_trainable(recipe, model)
+    fixed = apply_all(model, trainable, batchnorm=recipe.trainable.batchnorm)
+    counts = float_params(model)
+    frozen = [n for n in counts if n not in set(trainable)]
     loss, loss_name = build_loss(recipe, model)
     _run_generate(model, trainable, frozen, loss, recipe, out_dir / "artifacts")
     for key in ("training_model", "eval_model", "optimizer_model"):
         check_board_loadable(onnx.load(str(out_dir / ARTIFACT_FILES[key])), f"generated {key}")
     manifest = _manifest(recipe, model, out_dir, trainable, frozen, counts, loss_name)
+    manifest["fixups"] = fixed.counts
+    manifest["batchnorm"] = recipe.trainable.batchnorm
     stale_bn = batchnorm_after_trainable(model, trainable)
     if stale_bn:
         manifest["warnings"].append(

@@ -1,8 +1,11 @@
 """Find parameters in an exported ONNX graph: trainable sets by name, pattern and strategy.
 
 Strategies walk the graph back from its outputs through producers (breadth first), never by
-exporter-generated names: ``classifier`` is the first Gemm or MatMul(+Add) reached, and
-``last-conv+classifier`` adds the first Conv reached from the classifier.
+exporter-generated names: ``classifier`` is the first Gemm, MatMul(+Add) or Conv with weights
+reached (a convolutional classifier such as SqueezeNet's ends in a Conv), and
+``last-conv+classifier`` adds the first Conv reached from the classifier together with the
+scale and bias of a BatchNormalization that directly follows it (an exporter that folds BN into
+the conv gives that conv a bias: the same parameters, as the wiki's ``onnx::Conv_691/692``).
 """
 
 from __future__ import annotations
@@ -53,10 +56,10 @@ def _param_inputs(node: onnx.NodeProto, params: dict[str, int]) -> list[str]:
 
 
 def find_classifier(model: onnx.ModelProto, params: dict[str, int]) -> tuple[list[str], onnx.NodeProto]:
-    """Parameters of the last Gemm / MatMul(+Add bias) before the outputs, and its node."""
+    """Parameters of the last Gemm / MatMul(+Add bias) / Conv before the outputs, and its node."""
     producer = {out: node for node in model.graph.node for out in node.output}
     for node in _walk_back(model, [o.name for o in model.graph.output]):
-        if node.op_type in ("Gemm", "MatMul") and _param_inputs(node, params):
+        if node.op_type in ("Gemm", "MatMul", "Conv") and _param_inputs(node, params):
             return _param_inputs(node, params), node
         if node.op_type == "Add" and _param_inputs(node, params):
             mm = next(
@@ -66,16 +69,27 @@ def find_classifier(model: onnx.ModelProto, params: dict[str, int]) -> tuple[lis
                 return _param_inputs(mm, params) + _param_inputs(node, params), mm
     raise RecipeError(
         "trainable.strategy",
-        "a model whose outputs come from a Gemm or MatMul layer with weights (strategy 'classifier')",
+        "a model whose outputs come from a Gemm, MatMul or Conv layer with weights (strategy 'classifier')",
         "no such layer found walking back from the outputs",
     )
 
 
 def find_last_conv(model: onnx.ModelProto, params: dict[str, int], start: onnx.NodeProto) -> list[str]:
-    """Parameters of the first Conv reached walking back from ``start``'s inputs."""
-    for node in _walk_back(model, list(start.input)):
-        if node.op_type == "Conv" and _param_inputs(node, params):
-            return _param_inputs(node, params)
+    """Parameters of the last Conv (in graph order) that ``start`` depends on, with its BatchNorm's.
+
+    Graph order, not walking distance: in DenseNet every layer of a block is one Concat away from
+    the classifier, and the last of them is the one nearest the output.
+    """
+    order = {n.output[0]: i for i, n in enumerate(model.graph.node)}
+    convs = [
+        n for n in _walk_back(model, list(start.input)) if n.op_type == "Conv" and _param_inputs(n, params)
+    ]
+    if convs:
+        node = max(convs, key=lambda n: order[n.output[0]])
+        bn = [
+            n for n in model.graph.node if n.op_type == "BatchNormalization" and n.input[0] == node.output[0]
+        ]
+        return _param_inputs(node, params) + [i for n in bn[:1] for i in n.input[1:3] if i in params]
     raise RecipeError(
         "trainable.strategy",
         "a model with a Conv layer before its classifier (strategy 'last-conv+classifier')",

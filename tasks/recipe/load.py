@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tasks.errors import RecipeError
 from tasks.recipe.schema import (
+    BATCHNORM_MODES,
     BUILTIN_LOSSES,
     OPTIMIZERS,
     STRATEGIES,
@@ -83,7 +84,10 @@ def _parse_trainable(t: Table) -> TrainableSpec:
     strategy = t.get("strategy", str, None)
     if strategy is not None and strategy not in STRATEGIES:
         raise t.err("strategy", " or ".join(repr(s) for s in STRATEGIES), strategy)
-    spec = TrainableSpec(strategy, t.strings("names"), t.strings("patterns"))
+    batchnorm = t.get("batchnorm", str, "frozen")
+    if batchnorm not in BATCHNORM_MODES:
+        raise t.err("batchnorm", " or ".join(repr(m) for m in BATCHNORM_MODES), batchnorm)
+    spec = TrainableSpec(strategy, t.strings("names"), t.strings("patterns"), batchnorm)
     if not (spec.strategy or spec.names or spec.patterns):
         raise t.err("strategy", "at least one of trainable.strategy, trainable.names, trainable.patterns")
     return spec
@@ -164,7 +168,7 @@ def parse_recipe(data: dict, source: Path) -> Recipe:
         task=task,
         source=Path(source).resolve(),
         model=_parse_model(table("model", MODEL_KEYS), base),
-        trainable=_parse_trainable(table("trainable", {"strategy", "names", "patterns"})),
+        trainable=_parse_trainable(table("trainable", {"strategy", "names", "patterns", "batchnorm"})),
         loss=_parse_loss(table("loss", {"kind"})),
         optimizer=_parse_optimizer(table("optimizer", {"kind", "lr", "weight_decay"}, False)),
         schedule=_parse_schedule(table("schedule", {"warmup_steps", "final_lr_ratio"}, False)),

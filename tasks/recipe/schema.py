@@ -24,6 +24,10 @@ Recipe TOML layout (every table and key; unknown keys are errors)::
     strategy = "last-conv+classifier"     # classifier | last-conv+classifier | all
     names = []                            # explicit parameter (initializer) names
     patterns = []                         # fnmatch globs over parameter names
+    batchnorm = "frozen"                  # frozen: every BatchNorm normalises with its running
+                                          #   statistics in training as at inference (its scale and
+                                          #   bias stay trainable when chosen) | batch-stats: ORT's
+                                          #   training graph normalises with batch statistics
 
     [loss]
     kind = "cross-entropy"                # mse | cross-entropy | bce-with-logits | l1 |
@@ -69,6 +73,7 @@ from typing import Any
 
 BUILTIN_LOSSES = ("mse", "cross-entropy", "bce-with-logits", "l1")
 STRATEGIES = ("classifier", "last-conv+classifier", "all")
+BATCHNORM_MODES = ("frozen", "batch-stats")
 OPTIMIZERS = ("adamw", "sgd")
 TASKS = ("classification", "binary", "regression", "embedded")
 
@@ -90,6 +95,7 @@ class TrainableSpec:
     strategy: str | None = None
     names: tuple[str, ...] = ()
     patterns: tuple[str, ...] = ()
+    batchnorm: str = "frozen"  # one of BATCHNORM_MODES
 
 
 @dataclass(frozen=True)

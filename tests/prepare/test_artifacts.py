@@ -61,31 +61,46 @@ def test_embedded_and_custom_losses(prepared_embedded, prepared_two_head):
 
 STRATEGIES = [
     ({"strategy": "classifier"}, ["head.weight", "head.bias"]),
-    ({"strategy": "last-conv+classifier"}, ["conv.weight", "conv.bias", "head.weight", "head.bias"]),
+    (
+        {"strategy": "last-conv+classifier"},  # the BatchNorm right after the conv comes along
+        ["conv.weight", "conv.bias", "bn.weight", "bn.bias", "head.weight", "head.bias"],
+    ),
     ({"strategy": "all"}, ["conv.weight", "conv.bias", "bn.weight", "bn.bias", "head.weight", "head.bias"]),
     ({"strategy": None, "patterns": ["bn.*"]}, ["bn.weight", "bn.bias"]),
     ({"strategy": None, "names": ["conv.weight"]}, ["conv.weight"]),
 ]
+SIZES = {"conv.weight": 36, "conv.bias": 4, "bn.weight": 4, "bn.bias": 4, "head.weight": 192, "head.bias": 3}
 
 
 @pytest.mark.parametrize(("trainable", "expected"), STRATEGIES, ids=lambda v: str(v))
-def test_trainable_strategies(tmp_path, trainable, expected):
-    _, manifest, _ = _prepare(tmp_path, {"trainable": trainable})
+def test_trainable_strategies_with_batch_statistics(tmp_path, trainable, expected):
+    _, manifest, _ = _prepare(tmp_path, {"trainable": {**trainable, "batchnorm": "batch-stats"}})
     assert sorted(manifest["trainable"]) == sorted(expected)
     assert "bn.running_mean" in manifest["frozen"] and not set(manifest["frozen"]) & set(expected)
     # a trainable conv feeds the BatchNorm, whose running statistics ORT training never updates
     stale_bn = [w for w in manifest["warnings"] if "BatchNorm" in w]
     assert bool(stale_bn) == ("conv.weight" in expected), manifest["warnings"]
-    sizes = {
-        "conv.weight": 36,
-        "conv.bias": 4,
-        "bn.weight": 4,
-        "bn.bias": 4,
-        "head.weight": 192,
-        "head.bias": 3,
-    }
-    assert manifest["trainable_count"] == sum(sizes[n] for n in expected)
-    assert manifest["frozen_count"] == sum(sizes.values()) + 8 - manifest["trainable_count"]
+    assert manifest["trainable_count"] == sum(SIZES[n] for n in expected)
+    assert manifest["frozen_count"] == sum(SIZES.values()) + 8 - manifest["trainable_count"]
+
+
+@pytest.mark.parametrize(("trainable", "expected"), STRATEGIES, ids=lambda v: str(v))
+def test_trainable_strategies_with_frozen_batchnorm(tmp_path, trainable, expected):
+    _, manifest, out = _prepare(tmp_path, {"trainable": trainable})
+    assert sorted(manifest["trainable"]) == sorted(expected)
+    assert manifest["fixups"] == {"batchnorm_frozen": 1} and not manifest["warnings"]
+    ops = {n.op_type for n in onnx.load(str(out / "artifacts" / "training_model.onnx")).graph.node}
+    assert "BatchNormalization" not in ops and "BatchNormInternal" not in ops
+    # running statistics folded into two constants of 4 channels; the affine stays when trained
+    assert not {"bn.running_mean", "bn.running_var"} & set(manifest["frozen"])
+    bn_kept = 8 if "bn.weight" in expected else 0
+    assert manifest["frozen_count"] == sum(SIZES.values()) - 8 + bn_kept + 8 - manifest["trainable_count"]
+
+
+def test_conv_classifier_strategy(tmp_path):
+    """A classifier that ends in a Conv (as SqueezeNet's) is the 'classifier' strategy's layer."""
+    _, manifest, _ = _prepare(tmp_path, {"model": {"callable": "tinymodels:conv_only"}})
+    assert manifest["trainable"] == ["conv.weight", "conv.bias"]
 
 
 @pytest.mark.slow
@@ -93,10 +108,12 @@ def test_last_conv_found_in_mobilenet_graph(prepared_mobilenet):
     """The walk finds mobilenet_v2's last 1x1 conv (features.18.0) without exporter-made names."""
     assert prepared_mobilenet.manifest["trainable"] == [
         "features.18.0.weight",
+        "features.18.1.weight",
+        "features.18.1.bias",
         "classifier.1.weight",
         "classifier.1.bias",
     ]
-    assert prepared_mobilenet.manifest["trainable_count"] == 320 * 1280 + 1280 * 2 + 2
+    assert prepared_mobilenet.manifest["trainable_count"] == 320 * 1280 + 2 * 1280 + 1280 * 2 + 2
     assert prepared_mobilenet.validation["passed"]
 
 
@@ -104,7 +121,7 @@ def test_batchnorm_fix_is_needed(tmp_path):
     """Without the fix eval_model.onnx does not load; with it, it does (same recipe)."""
     from onnxruntime.training import api
 
-    recipe, _, out = _prepare(tmp_path, bn_fix=False)
+    recipe, _, out = _prepare(tmp_path, {"trainable": {"batchnorm": "batch-stats"}}, bn_fix=False)
     art = out / "artifacts"
     state = api.CheckpointState.load_checkpoint(str(art / "checkpoint"))
     with pytest.raises(Exception, match="op outputs should be 1"):
@@ -169,7 +186,7 @@ BAD_MODELS = [  # (recipe change, loss, error type, text in the message)
     ),
     ({"model": {"callable": "tinymodels:two_out"}}, "mse", RecipeError, "model.output_names"),
     ({"model": {"input_shape": [1, 5, 5]}}, "cross-entropy", RecipeError, "model.input_shape"),
-    ({"model": {"callable": "tinymodels:conv_only"}}, "cross-entropy", RecipeError, "Gemm or MatMul"),
+    ({"model": {"callable": "tinymodels:scale_only"}}, "cross-entropy", RecipeError, "Gemm, MatMul or Conv"),
     ({"model": {"callable": "tinymodels:nothing"}}, "cross-entropy", RecipeError, "model.callable"),
     ({"model": {"callable": "nosuchmodule:tiny"}}, "cross-entropy", RecipeError, "importable module"),
     ({"model": {"kwargs": {"depth": 3}}}, "cross-entropy", RecipeError, "model.kwargs"),

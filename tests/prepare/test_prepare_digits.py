@@ -23,7 +23,10 @@ def test_manifest_hashes_match_files(prepared_digits):
 
 def test_digits_trains_last_conv_and_classifier(prepared_digits):
     m = prepared_digits.manifest
-    assert m["trainable"] == ["conv2.weight", "conv2.bias", "fc.weight", "fc.bias"]
-    assert m["trainable_count"] == 16 * 32 * 9 + 32 + 512 * 10 + 10
-    assert "bn2.running_mean" in m["frozen"]
+    # the last conv comes with the scale and bias of the BatchNorm right after it
+    assert m["trainable"] == ["conv2.weight", "conv2.bias", "bn2.weight", "bn2.bias", "fc.weight", "fc.bias"]
+    assert m["trainable_count"] == 16 * 32 * 9 + 32 + 2 * 32 + 512 * 10 + 10
+    # frozen BatchNorm: the running statistics became constants of the affine rewrite
+    assert m["batchnorm"] == "frozen" and m["fixups"]["batchnorm_frozen"] == 2
+    assert not {"bn2.running_mean", "bn1.weight"} & set(m["frozen"]) and "bn2.weight" not in m["frozen"]
     assert (m["opset"], m["loss"], m["feeds"]) == (17, "cross-entropy", {"input": "x", "labels": "y"})
