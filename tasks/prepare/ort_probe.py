@@ -1,9 +1,10 @@
 """Torch-free training probe run by :mod:`tasks.prepare.validate` in a subprocess (``python -m tasks.prepare.ort_probe``).
 
 It loads the artifacts like the board does (numpy + onnxruntime's training API, torch blocked),
-trains a few steps at the recipe's batch size, repeats one batch to see the loss fall, runs an eval
-step, exports the inference model, and prints one JSON line with the losses, the time per step and
-the process's peak RSS. It imports only the standard library, numpy and onnxruntime.
+first repeats one batch from the base weights to see the loss fall (ORT seeded, so dropout masks
+are the same run to run), then trains a few timed steps at the recipe's batch size, exports the
+inference model, runs an eval step, and prints one JSON line with the losses, the time per step
+and the process's peak RSS. It imports only the standard library, numpy and onnxruntime.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from device_agent.ort import load_training_api  # noqa: E402
+from device_agent.ort import load_training_api, seed_runtime  # noqa: E402
 
 STAGE = ["load_artifacts"]  # the check a failure belongs to, reported to the parent
 
@@ -54,6 +55,7 @@ def probe(cfg: dict) -> dict:
     """Run the probe described by ``cfg`` (see tasks.validate.run_probe) and return its report."""
     STAGE[0] = "load_artifacts"
     api = load_training_api()
+    seed_runtime(cfg.get("seed", 0))  # before the sessions exist: they draw their dropout seeds
     art = Path(cfg["artifacts_dir"])
     state = api.CheckpointState.load_checkpoint(str(art / "checkpoint"))
     module = api.Module(str(art / "training_model.onnx"), state, str(art / "eval_model.onnx"))
@@ -62,21 +64,22 @@ def probe(cfg: dict) -> dict:
     with np.load(cfg["data"], allow_pickle=False) as npz:
         arrays = [npz[cfg["feeds"][name]] for name in module.input_names()]
     report: dict = {"input_names": list(module.input_names()), "n_samples": len(arrays[0])}
-    losses, times = [], []
     STAGE[0] = "train_step"
     module.train()
-    for feed in _batches(arrays, cfg["batch_size"], cfg["steps"]):
-        t0 = time.perf_counter()
-        losses.append(_loss(module(*feed)))
-        optimizer.step()
-        module.lazy_reset_grad()
-        times.append(time.perf_counter() - t0)
+    # the repeated batch starts from the base weights, before any other batch has been seen
     first = next(_batches(arrays, cfg["batch_size"], 1))
     repeat = []
     for _ in range(cfg["repeat"]):
         repeat.append(_loss(module(*first)))
         optimizer.step()
         module.lazy_reset_grad()
+    losses, times = [], []
+    for feed in _batches(arrays, cfg["batch_size"], cfg["steps"]):
+        t0 = time.perf_counter()
+        losses.append(_loss(module(*feed)))
+        optimizer.step()
+        module.lazy_reset_grad()
+        times.append(time.perf_counter() - t0)
     # export before the eval step: the peak up to here is what a job without an eval set reaches
     # (training + the final export); the eval graph's session adds its own arena on top
     STAGE[0] = "export_inference"

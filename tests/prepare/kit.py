@@ -37,6 +37,19 @@ class ConvOnly(nn.Module):
         return self.conv(x).mean(dim=(2, 3))
 
 
+class DropoutNet(Tiny):
+    def __init__(self, out):
+        super().__init__(out)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.head(self.drop(torch.flatten(torch.relu(self.bn(self.conv(x))), 1)))
+
+
+def dropout_net(num_classes=3):
+    return DropoutNet(num_classes)
+
+
 class ScaleOnly(nn.Module):
     def __init__(self):
         super().__init__()

@@ -32,7 +32,7 @@ def test_large_outputs_are_compared_with_a_scaled_tolerance(tmp_path):
     from tasks.paths import PROJECT_ROOT
     from tasks.recipe.load import load_recipe
 
-    recipe = load_recipe(PROJECT_ROOT / "recipes" / "digits.toml", {"optimizer.lr": 9.5})
+    recipe = load_recipe(PROJECT_ROOT / "recipes" / "digits.toml", {"optimizer.lr": 9.5, "trainable.batchnorm": "batch-stats"})
     v = prepare(recipe, tmp_path / "out").validation
     match = v["checks"]["inference_matches_torch"]
     assert match["max_abs_diff"] > 1e-4  # what a fixed absolute tolerance used to reject
@@ -44,8 +44,46 @@ def test_loss_that_cannot_fall_fails(tmp_path):
     with pytest.raises(ValidationFailed) as info:
         prepare(recipe, tmp_path / "out")
     assert info.value.check == "loss_falls"
+    assert "stayed flat" in str(info.value) and "raise optimizer.lr" in str(info.value)
     report = json.loads((tmp_path / "out" / "validation.json").read_text())
     assert (report["passed"], report["failed_check"]) == (False, "loss_falls")
+
+
+def test_diverging_loss_says_so(tmp_path):
+    recipe = tiny_recipe(tmp_path, {"optimizer": {"kind": "sgd", "lr": 10.0}}, loss="mse")
+    with pytest.raises(ValidationFailed, match="diverged.*lower optimizer.lr") as info:
+        prepare(recipe, tmp_path / "out")
+    assert info.value.check in ("loss_falls", "loss_finite")
+
+
+def test_dropout_does_not_cry_wolf_and_the_check_is_deterministic(tmp_path):
+    """Dropout makes single losses noisy; the seeded probe compares averages, the same every run."""
+    recipe = tiny_recipe(tmp_path, {"model": {"callable": "tinymodels:dropout_net"}})
+    first = prepare(recipe, tmp_path / "out").validation
+    second = validate(recipe, tmp_path / "out")
+    assert first["passed"] and first["repeat_losses"] == second["repeat_losses"]
+    assert len(set(first["repeat_losses"])) == len(first["repeat_losses"])  # the steps really trained
+
+
+@pytest.mark.parametrize(
+    ("repeat", "outcome"),
+    [
+        ([2.0, 1.9, 2.1, 1.5, 1.2, 1.0], None),
+        ([1e-8, 1e-8, 1e-9, 1e-8, 1e-8, 1e-9], "already ~0"),
+        ([1.0, 1.0, 1.0, 1.0, 1.0, 1.0], "stayed flat"),
+        ([1.0, 1.2, 1.5, 3.0, 5.0, 9.0], "diverged"),
+    ],
+)
+def test_loss_falls_verdicts(repeat, outcome):
+    from tasks.prepare.validate import check_losses
+
+    report = {"losses": [1.0], "repeat_losses": repeat, "eval_loss": 1.0}
+    if outcome in (None, "already ~0"):
+        note = check_losses(report)
+        assert note is None if outcome is None else outcome in note
+    else:
+        with pytest.raises(ValidationFailed, match=outcome):
+            check_losses(report)
 
 
 def test_labels_out_of_range_fail(tmp_path):
