@@ -140,8 +140,45 @@ def export_torch(recipe: Recipe, model: Any, path: Path) -> Path:
         for m in model.modules():
             if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
                 m.momentum = 0.0  # tracing in training mode must not move the running statistics
-        _run_exporter(recipe, model, inputs, _batch_axes(recipe, model, inputs), path)
+        axes = _batch_axes(recipe, model, inputs)
+        aux = has_auxiliary_outputs(model, inputs, len(recipe.model.output_names))
+        if aux:
+            # train the main output only: the root stays in eval mode (no auxiliary heads), every
+            # layer below it traces in training mode as with TrainingMode.TRAINING
+            log.info(
+                "%s returns auxiliary outputs in training mode: exporting its main output only",
+                recipe.model.ref,
+            )
+            for m in model.modules():
+                m.training = m is not model
+        _run_exporter(recipe, model, inputs, axes, path, preserve=aux)
     return path
+
+
+def has_auxiliary_outputs(model: Any, inputs: tuple[Any, ...], n_eval: int) -> bool:
+    """True when the model's own forward returns more in training mode than in eval mode.
+
+    Inception v3 and GoogLeNet add auxiliary classifiers when ``self.training``; at small inputs
+    their auxiliary branch cannot even run, which also counts. Only models whose top-level forward
+    reads ``self.training`` are run a second time.
+    """
+    import inspect
+
+    import torch
+
+    try:
+        source = inspect.getsource(type(model))
+    except (OSError, TypeError):
+        return False
+    if "self.training" not in source:
+        return False
+    with restored(model), torch.no_grad():
+        model.train()
+        try:
+            out = model(*inputs)
+        except Exception:  # noqa: BLE001 - a branch that only runs in training mode cannot run here
+            return True
+    return len(out) > n_eval if isinstance(out, (tuple, list)) else False
 
 
 @contextlib.contextmanager
@@ -199,9 +236,18 @@ def _batch_axes(recipe: Recipe, model: Any, inputs: tuple[Any, ...]) -> dict[str
 
 
 def _run_exporter(
-    recipe: Recipe, model: Any, inputs: tuple[Any, ...], axes: dict[str, dict[int, str]], path: Path
+    recipe: Recipe,
+    model: Any,
+    inputs: tuple[Any, ...],
+    axes: dict[str, dict[int, str]],
+    path: Path,
+    *,
+    preserve: bool = False,
 ) -> None:
-    """Run the TorchScript exporter with stdout and stderr captured; ModelError (one line) if it fails."""
+    """Run the TorchScript exporter with stdout and stderr captured; ModelError (one line) if it fails.
+
+    ``preserve`` keeps each module's training flag as set (else every module traces in training mode).
+    """
     import torch
 
     failure: Exception | None = None
@@ -212,7 +258,7 @@ def _run_exporter(
                 inputs,
                 str(path),
                 dynamo=False,
-                training=torch.onnx.TrainingMode.TRAINING,
+                training=torch.onnx.TrainingMode.PRESERVE if preserve else torch.onnx.TrainingMode.TRAINING,
                 do_constant_folding=False,
                 export_params=True,
                 opset_version=OPSET,

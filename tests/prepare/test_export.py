@@ -124,3 +124,40 @@ def test_export_failure_finds_the_module_in_the_printed_graph(tmp_path):
         "cannot export tinymodels:tiny to ONNX: boom; simplify or replace the code that uses it; "
         "the exporter's output is logged at DEBUG level"
     )
+
+
+class AuxNet(nn.Module):
+    """Like GoogLeNet / Inception v3: an auxiliary head in training mode only, which cannot run at
+    4x4 inputs (its pooling needs 5x5), and a Dropout below the root that must stay trainable."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.drop = nn.Dropout(0.2)
+        self.head = nn.Linear(4, 3)
+        self.aux = nn.Sequential(nn.AvgPool2d(5), nn.Flatten(), nn.Linear(4, 3))
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        out = self.head(self.drop(y.mean(dim=(2, 3))))
+        return (out, self.aux(y)) if self.training else out
+
+
+def test_auxiliary_outputs_are_left_out_of_the_training_graph(tmp_path):
+    import onnx
+
+    from tasks.prepare.artifacts import generate
+    from tasks.prepare.export import has_auxiliary_outputs
+
+    recipe = tiny_recipe(tmp_path)
+    model = AuxNet().eval()
+    assert has_auxiliary_outputs(model, (torch.randn(2, 1, 4, 4),), 1)
+    assert not has_auxiliary_outputs(model.head, (torch.randn(2, 4),), 1)
+    assert not model.training  # the probe put the model back
+    path = export_torch(recipe, model, tmp_path / "model.onnx")
+    graph = onnx.load(str(path)).graph
+    assert [o.name for o in graph.output] == ["output"]
+    assert not any(i.name.startswith("aux.") for i in graph.initializer)
+    assert "Dropout" in {n.op_type for n in graph.node}  # the layers below the root trained as usual
+    manifest = generate(recipe, path, tmp_path / "out")
+    assert manifest["trainable"] == ["head.weight", "head.bias"]
