@@ -88,15 +88,36 @@ def decide(
                 f"promotion.metric '{metric}': the {side} metrics have no such number "
                 f"(have {sorted(k for k, v in metrics.items() if isinstance(v, (int, float)))})"
             )
+    label = _metric_label(metric, candidate, reference, reference_name)
     new, ref = float(candidate[metric]), float(reference[metric])
     gain = ref - new if metric in LOWER_IS_BETTER else new - ref
     promote = gain > rule.min_gain
     verb = "beats" if promote else "does not beat"
     reason = (
-        f"{metric} {new:.4f} vs {ref:.4f} ({reference_name}): gain {gain:+.4f} {verb} "
+        f"{label} {new:.4f} vs {ref:.4f} ({reference_name}): gain {gain:+.4f} {verb} "
         f"the required min_gain {rule.min_gain:+.4f}"
     )
     return Decision(promote, metric, new, ref, reference_name, gain, rule.min_gain, reason)
+
+
+def _metric_label(
+    metric: str, candidate: dict[str, Any], reference: dict[str, Any], reference_name: str
+) -> str:
+    """``metric`` as a reason names it: "loss (l1)" when the metrics say which loss they hold.
+
+    Losses of different kinds are not comparable, so a candidate and a reference evaluated with
+    different ``loss_kind`` are refused rather than judged.
+    """
+    if metric != "loss":
+        return metric
+    new, ref = candidate.get("loss_kind"), reference.get("loss_kind")
+    known = {k for k in (new, ref) if k}
+    if len(known) > 1:
+        raise RegistryError(
+            f"promotion.metric 'loss': the candidate's loss is {new} but {reference_name}'s is {ref}; "
+            "evaluate both with the recipe's loss (tasks.judge.losses.host_loss)"
+        )
+    return f"loss ({known.pop()})" if known else "loss"
 
 
 def decision_from_dict(d: dict[str, Any]) -> Decision:

@@ -95,12 +95,19 @@ def _fmt(metrics: dict[str, Any], key: str, pattern: str | None) -> str:
     return f"{val / 1024:.1f}" if key == "model_size_bytes" else pattern.format(val)  # type: ignore[union-attr]
 
 
+def loss_label(metrics: Iterable[dict[str, Any]]) -> str:
+    """The loss row's label, naming the kind the metrics give in ``loss_kind``: "loss (l1)"."""
+    kinds = sorted({m["loss_kind"] for m in metrics if m.get("loss_kind")})
+    return f"loss ({', '.join(kinds)})" if kinds else "loss"
+
+
 def compare_table(evaluations: dict[str, dict[str, Any]]) -> str:
     """A markdown table with one row per headline metric and one column per evaluated model."""
     cols = list(evaluations)
     lines = ["| metric | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for key, label, pattern in HEADLINE:
         if any(key in m for m in evaluations.values()):
+            label = loss_label(evaluations.values()) if key == "loss" else label
             lines.append(
                 f"| {label} | " + " | ".join(_fmt(evaluations[c], key, pattern) for c in cols) + " |"
             )
@@ -181,9 +188,8 @@ def summary_text(inp: ReportInput) -> str:
         f"({inp.version}); {inp.decision.reason}"
     ]
     for col, m in inp.evaluations.items():
-        lines.append(
-            f"  {col:<16} " + "  ".join(f"{k}={m[k]:.4f}" for k in ("accuracy", "loss", "mse") if k in m)
-        )
+        line = f"  {col:<16} " + "  ".join(f"{k}={m[k]:.4f}" for k in ("accuracy", "loss", "mse") if k in m)
+        lines.append(f"{line}  (loss: {m['loss_kind']})" if "loss" in m and "loss_kind" in m else line)
     for name, cols in inp.extra_tests.items():
         for col, m in cols.items():
             if "accuracy" in m:

@@ -81,19 +81,25 @@ def base_model(prep: Prepared) -> Path:
 
 
 def evaluate(recipe: Recipe, prep: Prepared, candidate: Path, reference: Reference) -> Evaluation:
-    """Base, current (when there is one) and candidate on the test set and every extra test set."""
+    """Base, current (when there is one) and candidate on the test set and every extra test set.
+
+    Every model is scored with the recipe's own loss (``loss``, named in ``loss_kind``): the built-in
+    kind it trains with, or its custom or embedded loss run by the prepared eval graph with that
+    model's weights; the current version is evaluated again, so it is compared on the same loss.
+    """
     from tasks.judge.evaluate import evaluate_cached
+    from tasks.judge.losses import host_loss
 
     models = {"base": base_model(prep)}
     if reference.model is not None:
         models["current"] = reference.model
     models["candidate"] = Path(candidate)
     sets = {"test": recipe.data.test, **recipe.data.extra_tests}
-    cache = state_dir("cache", "evaluations")
+    cache, loss = state_dir("cache", "evaluations"), host_loss(recipe, prep)
     return Evaluation(
         reference,
         {
-            name: {col: evaluate_cached(m, path, recipe.task, cache) for col, m in models.items()}
+            name: {col: evaluate_cached(m, path, recipe.task, cache, loss) for col, m in models.items()}
             for name, path in sets.items()
         },
     )

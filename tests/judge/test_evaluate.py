@@ -7,13 +7,8 @@ import pytest
 from sklearn.metrics import accuracy_score, confusion_matrix, log_loss, precision_score, recall_score
 
 from tasks.errors import EvaluationError
-from tasks.judge.evaluate import (
-    bce_with_logits_loss,
-    binary_metrics,
-    evaluate,
-    evaluate_cached,
-    regression_metrics,
-)
+from tasks.judge.evaluate import binary_metrics, evaluate, evaluate_cached, regression_metrics
+from tasks.judge.losses import bce_with_logits_loss
 
 
 def test_classification_metrics_match_torch_and_sklearn(tiny_classifier):

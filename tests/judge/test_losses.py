@@ -4,23 +4,16 @@ eval graph run by ONNX Runtime's training API on trained weights."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from tasks.errors import EvaluationError
-from tasks.judge.evaluate import (
-    HostLoss,
-    eval_graph_loss,
-    evaluate,
-    evaluate_cached,
-    host_loss,
-    load_test_set,
-    run_model,
-)
+from tasks.judge.evaluate import evaluate, evaluate_cached
+from tasks.judge.losses import HostLoss, eval_graph_loss, host_loss
+from tasks.judge.runtime import load_test_set, run_model
 from tasks.stages.judge import base_model
 from tests.fixtures_prepare import RECIPES
+from tests.judge.kit import train_a_few_steps
 from tests.prepare.kit import TASKS, tiny_recipe
 
 
@@ -82,29 +75,6 @@ def test_l1_recipe_reports_the_l1_loss_not_the_mse(tiny_prepared, tmp_path):
     assert len(list(tmp_path.glob("*.json"))) == 2  # one entry per loss
 
 
-def _train_and_eval(prep, recipe, inference: Path) -> float:
-    """Train a few steps with ORT's training API, export ``inference``; the eval graph's loss on the test set."""
-    from onnxruntime.training.api import CheckpointState, Module, Optimizer
-
-    arts, feeds = prep.artifacts_dir, prep.manifest["feeds"]
-    state = CheckpointState.load_checkpoint(str(arts / "checkpoint"))
-    module = Module(str(arts / "training_model.onnx"), state, str(arts / "eval_model.onnx"))
-    optimizer = Optimizer(str(arts / "optimizer_model.onnx"), module)
-    optimizer.set_learning_rate(0.05)
-    with np.load(recipe.data.train) as train, np.load(recipe.data.test) as test:
-        batch = [train[feeds[n]][:64] for n in module.input_names()]
-        whole_test = [test[feeds[n]] for n in module.input_names()]
-    module.train()
-    for _ in range(3):
-        module(*batch)
-        optimizer.step()
-        module.lazy_reset_grad()
-    module.export_model_for_inferencing(str(inference), prep.manifest["inference_output_names"])
-    module.eval()
-    out = module(*whole_test)
-    return float(np.asarray(out[0] if isinstance(out, (list, tuple)) else out).reshape(-1)[0])
-
-
 @pytest.mark.parametrize(
     ("fixture", "recipe_file"),
     [("prepared_embedded", "embedded_loss.toml"), ("prepared_two_head", "two_head_custom_loss.toml")],
@@ -113,7 +83,7 @@ def test_graph_loss_is_the_eval_graphs_on_the_evaluated_weights(request, tmp_pat
     from tasks.recipe.load import load_recipe
 
     prep, recipe = request.getfixturevalue(fixture), load_recipe(RECIPES / recipe_file)
-    expected = _train_and_eval(prep, recipe, tmp_path / "trained.onnx")
+    expected = train_a_few_steps(prep, recipe, tmp_path / "trained.onnx")
     loss = host_loss(recipe, prep)
     m = evaluate(tmp_path / "trained.onnx", recipe.data.test, recipe.task, loss=loss, batch_size=50)
     assert m["loss_kind"] == recipe.loss.kind and m["loss"] == pytest.approx(expected, rel=1e-5)

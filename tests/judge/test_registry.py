@@ -29,6 +29,17 @@ def test_decide_higher_and_lower_is_better():
     assert not decide({"loss": 0.5}, {"loss": 0.5}, loss_rule, "v0001").promote  # equal is not a gain
 
 
+def test_decide_on_loss_names_its_kind_and_refuses_mixed_kinds():
+    rule = PromotionSpec(metric="loss", min_gain=0.0)
+    d = decide({"loss": 0.3, "loss_kind": "l1"}, {"loss": 0.5, "loss_kind": "l1"}, rule, "v0001")
+    assert d.promote and d.metric == "loss" and d.reason.startswith("loss (l1) 0.3000 vs 0.5000 (v0001)")
+    assert decide({"loss": 0.3}, {"loss": 0.5}, rule, "base").reason.startswith("loss 0.3000")
+    with pytest.raises(RegistryError, match="the candidate's loss is l1 but v0001's is mse"):
+        decide({"loss": 0.3, "loss_kind": "l1"}, {"loss": 0.5, "loss_kind": "mse"}, rule, "v0001")
+    acc = PromotionSpec(metric="accuracy")
+    assert decide({"accuracy": 0.9, "loss_kind": "l1"}, {"accuracy": 0.8, "loss_kind": "mse"}, acc, "base")
+
+
 def test_decide_names_a_missing_metric():
     with pytest.raises(RegistryError, match="promotion.metric 'f1'"):
         decide({"accuracy": 0.8}, {"accuracy": 0.7}, PromotionSpec(metric="f1"), "base")

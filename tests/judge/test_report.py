@@ -10,7 +10,15 @@ from types import SimpleNamespace
 from PIL import Image
 
 from tasks.judge.registry import decide
-from tasks.judge.report import ReportInput, epoch_table, render_report, report_key, step_losses, summary_text
+from tasks.judge.report import (
+    ReportInput,
+    compare_table,
+    epoch_table,
+    render_report,
+    report_key,
+    step_losses,
+    summary_text,
+)
 from tasks.recipe.schema import PromotionSpec
 
 
@@ -69,6 +77,16 @@ def test_rejected_report_says_why():
     md = render_report(inp)
     assert "**Not promoted**" in md and "current` unchanged" in md and "does not beat" in md
     assert "not promoted" in summary_text(inp)
+
+
+def test_loss_rows_name_the_loss_kind():
+    cols = {"base": {"loss": 0.9, "loss_kind": "l1"}, "candidate": {"loss": 0.4, "loss_kind": "l1"}}
+    assert "| loss (l1) | 0.9000 | 0.4000 |" in compare_table(cols)
+    assert "| loss | 0.9000 |" in compare_table({"base": {"loss": 0.9}})
+    inp = _input()
+    inp.evaluations = {col: {**m, "loss_kind": "cross-entropy"} for col, m in inp.evaluations.items()}
+    assert "| loss (cross-entropy) | 1.7000 | 0.6000 |" in render_report(inp)
+    assert "loss=0.6000  (loss: cross-entropy)" in summary_text(inp)
 
 
 def test_keys_and_tables():
