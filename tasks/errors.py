@@ -242,3 +242,19 @@ def agent_exit_retryable(code: int) -> bool:
     """Whether a job that ended on the board with agent exit ``code`` may run again (resuming from its
     last checkpoint): every code but ``NEVER_RETRY`` (bad spec, protocol, data, divergence)."""
     return code not in NEVER_RETRY
+
+
+def ort_message(error: str) -> str:
+    """ONNX Runtime's error text without its C++ source positions and signatures, on one line.
+
+    ORT writes ``<file>.cc:<line> <C++ signature> [ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION :
+    <message>`` and, inside messages, ``<file>.cc:<line> <signature> <condition> was false. <why>``;
+    what remains is ``<message>`` with ``<why>``, or "" when nothing readable is left.
+    """
+    import re
+
+    text = " ".join(error.split())
+    text = re.sub(r"\S+\.(?:cc|h|cpp):\d+ [^\[]*?\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
+    text = re.sub(r"\S+\.(?:cc|h|cpp):\d+ .*? was false\.\s*", "", text)
+    text = re.sub(r"\S+\.(?:cc|h|cpp):\d+ \S+", "", text)
+    return text.strip()

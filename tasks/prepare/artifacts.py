@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 
 import onnx
 
-from tasks.errors import ArtifactError, RecipeError
+from tasks.errors import ArtifactError, RecipeError, ort_message
 from tasks.hashing import file_sha256
 from tasks.prepare.export import check_onnx, feed_keys, load_onnx, quiet_stderr
 from tasks.prepare.fixups import apply_all, no_gradient_message
@@ -205,13 +204,7 @@ def _generate_failure(error: str, model: onnx.ModelProto, trainable: list[str]) 
     specific = no_gradient_message(error, model, trainable)
     if specific:
         return specific
-    text = error.strip().splitlines()[0] if error.strip() else ""
-    # ORT's text: "<file>.cc:<line> <C++ signature> [ONNXRuntimeError] : 1 : FAIL : <message>" or
-    # "<file>.h:<line> <C++ signature> <condition> was false. <message>": keep <message>
-    text = re.sub(r"^.*\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
-    text = re.sub(r"^\S+\.(cc|h|cpp):\d+ .*? was false\.", "", text).strip()
-    if re.search(r"\.(cc|h|cpp):\d+", text):
-        text = ""
+    text = ort_message(error)
     what = text or "an internal check of ONNX Runtime failed"
     return (
         f"generate_artifacts could not build the training graph ({what}): try trainable parameters nearer "

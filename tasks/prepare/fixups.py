@@ -104,6 +104,34 @@ def expose_gradient_outputs(model: onnx.ModelProto) -> int:
     return count
 
 
+def drop_identity_pools(model: onnx.ModelProto) -> int:
+    """Remove AveragePool/MaxPool nodes with a 1x1 window, stride 1 and no padding (the identity
+    an adaptive pooling exports as when its input already has the output size, AlexNet at 224 px);
+    ORT 1.19.2's gradient of a MaxPool feeding one of them fails at run time on mismatched shapes."""
+    rename: dict[str, str] = {}
+    kept = []
+    outputs = {o.name for o in model.graph.output}
+    for node in model.graph.node:
+        node.input[:] = [rename.get(i, i) for i in node.input]
+        ones = all(v == 1 for v in _attr(node, "kernel_shape", [0])) and all(
+            v == 1 for v in _attr(node, "strides", [1])
+        )
+        if (
+            node.op_type in ("AveragePool", "MaxPool")
+            and len(node.output) == 1
+            and ones
+            and not any(_attr(node, "pads", [0]))
+            and node.output[0] not in outputs
+        ):
+            rename[node.output[0]] = node.input[0]
+            continue
+        kept.append(node)
+    if rename:
+        del model.graph.node[:]
+        model.graph.node.extend(kept)
+    return len(rename)
+
+
 def downstream(model: onnx.ModelProto, sources: set[str]) -> set[str]:
     """Tensors computed from any of ``sources`` (ONNX graphs are topologically sorted)."""
     reached = set(sources)
@@ -247,6 +275,7 @@ def apply_all(model: onnx.ModelProto, trainable: list[str], *, batchnorm: str = 
     report = FixupReport()
     report.add("hard_activations_decomposed", decompose_hard_activations(model))
     report.add("gradient_outputs_exposed", expose_gradient_outputs(model))
+    report.add("identity_pools_dropped", drop_identity_pools(model))
     if batchnorm == "frozen":
         report.add("batchnorm_frozen", freeze_batchnorm(model, trainable))
     report.add("shared_concats_split", split_shared_concats(model, trainable))

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.errors import DataError, ValidationFailed
+from tasks.errors import DataError, ValidationFailed, ort_message
 from tasks.paths import PROJECT_ROOT
 from tasks.recipe.datafiles import check_dataset, load_arrays, load_npz
 from tasks.recipe.load import recipe_hash
@@ -84,7 +84,9 @@ def run_probe(recipe: Recipe, out_dir: Path, manifest: dict, steps: int) -> dict
             "load_artifacts", f"training probe crashed (exit {proc.returncode}): {proc.stderr.strip()[-800:]}"
         )
     if not result["ok"]:
-        raise ValidationFailed(result["stage"], result["error"])
+        raise ValidationFailed(
+            result["stage"], ort_message(result["error"]) or result["error"].splitlines()[0]
+        )
     return result["report"]
 
 

@@ -76,3 +76,14 @@ def test_e2e_bench_times_stages_and_skips_cached_work(tmp_path: Path) -> None:
     assert again["bytes_uploaded"] == 0 and again["blobs_uploaded"] == 0 and again["blobs_skipped"] >= 5
     assert again["export"] < cold["export"]  # cached: the result is read back, nothing is exported
     positive(figures["prefect_noop"], "empty_flow_s", "flow_with_tasks_s")
+
+
+def test_zoo_bench_prepares_real_classifiers(tmp_path: Path) -> None:
+    """A handful of torchvision models that needed a fix-up, a strategy or export without deep
+    copy (MobileNetV3, SqueezeNet, GoogLeNet, DenseNet, MNASNet, ShuffleNet) pass end to end."""
+    figures = run_bench("zoo", tmp_path)
+    rows = {r["model"]: r for r in figures["rows"]}
+    assert len(rows) == 6 and figures["pass_or_specific_ratio"] == 1.0
+    assert all(r["result"] == "pass" for r in rows.values()), {m: r["result"] for m, r in rows.items()}
+    for r in rows.values():
+        positive(r, "trainable", "board_peak_mb", "seconds")

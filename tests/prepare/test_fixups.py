@@ -214,3 +214,59 @@ def test_generate_failures_lose_the_cpp_text(error, kept):
     message = _generate_failure(error, export(HardNet(), (3, 6, 6)), [])
     assert kept in message and "\n" not in message
     assert ".cc:" not in message and ".h:" not in message and "onnxruntime::" not in message
+
+
+class PoolNet(nn.Module):
+    """AlexNet's tail: an overlapping MaxPool, then an adaptive pooling to the size it already has."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.pool = nn.MaxPool2d(3, 2)
+        self.avgpool = nn.AdaptiveAvgPool2d((3, 3))
+        self.head = nn.Linear(36, 2)
+
+    def forward(self, x):
+        return self.head(torch.flatten(self.avgpool(self.pool(torch.relu(self.conv(x)))), 1))
+
+
+def _train_step(tmp_path) -> float:
+    from onnxruntime.training import api
+
+    art = tmp_path / "artifacts"
+    state = api.CheckpointState.load_checkpoint(str(art / "checkpoint"))
+    module = api.Module(str(art / "training_model.onnx"), state, str(art / "eval_model.onnx"))
+    x = np.random.default_rng(0).standard_normal((2, 3, 7, 7), dtype=np.float32)
+    return float(module(x, np.zeros((2, 2), np.float32))[0])
+
+
+def test_identity_pool_after_maxpool_fails_at_train_time_without_and_trains_when_dropped(tmp_path):
+    torch.manual_seed(0)
+    model = export(PoolNet(), (3, 7, 7))
+    trainable = ["conv.weight", "head.weight"]
+    generate(model, trainable, tmp_path)
+    with pytest.raises(Exception, match="MaxPoolGrad"):
+        _train_step(tmp_path)
+    x = np.random.default_rng(0).standard_normal((3, 3, 7, 7), dtype=np.float32)
+    before = run(model, x)
+    assert fixups.drop_identity_pools(model) == 1
+    np.testing.assert_allclose(run(model, x), before, rtol=1e-6)
+    generate(model, trainable, tmp_path)
+    assert np.isfinite(_train_step(tmp_path))
+
+
+def test_ort_message_keeps_the_reason_only():
+    from tasks.errors import ort_message
+
+    text = (
+        "RuntimeError: /onnxruntime_src/orttraining/training_api/module.cc:632 onnxruntime::common::Status "
+        "onnxruntime::training::api::Module::TrainStep(const std::vector<OrtValue>&) [ONNXRuntimeError] : 6 : "
+        "RUNTIME_EXCEPTION : Non-zero status code returned while running MaxPoolGrad node. Status Message: "
+        "/onnxruntime_src/orttraining/training_ops/cpu/nn/pool_gradient_op.cc:45 onnxruntime::contrib::"
+        "MaxPoolGrad<T>::Compute() const [with T = float] dY->Shape() == indices->Shape() was false. The shape "
+        "of dY and indices does not match in MaxPoolGrad.\n"
+    )
+    assert ort_message(text) == (
+        "RuntimeError: Non-zero status code returned while running MaxPoolGrad node. Status Message: "
+        "The shape of dY and indices does not match in MaxPoolGrad."
+    )
