@@ -41,6 +41,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("model", type=Path)
     ev.add_argument("test", type=Path)
     ev.add_argument("--task", default="classification")
+    ev.add_argument("--loss", choices=("mse", "l1", "cross-entropy", "bce-with-logits"),
+                    help="the loss to report (default: the task's usual one)")  # fmt: skip
+    ev.add_argument("--recipe", type=Path, help="take task and loss from this prepared recipe "
+                    "(custom and embedded losses are run by its eval graph)")  # fmt: skip
     ev.set_defaults(func=_evaluate)
 
     reg = sub.add_parser("registry", help="list the versions of a recipe+board in the model registry")
@@ -142,8 +146,19 @@ def _prefect_api() -> str:
 
 def _evaluate(args: argparse.Namespace) -> int:
     from tasks.judge.evaluate import evaluate
+    from tasks.judge.losses import HostLoss, host_loss
 
-    print(json.dumps(evaluate(args.model, args.test, args.task), indent=2))
+    task, loss = args.task, HostLoss(args.loss) if args.loss else None
+    if args.recipe is not None:
+        from tasks import stages
+        from tasks.recipe.load import load_recipe
+
+        recipe = load_recipe(args.recipe.expanduser().resolve())
+        inp = stages.inputs(recipe)
+        stages.prepare_data(recipe)
+        stages.generate_artifacts(inp)  # reused when the recipe is already prepared
+        task, loss = recipe.task, host_loss(recipe, stages.prepared(inp))
+    print(json.dumps(evaluate(args.model, args.test, task, loss=loss), indent=2))
     return 0
 
 
