@@ -233,7 +233,8 @@ def generate(recipe: Recipe, model_onnx: Path, out_dir: Path, *, bn_fix: bool = 
     local = out_dir / "model.onnx"
     if Path(model_onnx).resolve() != local.resolve():
         shutil.copyfile(model_onnx, local)
-    n_bn = fix_batchnorm(model) if bn_fix else 0
+    if bn_fix:
+        fix_batchnorm(model)
     trainable, _, _ = resolve_trainable(recipe, model)
     fixed = apply_all(model, trainable, batchnorm=recipe.trainable.batchnorm)
     counts = float_params(model)
@@ -249,18 +250,20 @@ def generate(recipe: Recipe, model_onnx: Path, out_dir: Path, *, bn_fix: bool = 
     if stale_bn:
         manifest["warnings"].append(
             f"{len(stale_bn)} BatchNorm layer(s) follow trainable parameters ({', '.join(stale_bn[:3])}"
-            f"{', ...' if len(stale_bn) > 3 else ''}): on-device training keeps their running statistics, "
-            "so they must already fit the target data (start from pretrained or calibrated weights)"
+            f"{', ...' if len(stale_bn) > 3 else ''}): with trainable.batchnorm = 'batch-stats' the board trains them "
+            "on batch statistics and never updates the running statistics the exported model uses; "
+            "'frozen' (the default) trains what the board exports"
         )
         log.warning("%s", manifest["warnings"][-1])
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
     log.info(
-        "artifacts for %s: %d trainable tensors (%d params), %d frozen, %d BatchNorm fixed",
+        "artifacts for %s: %d trainable tensors (%d params), %d frozen, BatchNorm %s; fix-ups: %s",
         recipe.name,
         len(trainable),
         manifest["trainable_count"],
         len(frozen),
-        n_bn,
+        recipe.trainable.batchnorm,
+        ", ".join(f"{k} {v}" for k, v in fixed.counts.items()) or "none",
     )
     return manifest
 

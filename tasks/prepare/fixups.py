@@ -177,6 +177,7 @@ def split_shared_concats(model: onnx.ModelProto, trainable: list[str]) -> int:
         return 0
     shapes = _shapes(model)
     replace = {i: _concat_as_pads(model, model.graph.node[i], shapes, needs) for i in todo}
+    replace = {i: nodes for i, nodes in replace.items() if nodes}  # sizes unknown: left as they are
     _rebuild(model, replace)
     return len(replace)
 
@@ -184,11 +185,14 @@ def split_shared_concats(model: onnx.ModelProto, trainable: list[str]) -> int:
 def _concat_as_pads(
     model: onnx.ModelProto, node: onnx.NodeProto, shapes: dict[str, list[int]], needs: set[str]
 ) -> list[onnx.NodeProto]:
-    rank = len(shapes[node.input[0]])
+    """The Pad/Add nodes replacing ``node``, or ``[]`` when its inputs' sizes are not static."""
+    rank = len(shapes.get(node.input[0], []))
+    if not rank or any(len(shapes.get(i, [])) != rank for i in node.input):
+        return []
     axis = int(_attr(node, "axis", 0)) % rank
     sizes = [shapes[i][axis] for i in node.input]
     if min(sizes) < 0:
-        raise ValueError(f"Concat {node.name}: the size of its inputs along axis {axis} is not static")
+        return []
     total, offset, out, parts = sum(sizes), 0, node.output[0], []
     nodes = []
     for k, (_, names) in enumerate(_runs(list(node.input), needs)):
@@ -228,7 +232,9 @@ def freeze_batchnorm(model: onnx.ModelProto, trainable: list[str]) -> int:
         if node.op_type != "BatchNormalization" or not all(n in inits for n in node.input[1:5]):
             continue
         shapes = shapes or _shapes(model)
-        rank = len(shapes.get(node.input[0], [])) or 4
+        rank = len(shapes.get(node.input[0], []))
+        if rank < 2:  # rank unknown: broadcasting the statistics would be a guess, keep the node
+            continue
         scale, bias, mean, var = (numpy_helper.to_array(inits[n]).astype(np.float64) for n in node.input[1:5])
         inv = 1.0 / np.sqrt(var + float(_attr(node, "epsilon", 1e-5)))
         bshape = (-1, *([1] * (rank - 2)))
