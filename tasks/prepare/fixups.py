@@ -321,6 +321,21 @@ def no_gradient_message(error: str, model: onnx.ModelProto, trainable: list[str]
     return (
         f"ONNX Runtime 1.19.2 has no gradient for {op} (node {name}, layer {layer_of(name)}), which lies between "
         f"the trainable parameters and the loss: make only parameters after that layer trainable "
-        f"(freeze everything before it, e.g. trainable.strategy = 'classifier' or trainable.patterns "
-        f"naming later layers), or replace the {op} in the model"
+        f"(freeze everything before it: {_what_works(model, where)}), or replace the {op} in the model"
     )
+
+
+def _what_works(model: onnx.ModelProto, node: onnx.NodeProto | None) -> str:
+    """Whether the 'classifier' strategy avoids ``node``'s gradient, said as advice."""
+    from tasks.errors import RecipeError
+    from tasks.prepare.trainable import bn_statistics, find_classifier, float_params
+
+    stats = bn_statistics(model)
+    params = {k: v for k, v in float_params(model).items() if k not in stats}
+    try:
+        names, _ = find_classifier(model, params)
+    except RecipeError:
+        return "trainable.patterns naming later layers"
+    if node is not None and any(i in downstream(model, set(names)) for i in node.input):
+        return "trainable.patterns naming layers after it; the classifier alone still needs it"
+    return "trainable.strategy = 'classifier' avoids it"

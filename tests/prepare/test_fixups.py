@@ -187,7 +187,13 @@ def test_no_gradient_message_names_op_node_layer_and_way_out():
     error = "gradient_builder_registry.cc:29 ... The gradient builder has not been registered: HardSwish for node /act/HardSwish"
     message = fixups.no_gradient_message(error, model, ["conv.weight"])
     assert "HardSwish" in message and "/act/HardSwish" in message and "layer act" in message
-    assert "trainable.strategy = 'classifier'" in message
+    assert "trainable.strategy = 'classifier' avoids it" in message
+    after_head = export(nn.Sequential(nn.Flatten(), nn.Linear(12, 2), nn.Hardswish()), (3, 2, 2))
+    node = next(n.name for n in after_head.graph.node if n.op_type == "HardSwish")
+    message = fixups.no_gradient_message(
+        f"has not been registered: HardSwish for node {node}", after_head, ["1.weight"]
+    )
+    assert "the classifier alone still needs it" in message
     assert fixups.no_gradient_message("something else", model, []) is None
 
 
