@@ -191,7 +191,7 @@ def test_no_gradient_message_names_op_node_layer_and_way_out():
     after_head = export(nn.Sequential(nn.Flatten(), nn.Linear(12, 2), nn.Hardswish()), (3, 2, 2))
     node = next(n.name for n in after_head.graph.node if n.op_type == "HardSwish")
     message = fixups.no_gradient_message(
-        f"has not been registered: HardSwish for node {node}", after_head, ["1.weight"]
+        f"The gradient builder has not been registered: HardSwish for node {node}", after_head, ["1.weight"]
     )
     assert "the classifier alone still needs it" in message
     assert fixups.no_gradient_message("something else", model, []) is None
