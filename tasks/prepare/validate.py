@@ -148,7 +148,8 @@ def compare_with_torch(recipe: Recipe, inference_path: Path, manifest: dict) -> 
             "inference_matches_torch",
             f"trained parameters {missing[:4]} have no PyTorch counterpart of the same name",
         )
-    model.load_state_dict({**state, **loaded})
+    state.update(loaded)  # in place: the dict keeps the module versions some models check (MNASNet)
+    model.load_state_dict(state)
     names = recipe.model.input_names
     inputs = example_arrays(recipe, names, n=16)
     sess = onnxruntime.InferenceSession(str(inference_path), providers=["CPUExecutionProvider"])
