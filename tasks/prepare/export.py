@@ -151,7 +151,18 @@ def export_torch(recipe: Recipe, model: Any, path: Path) -> Path:
             )
             for m in model.modules():
                 m.training = m is not model
-        _run_exporter(recipe, model, inputs, axes, path, preserve=aux)
+        else:
+            for m in model.modules():
+                m.training = True
+        # stochastic depth traces as RandomUniformLike, which ORT's eval graph and the exported
+        # inference model would keep: the board's model would answer at random. Its layers trace
+        # in eval mode (no stochastic depth while fine-tuning); Dropout, which ORT handles, stays.
+        skipped = [m for m in model.modules() if type(m).__name__ == "StochasticDepth"]
+        for m in skipped:
+            m.training = False
+        if skipped:
+            log.info("%d StochasticDepth layers exported in eval mode (no random layer drop)", len(skipped))
+        _run_exporter(recipe, model, inputs, axes, path, preserve=aux or bool(skipped))
     return path
 
 

@@ -9,6 +9,10 @@ on torchvision models by ``bench/zoo.py``):
 - ``expose_gradient_outputs``: the LayerNormalization gradient reads the node's optional Mean and
   InvStdDev outputs (ViT, Swin, ConvNeXt), the SoftmaxCrossEntropyLoss gradient its log_prob
   output (a loss inside the model, once its BatchNorms are frozen); the exporter leaves them out.
+- ``einsum_as_matmul``: Einsum has no gradient builder; the batched matrix products attention
+  writes with it (MaxViT) become MatMul (and Transpose).
+- ``drop_identity_pools``: a 1x1, stride-1 pooling after a MaxPool (AlexNet's adaptive pooling at
+  224 px) makes ORT's MaxPoolGrad fail at run time; it computes nothing and goes.
 - ``split_shared_concats``: the Concat gradient is a Split that defines a gradient for *every*
   input; a tensor needing no gradient that feeds several such Concats (DenseNet's dense blocks)
   then gets the same gradient name twice ("Duplicate definition of name"). Such a Concat becomes
@@ -130,6 +134,37 @@ def drop_identity_pools(model: onnx.ModelProto) -> int:
         del model.graph.node[:]
         model.graph.node.extend(kept)
     return len(rename)
+
+
+def einsum_as_matmul(model: onnx.ModelProto) -> int:
+    """Rewrite two-operand Einsums that are batched matrix products as MatMul (ORT 1.19.2 has no
+    Einsum gradient; MaxViT's attention writes ``bghid,bghjd->bghij`` and ``bghij,bghjd->bghid``).
+
+    ``...ik,...jk->...ij`` becomes ``MatMul(a, Transpose(b))`` and ``...ij,...jk->...ik``
+    ``MatMul(a, b)``, for the same batch letters in the same order; other equations are left.
+    """
+    replace = {}
+    for i, node in enumerate(model.graph.node):
+        if node.op_type != "Einsum" or len(node.input) != 2:
+            continue
+        raw = _attr(node, "equation", b"")
+        eq = (raw.decode() if isinstance(raw, bytes) else str(raw)).replace(" ", "")
+        lhs, _, out = eq.partition("->")
+        a, _, b = lhs.partition(",")
+        if not (len(a) == len(b) == len(out) >= 2 and a[:-2] == b[:-2] == out[:-2]):
+            continue
+        (ai, ak), (bj, bk), (oi, oj) = a[-2:], b[-2:], out[-2:]
+        p = node.name or node.output[0]
+        if ak == bk and (ai, bj) == (oi, oj) and len({ai, ak, bj}) == 3:  # a @ b^T
+            perm = [*range(len(b) - 2), len(b) - 1, len(b) - 2]
+            replace[i] = [
+                helper.make_node("Transpose", [node.input[1]], [f"{p}/bT"], perm=perm, name=f"{p}/Transpose"),
+                helper.make_node("MatMul", [node.input[0], f"{p}/bT"], [node.output[0]], name=f"{p}/MatMul"),
+            ]
+        elif ak == bj and (ai, bk) == (oi, oj) and len({ai, ak, bk}) == 3:  # a @ b
+            replace[i] = [helper.make_node("MatMul", list(node.input), [node.output[0]], name=f"{p}/MatMul")]
+    _rebuild(model, replace)
+    return len(replace)
 
 
 def downstream(model: onnx.ModelProto, sources: set[str]) -> set[str]:
@@ -282,6 +317,7 @@ def apply_all(model: onnx.ModelProto, trainable: list[str], *, batchnorm: str = 
     report.add("hard_activations_decomposed", decompose_hard_activations(model))
     report.add("gradient_outputs_exposed", expose_gradient_outputs(model))
     report.add("identity_pools_dropped", drop_identity_pools(model))
+    report.add("einsums_as_matmul", einsum_as_matmul(model))
     if batchnorm == "frozen":
         report.add("batchnorm_frozen", freeze_batchnorm(model, trainable))
     report.add("shared_concats_split", split_shared_concats(model, trainable))

@@ -155,6 +155,9 @@ def compare_with_torch(recipe: Recipe, inference_path: Path, manifest: dict) -> 
     sess = onnxruntime.InferenceSession(str(inference_path), providers=["CPUExecutionProvider"])
     feed = {i.name: a for i, a in zip(sess.get_inputs(), inputs, strict=False)}
     ort_out = sess.run(manifest["inference_output_names"], feed)
+    again = sess.run(manifest["inference_output_names"], feed)
+    if not all(np.array_equal(a, b) for a, b in zip(ort_out, again, strict=True)):
+        raise ValidationFailed("inference_matches_torch", _random_nodes(inference_path))
     with torch.no_grad():
         out = model(*[torch.from_numpy(np.ascontiguousarray(a)) for a in inputs])
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
@@ -174,6 +177,25 @@ def compare_with_torch(recipe: Recipe, inference_path: Path, manifest: dict) -> 
         "compared_samples": len(inputs[0]),
         "loaded_tensors": len(loaded),
     }
+
+
+def _random_nodes(inference_path: Path) -> str:
+    """Why the exported model answers twice differently: its random nodes and their layers."""
+    import onnx
+
+    from tasks.prepare.fixups import layer_of
+
+    nodes = [
+        n.name
+        for n in onnx.load(str(inference_path)).graph.node
+        if n.op_type.startswith(("Random", "Bernoulli"))
+    ]
+    layers = sorted({layer_of(n) for n in nodes})
+    return (
+        f"the exported inference model gives two different answers to the same input: {len(nodes)} random "
+        f"node(s) in layers {layers[:4]}{' ...' if len(layers) > 4 else ''}; make those layers deterministic "
+        "at export (eval mode), as the pipeline does for torchvision's StochasticDepth"
+    )
 
 
 def validate(recipe: Recipe, out_dir: Path, *, steps: int = 5) -> dict:

@@ -50,6 +50,27 @@ def dropout_net(num_classes=3):
     return DropoutNet(num_classes)
 
 
+class RandomDepth(Tiny):
+    # Tiny with torchvision's stochastic depth on its conv, or a hand-written random drop
+
+    def __init__(self, out, own_random):
+        from torchvision.ops import StochasticDepth
+
+        super().__init__(out)
+        self.own_random = own_random
+        self.drop = StochasticDepth(0.5, "row")
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        if self.own_random and self.training:
+            y = y * (torch.rand(x.shape[0], 1, 1, 1) > 0.5)
+        return self.head(torch.flatten(self.drop(y) + y, 1))
+
+
+def random_depth(num_classes=3, own_random=False):
+    return RandomDepth(num_classes, own_random)
+
+
 class ScaleOnly(nn.Module):
     def __init__(self):
         super().__init__()

@@ -161,3 +161,24 @@ def test_auxiliary_outputs_are_left_out_of_the_training_graph(tmp_path):
     assert "Dropout" in {n.op_type for n in graph.node}  # the layers below the root trained as usual
     manifest = generate(recipe, path, tmp_path / "out")
     assert manifest["trainable"] == ["head.weight", "head.bias"]
+
+
+@pytest.mark.parametrize("own_random", [False, True])
+def test_random_layers_never_reach_the_inference_model(tmp_path, own_random):
+    """torchvision's StochasticDepth traces in eval mode (no random node); a random op it cannot
+    remove makes validation fail, naming its layer: the board's model would answer at random."""
+    import onnx
+
+    from tasks.errors import ValidationFailed
+    from tasks.prepare import prepare
+
+    recipe = tiny_recipe(
+        tmp_path, {"model": {"callable": "tinymodels:random_depth", "kwargs": {"own_random": own_random}}}
+    )
+    if not own_random:
+        done = prepare(recipe, tmp_path / "out")
+        assert not any(n.op_type.startswith("Random") for n in onnx.load(str(done.model_onnx)).graph.node)
+        return
+    with pytest.raises(ValidationFailed, match="two different answers.*random node") as err:
+        prepare(recipe, tmp_path / "out")
+    assert err.value.check == "inference_matches_torch"

@@ -276,3 +276,30 @@ def test_ort_message_keeps_the_reason_only():
         "RuntimeError: Non-zero status code returned while running MaxPoolGrad node. Status Message: "
         "The shape of dY and indices does not match in MaxPoolGrad."
     )
+
+
+class EinsumAttention(nn.Module):
+    """MaxViT's attention products, written with einsum."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(4, 12)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).reshape(x.shape[0], 1, 5, 3, 4).unbind(3)
+        attn = torch.einsum("bhid,bhjd->bhij", q, k).softmax(-1)
+        return self.head(torch.einsum("bhij,bhjd->bhid", attn, v).mean(dim=(1, 2)))
+
+
+def test_einsum_fails_without_and_trains_as_matmul(tmp_path):
+    torch.manual_seed(0)
+    model = export(EinsumAttention(), (5, 4))
+    with pytest.raises(ArtifactError, match="no gradient for Einsum"):
+        generate(model, ["qkv.weight", "head.weight"], tmp_path)
+    x = np.random.default_rng(0).standard_normal((3, 5, 4), dtype=np.float32)
+    before = run(model, x)
+    assert fixups.einsum_as_matmul(model) == 2
+    assert "Einsum" not in {n.op_type for n in model.graph.node}
+    np.testing.assert_allclose(run(model, x), before, rtol=1e-5, atol=1e-6)
+    generate(model, ["qkv.weight", "head.weight"], tmp_path)
