@@ -1,6 +1,7 @@
 """Zoo benchmark: every torchvision classifier up to 100 M parameters through ``odl prepare``.
 
-Each model (random init, a new 10-class head, strategy ``last-conv+classifier`` unless --strategy)
+Each model (random init with BatchNorm statistics calibrated on the data, a new 10-class head,
+strategy ``last-conv+classifier`` unless --strategy)
 runs export -> generate_artifacts -> offline validation in its own subprocess, at the smallest input
 size its architecture accepts (torchvision's weight metadata ``min_size``, at least 32 px; the next of
 64-224 px when the exporter rejects an adaptive pooling at that size, as AlexNet's at 63 px). The
@@ -35,7 +36,14 @@ MIN_SIZE = 32
 RETRY_SIZES = (64, 96, 128, 160, 192, 224)
 SAMPLES = 16
 CHILD_TIMEOUT_S = 900
-QUICK = ("mobilenet_v3_small", "squeezenet1_1", "googlenet", "densenet121", "mnasnet0_5", "shufflenet_v2_x0_5")
+QUICK = (
+    "mobilenet_v3_small",
+    "squeezenet1_1",
+    "googlenet",
+    "densenet121",
+    "mnasnet0_5",
+    "shufflenet_v2_x0_5",
+)
 # text a user must never read: C++ source positions, ORT's assertion phrasing, Python tracebacks
 UNSPECIFIC = re.compile(r"\.(cc|cpp|h):\d+|was false\.|Traceback \(most recent call last\)|^\s+File \"", re.M)
 
@@ -65,12 +73,14 @@ def child(name: str, size: int, strategy: str, work: Path) -> dict:
     for split in ("train", "test"):
         x = rng.standard_normal((SAMPLES, 3, size, size), dtype=np.float32)
         np.savez(work / "data" / f"{split}.npz", x=x, y=rng.integers(0, 10, SAMPLES))
+    calibrate(name, work / "data" / "train.npz", work / "weights.pt")
     recipe_path = work / "recipe.toml"
     recipe_path.write_text(
         f'name = "zoo-{name.replace("_", "-")}"\ntask = "classification"\n'
         f'[model]\ntorchvision = "{name}"\nnum_classes = 10\ninput_shape = [3, {size}, {size}]\n'
+        'weights = "weights.pt"\n'
         f'[trainable]\nstrategy = "{strategy}"\n[loss]\nkind = "cross-entropy"\n'
-        '[training]\nbatch_size = 4\nepochs = 1\n'
+        "[training]\nbatch_size = 4\nepochs = 1\n"
         '[data]\ntrain = "data/train.npz"\ntest = "data/test.npz"\n'
     )
     start = time.perf_counter()
@@ -99,13 +109,48 @@ def child(name: str, size: int, strategy: str, work: Path) -> dict:
     return row
 
 
+def calibrate(name: str, data: Path, out: Path) -> None:
+    """Random init whose BatchNorm running statistics are those of ``data`` (a cumulative average
+    over its batches), saved as the recipe's weights: frozen BatchNorm normalises with them, as it
+    would with a pretrained model's (a random init's mean 0 / variance 1 lets deep ResNets blow up)."""
+    import numpy as np
+    import torch
+    from torchvision import models
+
+    torch.manual_seed(0)
+    model = models.get_model(name, weights=None, num_classes=10)
+    model.eval()  # no auxiliary heads, no dropout: only the BatchNorms update their statistics
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            m.momentum = None  # cumulative moving average
+            m.train()
+    x = torch.from_numpy(np.load(data)["x"])
+    with torch.no_grad():
+        for batch in x.split(4):
+            model(batch)
+    torch.save(model.state_dict(), out)
+
+
 def run_one(name: str, params: int, size: int, strategy: str) -> dict:
     """Run ``child`` in a subprocess; a crash or timeout becomes an unspecific row."""
     with tempfile.TemporaryDirectory(prefix="odl-zoo-") as tmp:
-        cmd = [sys.executable, __file__, "--child", name, "--size", str(size), "--strategy", strategy, "--work", tmp]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            name,
+            "--size",
+            str(size),
+            "--strategy",
+            strategy,
+            "--work",
+            tmp,
+        ]
         start = time.perf_counter()
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=CHILD_TIMEOUT_S)
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=CHILD_TIMEOUT_S
+            )
             lines = proc.stdout.strip().splitlines()
             row = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
             if row is None:

@@ -90,7 +90,13 @@ def run_probe(recipe: Recipe, out_dir: Path, manifest: dict, steps: int) -> dict
     return result["report"]
 
 
-def check_losses(report: dict[str, Any]) -> str | None:
+FROZEN_BN_HINT = (
+    "; with trainable.batchnorm = 'frozen' the BatchNorm running statistics must fit the data "
+    "(pretrained or calibrated weights; a random init has none: use 'batch-stats')"
+)
+
+
+def check_losses(report: dict[str, Any], batchnorm: str | None = None) -> str | None:
     """Finite losses; the repeated batch's loss falls (mean of the last steps below the first).
 
     Returns a note when the check passes without the loss falling (it was already ~0); raises
@@ -101,7 +107,8 @@ def check_losses(report: dict[str, Any]) -> str | None:
         raise ValidationFailed(
             "loss_finite",
             f"non-finite loss (train {_short(losses)}, one batch repeated {_short(repeat)}, eval "
-            f"{report['eval_loss']:.4g}): the loss diverged; lower optimizer.lr or check the data for NaN/inf",
+            f"{report['eval_loss']:.4g}): the loss diverged; lower optimizer.lr or check the data for NaN/inf"
+            + (FROZEN_BN_HINT if batchnorm == "frozen" else ""),
         )
     start, end = statistics.fmean(repeat[:AVERAGED]), statistics.fmean(repeat[-AVERAGED:])
     if start <= ZERO_LOSS:
@@ -113,10 +120,11 @@ def check_losses(report: dict[str, Any]) -> str | None:
         if end > 1.5 * start
         else f"stayed flat ({start:.5g} -> {end:.5g}): raise optimizer.lr or train more parameters"
     )
+    hint = FROZEN_BN_HINT if batchnorm == "frozen" and end > start else ""
     raise ValidationFailed(
         "loss_falls",
         f"repeating one batch {len(repeat)} times from the base weights, the loss {how} "
-        "(also check that the loss matches the labels)",
+        f"(also check that the loss matches the labels){hint}",
     )
 
 
@@ -163,16 +171,21 @@ def compare_with_torch(recipe: Recipe, inference_path: Path, manifest: dict) -> 
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     outs = outs[1:] if recipe.loss.kind == "embedded" else outs
     diff = max(float(np.abs(o.numpy() - r).max()) for o, r in zip(outs, ort_out, strict=True))
-    # float32 rounding grows with the outputs' magnitude: the tolerance does too (1e-4 up to |y| = 1)
+    # float32 rounding grows with the outputs' magnitude and with depth: the tolerance does too
+    # (1e-4 up to |y| = 1 and 50 weighted layers, x sqrt(layers / 50) beyond: ResNet-152 differs
+    # by 1.1e-4 of its output scale once its BatchNorms are frozen into Mul/Add)
     scale = max(1.0, *(float(np.abs(o.numpy()).max()) for o in outs))
-    if not diff < MATCH_TOL * scale:
+    layers = sum(n.op_type in ("Conv", "Gemm", "MatMul") for n in onnx.load(str(inference_path)).graph.node)
+    tol = MATCH_TOL * scale * max(1.0, math.sqrt(layers / 50))
+    if not diff < tol:
         raise ValidationFailed(
             "inference_matches_torch",
-            f"max abs diff {diff:.3g} >= {MATCH_TOL * scale:.3g} (= {MATCH_TOL} x max(1, max |output| = {scale:.3g})) "
-            "between the exported inference model and PyTorch with the same weights",
+            f"max abs diff {diff:.3g} >= {tol:.3g} (= {MATCH_TOL} x max(1, max |output| = {scale:.3g}) x "
+            f"max(1, sqrt({layers} layers / 50))) between the exported inference model and PyTorch with the same weights",
         )
     return {
         "max_abs_diff": diff,
+        "tolerance": tol,
         "output_scale": scale,
         "compared_samples": len(inputs[0]),
         "loaded_tensors": len(loaded),
@@ -207,7 +220,7 @@ def validate(recipe: Recipe, out_dir: Path, *, steps: int = 5) -> dict:
         report["checks"]["data_fits_model"] = check_data(recipe, manifest)
         probe = run_probe(recipe, out_dir, manifest, steps)
         report["checks"].update(load_artifacts=True, train_step=True, eval_step=True, export_inference=True)
-        note = check_losses(probe)
+        note = check_losses(probe, recipe.trainable.batchnorm)
         report["checks"].update(loss_finite=True, loss_falls=note or True)
         report["checks"]["inference_matches_torch"] = compare_with_torch(
             recipe, out_dir / "validation_inference.onnx", manifest
