@@ -18,10 +18,12 @@ from typing import Any
 
 import onnx
 
-from tasks.errors import ArtifactError, RecipeError, ort_message
+from tasks.errors import ArtifactError, RecipeError
 from tasks.hashing import file_sha256
+from tasks.prepare.batchnorm import batchnorm_after_trainable, fix_batchnorm
 from tasks.prepare.export import check_onnx, feed_keys, load_onnx, quiet_stderr
-from tasks.prepare.fixups import apply_all, no_gradient_message
+from tasks.prepare.fixups import apply_all
+from tasks.prepare.messages import generate_failure
 from tasks.prepare.trainable import float_params, resolve_trainable
 from tasks.recipe.load import recipe_hash
 from tasks.recipe.schema import Recipe
@@ -54,37 +56,6 @@ def check_board_loadable(model: onnx.ModelProto, what: str) -> None:
             f"{what} uses opset {onnx_opset(model)}; ORT 1.19.2 on the board supports "
             f"opset <= {MAX_OPSET} (export with opset 17)"
         )
-
-
-def fix_batchnorm(model: onnx.ModelProto) -> int:
-    """Set ``training_mode=0`` and keep only the first output on every BatchNormalization node."""
-    count = 0
-    for node in model.graph.node:
-        if node.op_type != "BatchNormalization":
-            continue
-        kept = [a for a in node.attribute if a.name != "training_mode"]
-        del node.attribute[:]
-        node.attribute.extend([*kept, onnx.helper.make_attribute("training_mode", 0)])
-        del node.output[1:]
-        count += 1
-    return count
-
-
-def batchnorm_after_trainable(model: onnx.ModelProto, trainable: list[str]) -> list[str]:
-    """Names of BatchNormalization nodes whose input depends on a trainable parameter.
-
-    ONNX Runtime's on-device training normalises with batch statistics but never updates the
-    running mean/variance, so in eval mode (and after export) these layers keep the statistics
-    of the base model while the layers feeding them change.
-    """
-    affected = set(trainable)
-    stale = []
-    for node in model.graph.node:  # ONNX graphs are topologically sorted
-        if any(i in affected for i in node.input):
-            if node.op_type == "BatchNormalization" and node.input[0] in affected:
-                stale.append(node.name or node.output[0])
-            affected.update(node.output)
-    return stale
 
 
 @contextlib.contextmanager
@@ -196,20 +167,7 @@ def _run_generate(
                 additional_output_names=extra_outputs,
             )
         except Exception as exc:  # ORT raises RuntimeError, TypeError, onnx errors ...
-            raise ArtifactError(_generate_failure(str(exc), model, trainable)) from exc
-
-
-def _generate_failure(error: str, model: onnx.ModelProto, trainable: list[str]) -> str:
-    """One line for a generate_artifacts failure, without ORT's C++ source positions."""
-    specific = no_gradient_message(error, model, trainable)
-    if specific:
-        return specific
-    text = ort_message(error)
-    what = text or "an internal check of ONNX Runtime failed"
-    return (
-        f"generate_artifacts could not build the training graph ({what}): try trainable parameters nearer "
-        "the outputs (trainable.strategy = 'classifier'); -v logs the exporter and ONNX Runtime output"
-    )
+            raise ArtifactError(generate_failure(str(exc), model, trainable)) from exc
 
 
 def training_inputs(eval_model: onnx.ModelProto, params: set[str]) -> list[str]:

@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -28,6 +27,8 @@ from typing import Any
 import numpy as np
 
 from tasks.errors import ModelError, RecipeError
+from tasks.prepare.messages import export_failure
+from tasks.prepare.tracing import has_auxiliary_outputs, restored
 from tasks.recipe.datafiles import load_arrays
 from tasks.recipe.schema import Recipe
 
@@ -166,69 +167,6 @@ def export_torch(recipe: Recipe, model: Any, path: Path) -> Path:
     return path
 
 
-def has_auxiliary_outputs(model: Any, inputs: tuple[Any, ...], n_eval: int) -> bool:
-    """True when the model's own forward returns more in training mode than in eval mode.
-
-    Inception v3 and GoogLeNet add auxiliary classifiers when ``self.training``; at small inputs
-    their auxiliary branch cannot even run, which also counts. Only models whose top-level forward
-    reads ``self.training`` are run a second time.
-    """
-    import inspect
-
-    import torch
-
-    try:
-        source = inspect.getsource(type(model))
-    except (OSError, TypeError):
-        return False
-    if "self.training" not in source:
-        return False
-    with restored(model), torch.no_grad():
-        model.train()
-        try:
-            out = model(*inputs)
-        except Exception:  # noqa: BLE001 - a branch that only runs in training mode cannot run here
-            return True
-    return len(out) > n_eval if isinstance(out, (tuple, list)) else False
-
-
-@contextlib.contextmanager
-def restored(model: Any) -> Iterator[None]:
-    """Give ``model`` back as it was when the block ends, also on an error.
-
-    Each module gets back its ``training`` flag, its ``momentum``, its own parameter and buffer
-    objects (one rebound in ``forward`` is put back) and the values they held (in-place updates
-    such as BatchNorm running statistics and ``num_batches_tracked`` are undone).
-    """
-    import torch
-
-    saved = [(m, _attrs(m), dict(m._parameters), dict(m._buffers)) for m in model.modules()]
-    tensors = [t for *_, ps, bs in saved for t in (*ps.values(), *bs.values()) if t is not None]
-    values = {id(t): (t, t.detach().clone()) for t in tensors}
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for m, attrs, params, buffers in saved:
-                m.__dict__.update(attrs)
-                _put_back(m._parameters, params)
-                _put_back(m._buffers, buffers)
-            for tensor, value in values.values():
-                tensor.copy_(value)
-
-
-def _put_back(store: Any, saved: dict[str, Any]) -> None:
-    """Make a module's parameter or buffer dict hold exactly ``saved`` again (if ``forward`` changed it)."""
-    if len(store) != len(saved) or any(store.get(k) is not v for k, v in saved.items()):
-        store.clear()
-        store.update(saved)
-
-
-def _attrs(module: Any) -> dict[str, Any]:
-    """The plain attributes export changes: ``training`` and (BatchNorm's) ``momentum``."""
-    return {k: module.__dict__[k] for k in ("training", "momentum") if k in module.__dict__}
-
-
 def _batch_axes(recipe: Recipe, model: Any, inputs: tuple[Any, ...]) -> dict[str, dict[int, str]]:
     """Dynamic batch axes of inputs and outputs, from one forward pass (RecipeError on a wrong shape)."""
     try:
@@ -281,68 +219,6 @@ def _run_exporter(
             failure = exc
     if failure is not None:
         raise ModelError(export_failure(recipe, failure, out.text)) from failure
-
-
-def export_failure(recipe: Recipe, exc: BaseException, dump: str) -> str:
-    """One line for an exporter failure: the operator, the module that uses it and what to change.
-
-    The failing node comes from the exporter's traceback, else from the TorchScript graph it printed
-    (``dump``): the first node of that operator, whose ``scope:`` names the module.
-    """
-    node = _failing_node(exc)
-    kind = node.kind() if node is not None else _kind_in_message(str(exc))
-    scope = node.scopeName() if node is not None else _scope_in_dump(kind, dump)
-    op, module = kind.rpartition("::")[2], _module_of(scope) if scope else ""
-    where = f"operator {op}" + (f" in {module}" if module else "") + ": " if op else ""
-    hint = _hint(recipe, exc, op, module.partition(" (")[0] or "the code that uses it")
-    return " ".join(f"cannot export {recipe.model.ref} to ONNX: {where}{_reason(exc)}; {hint}".split())
-
-
-def _failing_node(exc: BaseException) -> Any:
-    """The TorchScript node the exporter was converting when it failed (None if not in the traceback)."""
-    node, tb = None, exc.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_name == "_run_symbolic_function":
-            node = tb.tb_frame.f_locals.get("node", node)
-        tb = tb.tb_next
-    return node
-
-
-def _kind_in_message(message: str) -> str:
-    """``aten::op`` named by an exporter error message, or ``""``."""
-    found = re.search(r"operator '([\w:.]+)'|export of operator (\w+)|namespace ([\w:.]+?)\.?\s", message)
-    name = next((g for g in found.groups() if g), "") if found else ""
-    return name if "::" in name or not name else f"aten::{name}"
-
-
-def _scope_in_dump(kind: str, dump: str) -> str:
-    """The ``scope:`` of the first ``kind`` node in a printed TorchScript graph, or ``""``."""
-    found = re.search(rf"= {re.escape(kind)}\(.*?, scope: (\S+)", dump) if kind else None
-    return found.group(1) if found else ""
-
-
-def _module_of(scope: str) -> str:
-    """``avgpool (AdaptiveAvgPool2d)`` from a scope ``...AlexNet::/...AdaptiveAvgPool2d::avgpool``."""
-    cls, _, name = scope.rpartition("/")[2].partition("::")
-    return f"{name or 'the forward of the model'} ({cls.rpartition('.')[2]})"
-
-
-def _reason(exc: BaseException) -> str:
-    """The exporter's first line without its boilerplate (issue-tracker plea, graph values)."""
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return re.split(r"\s*(?:Please feel free|\[Caused by|, try exporting with)", first)[0].rstrip(" .")
-
-
-def _hint(recipe: Recipe, exc: BaseException, op: str, module: str) -> str:
-    """What to change for this failure of ``op`` in ``module``."""
-    if op.startswith(("adaptive_avg_pool", "adaptive_max_pool")):
-        return (
-            f"use a model.input_shape whose feature map before {module} is a multiple of its output "
-            f"size (e.g. larger than {list(recipe.model.input_shape)})"
-        )
-    if "not supported" in str(exc) or "unrecognized namespace" in str(exc):
-        return f"rewrite {module} with operators ONNX opset {OPSET} supports, or replace that module"
-    return f"simplify or replace {module}; the exporter's output is logged at DEBUG level"
 
 
 def load_onnx(path: Path) -> Any:

@@ -22,18 +22,22 @@ on torchvision models by ``bench/zoo.py``):
   running statistics, so training and inference compute the same function (its scale and bias
   stay trainable parameters of the same names when the trainable set holds them).
 
-``no_gradient_message`` turns ORT's "gradient builder has not been registered" into one line.
+The BatchNorm rewrite lives in :mod:`tasks.prepare.batchnorm`, the graph helpers in
+:mod:`tasks.prepare.graph`, the one-line messages for what cannot be fixed in
+:mod:`tasks.prepare.messages`.
 """
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
+
+from tasks.prepare.batchnorm import freeze_batchnorm
+from tasks.prepare.graph import add_const, attr, downstream, rebuild, shapes_of
 
 
 @dataclass
@@ -47,25 +51,6 @@ class FixupReport:
             self.counts[name] = self.counts.get(name, 0) + n
 
 
-def _attr(node: onnx.NodeProto, name: str, default: float | int) -> float | int:
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
-
-
-def _const(model: onnx.ModelProto, name: str, value: np.ndarray) -> str:
-    model.graph.initializer.append(numpy_helper.from_array(np.asarray(value), name))
-    return name
-
-
-def _rebuild(model: onnx.ModelProto, replace: dict[int, list[onnx.NodeProto]]) -> None:
-    """Replace nodes by index with node lists, keeping the topological order."""
-    nodes = [n for i, old in enumerate(model.graph.node) for n in replace.get(i, [old])]
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-
-
 def decompose_hard_activations(model: onnx.ModelProto) -> int:
     """HardSigmoid(x) -> Clip(alpha*x + beta, 0, 1); HardSwish(x) -> x * HardSigmoid_{1/6, 1/2}(x)."""
     replace = {}
@@ -75,10 +60,10 @@ def decompose_hard_activations(model: onnx.ModelProto) -> int:
         alpha, beta = (
             (1 / 6, 0.5)
             if node.op_type == "HardSwish"
-            else (_attr(node, "alpha", 0.2), _attr(node, "beta", 0.5))
+            else (attr(node, "alpha", 0.2), attr(node, "beta", 0.5))
         )
         p, x = f"{node.name or node.output[0]}/decomposed", node.input[0]
-        c = {k: _const(model, f"{p}/{k}", np.array(v, np.float32)) for k, v in
+        c = {k: add_const(model, f"{p}/{k}", np.array(v, np.float32)) for k, v in
              (("alpha", alpha), ("beta", beta), ("zero", 0.0), ("one", 1.0))}  # fmt: skip
         hs = node.output[0] if node.op_type == "HardSigmoid" else f"{p}/hardsigmoid"
         replace[i] = [
@@ -88,7 +73,7 @@ def decompose_hard_activations(model: onnx.ModelProto) -> int:
         ]
         if node.op_type == "HardSwish":
             replace[i].append(helper.make_node("Mul", [x, hs], [node.output[0]], name=f"{p}/Mul_x"))
-    _rebuild(model, replace)
+    rebuild(model, replace)
     return len(replace)
 
 
@@ -117,14 +102,14 @@ def drop_identity_pools(model: onnx.ModelProto) -> int:
     outputs = {o.name for o in model.graph.output}
     for node in model.graph.node:
         node.input[:] = [rename.get(i, i) for i in node.input]
-        ones = all(v == 1 for v in _attr(node, "kernel_shape", [0])) and all(
-            v == 1 for v in _attr(node, "strides", [1])
+        ones = all(v == 1 for v in attr(node, "kernel_shape", [0])) and all(
+            v == 1 for v in attr(node, "strides", [1])
         )
         if (
             node.op_type in ("AveragePool", "MaxPool")
             and len(node.output) == 1
             and ones
-            and not any(_attr(node, "pads", [0]))
+            and not any(attr(node, "pads", [0]))
             and node.output[0] not in outputs
         ):
             rename[node.output[0]] = node.input[0]
@@ -147,7 +132,7 @@ def einsum_as_matmul(model: onnx.ModelProto) -> int:
     for i, node in enumerate(model.graph.node):
         if node.op_type != "Einsum" or len(node.input) != 2:
             continue
-        raw = _attr(node, "equation", b"")
+        raw = attr(node, "equation", b"")
         eq = (raw.decode() if isinstance(raw, bytes) else str(raw)).replace(" ", "")
         lhs, _, out = eq.partition("->")
         a, _, b = lhs.partition(",")
@@ -163,28 +148,8 @@ def einsum_as_matmul(model: onnx.ModelProto) -> int:
             ]
         elif ak == bj and (ai, bk) == (oi, oj) and len({ai, ak, bk}) == 3:  # a @ b
             replace[i] = [helper.make_node("MatMul", list(node.input), [node.output[0]], name=f"{p}/MatMul")]
-    _rebuild(model, replace)
+    rebuild(model, replace)
     return len(replace)
-
-
-def downstream(model: onnx.ModelProto, sources: set[str]) -> set[str]:
-    """Tensors computed from any of ``sources`` (ONNX graphs are topologically sorted)."""
-    reached = set(sources)
-    for node in model.graph.node:
-        if any(i in reached for i in node.input):
-            reached.update(o for o in node.output if o)
-    return reached
-
-
-def _shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
-    inferred = onnx.shape_inference.infer_shapes(model)
-    values = [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
-    out = {
-        v.name: [d.dim_value if d.HasField("dim_value") else -1 for d in v.type.tensor_type.shape.dim]
-        for v in values
-    }
-    out.update({i.name: list(i.dims) for i in model.graph.initializer})
-    return out
 
 
 def _runs(inputs: list[str], needs: set[str]) -> list[tuple[bool, list[str]]]:
@@ -210,10 +175,10 @@ def split_shared_concats(model: onnx.ModelProto, trainable: list[str]) -> int:
     todo = {i for i, n in enumerate(model.graph.node) if n in on_path and any(shared[x] > 1 for x in n.input)}
     if not todo:
         return 0
-    shapes = _shapes(model)
+    shapes = shapes_of(model)
     replace = {i: _concat_as_pads(model, model.graph.node[i], shapes, needs) for i in todo}
     replace = {i: nodes for i, nodes in replace.items() if nodes}  # sizes unknown: left as they are
-    _rebuild(model, replace)
+    rebuild(model, replace)
     return len(replace)
 
 
@@ -224,7 +189,7 @@ def _concat_as_pads(
     rank = len(shapes.get(node.input[0], []))
     if not rank or any(len(shapes.get(i, [])) != rank for i in node.input):
         return []
-    axis = int(_attr(node, "axis", 0)) % rank
+    axis = int(attr(node, "axis", 0)) % rank
     sizes = [shapes[i][axis] for i in node.input]
     if min(sizes) < 0:
         return []
@@ -241,7 +206,7 @@ def _concat_as_pads(
         parts.append(f"{out}/padded{k}")
         nodes.append(
             helper.make_node(
-                "Pad", [x, _const(model, f"{out}/pads{k}", pads)], [parts[-1]], name=f"{node.name}/pad{k}"
+                "Pad", [x, add_const(model, f"{out}/pads{k}", pads)], [parts[-1]], name=f"{node.name}/pad{k}"
             )
         )
         offset += size
@@ -251,64 +216,6 @@ def _concat_as_pads(
         nodes.append(helper.make_node("Add", [acc, part], [target], name=f"{node.name}/sum{k}"))
         acc = target
     return nodes
-
-
-def freeze_batchnorm(model: onnx.ModelProto, trainable: list[str]) -> int:
-    """Rewrite every BatchNormalization as ``x * s + t`` from its running statistics.
-
-    ``s = scale / sqrt(var + eps)`` and ``t = bias - mean * s`` become frozen constants. When the
-    trainable set holds the node's scale or bias, they stay parameters of the same names:
-    ``(x * inv_std + (-mean * inv_std)) * scale + bias`` with both reshaped to broadcast.
-    """
-    inits = {i.name: i for i in model.graph.initializer}
-    shapes = None
-    replace = {}
-    for i, node in enumerate(model.graph.node):
-        if node.op_type != "BatchNormalization" or not all(n in inits for n in node.input[1:5]):
-            continue
-        shapes = shapes or _shapes(model)
-        rank = len(shapes.get(node.input[0], []))
-        if rank < 2:  # rank unknown: broadcasting the statistics would be a guess, keep the node
-            continue
-        scale, bias, mean, var = (numpy_helper.to_array(inits[n]).astype(np.float64) for n in node.input[1:5])
-        inv = 1.0 / np.sqrt(var + float(_attr(node, "epsilon", 1e-5)))
-        bshape = (-1, *([1] * (rank - 2)))
-        p, x = node.name or node.output[0], node.input[0]
-        if not {node.input[1], node.input[2]} & set(trainable):
-            s = _const(model, f"{p}/frozen_scale", (scale * inv).astype(np.float32).reshape(bshape))
-            t = _const(
-                model, f"{p}/frozen_shift", (bias - mean * scale * inv).astype(np.float32).reshape(bshape)
-            )
-            replace[i] = [
-                helper.make_node("Mul", [x, s], [f"{p}/scaled"], name=f"{p}/Mul"),
-                helper.make_node("Add", [f"{p}/scaled", t], [node.output[0]], name=f"{p}/Add"),
-            ]
-            continue
-        s = _const(model, f"{p}/frozen_inv_std", inv.astype(np.float32).reshape(bshape))
-        t = _const(model, f"{p}/frozen_neg_mean_inv_std", (-mean * inv).astype(np.float32).reshape(bshape))
-        shape = _const(model, f"{p}/affine_shape", np.array(bshape, np.int64))
-        replace[i] = [
-            helper.make_node("Mul", [x, s], [f"{p}/normed0"], name=f"{p}/Mul_norm"),
-            helper.make_node("Add", [f"{p}/normed0", t], [f"{p}/normed"], name=f"{p}/Add_norm"),
-            helper.make_node("Reshape", [node.input[1], shape], [f"{p}/scale"], name=f"{p}/Reshape_scale"),
-            helper.make_node("Reshape", [node.input[2], shape], [f"{p}/bias"], name=f"{p}/Reshape_bias"),
-            helper.make_node("Mul", [f"{p}/normed", f"{p}/scale"], [f"{p}/scaled"], name=f"{p}/Mul"),
-            helper.make_node("Add", [f"{p}/scaled", f"{p}/bias"], [node.output[0]], name=f"{p}/Add"),
-        ]
-    _rebuild(model, replace)
-    drop_unused_initializers(model)
-    return len(replace)
-
-
-def drop_unused_initializers(model: onnx.ModelProto) -> int:
-    """Remove initializers no node reads (a rewritten BatchNorm's statistics, say)."""
-    used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
-    keep = [i for i in model.graph.initializer if i.name in used]
-    dropped = len(model.graph.initializer) - len(keep)
-    if dropped:
-        del model.graph.initializer[:]
-        model.graph.initializer.extend(keep)
-    return dropped
 
 
 def apply_all(model: onnx.ModelProto, trainable: list[str], *, batchnorm: str = "frozen") -> FixupReport:
@@ -322,56 +229,3 @@ def apply_all(model: onnx.ModelProto, trainable: list[str], *, batchnorm: str = 
         report.add("batchnorm_frozen", freeze_batchnorm(model, trainable))
     report.add("shared_concats_split", split_shared_concats(model, trainable))
     return report
-
-
-_NO_GRADIENT = re.compile(r"gradient builder has not been registered:\s*(\w+)(?: for node\s*(\S*))?")
-
-
-def layer_of(node_name: str) -> str:
-    """The PyTorch module path of an exporter node name.
-
-    ``/features/features.1/block/block.1/fc2/Conv`` -> ``features.1.block.1.fc2``: each scope is a
-    child's name, and a Sequential's children are spelled ``<parent>.<index>``.
-    """
-    scopes = [p for p in node_name.split("/") if p][:-1]
-    if not scopes:
-        return node_name
-    path, prev = [], ""
-    for scope in scopes:
-        path.append(scope[len(prev) + 1 :] if prev and scope.startswith(prev + ".") else scope)
-        prev = scope
-    return ".".join(path)
-
-
-def no_gradient_message(error: str, model: onnx.ModelProto, trainable: list[str]) -> str | None:
-    """One line for ORT's "gradient builder has not been registered" error, else None."""
-    match = _NO_GRADIENT.search(error)
-    if not match:
-        return None
-    op, node_name = match.group(1), match.group(2) or ""
-    nodes = [n for n in model.graph.node if n.op_type == op and (not node_name or n.name == node_name)]
-    needs = downstream(model, set(trainable))
-    on_path = [n for n in nodes if any(i in needs for i in n.input)]
-    where = (on_path or nodes or [None])[0]
-    name = where.name if where is not None else node_name or "?"
-    return (
-        f"ONNX Runtime 1.19.2 has no gradient for {op} (node {name}, layer {layer_of(name)}), which lies between "
-        f"the trainable parameters and the loss: make only parameters after that layer trainable "
-        f"(freeze everything before it: {_what_works(model, where)}), or replace the {op} in the model"
-    )
-
-
-def _what_works(model: onnx.ModelProto, node: onnx.NodeProto | None) -> str:
-    """Whether the 'classifier' strategy avoids ``node``'s gradient, said as advice."""
-    from tasks.errors import RecipeError
-    from tasks.prepare.trainable import bn_statistics, find_classifier, float_params
-
-    stats = bn_statistics(model)
-    params = {k: v for k, v in float_params(model).items() if k not in stats}
-    try:
-        names, _ = find_classifier(model, params)
-    except RecipeError:
-        return "trainable.patterns naming later layers"
-    if node is not None and any(i in downstream(model, set(names)) for i in node.input):
-        return "trainable.patterns naming layers after it; the classifier alone still needs it"
-    return "trainable.strategy = 'classifier' avoids it"

@@ -196,7 +196,7 @@ def _random_nodes(inference_path: Path) -> str:
     """Why the exported model answers twice differently: its random nodes and their layers."""
     import onnx
 
-    from tasks.prepare.fixups import layer_of
+    from tasks.prepare.messages import layer_of
 
     nodes = [
         n.name

@@ -13,8 +13,9 @@ import torch
 from torch import nn
 
 from tasks.errors import ArtifactError
-from tasks.prepare import fixups
-from tasks.prepare.artifacts import _run_generate, fix_batchnorm
+from tasks.prepare import batchnorm, fixups, messages
+from tasks.prepare.artifacts import _run_generate
+from tasks.prepare.batchnorm import fix_batchnorm
 from tasks.prepare.trainable import bn_statistics, float_params
 from tests.prepare.kit import tiny_recipe
 
@@ -169,7 +170,7 @@ def test_frozen_batchnorm_computes_the_eval_mode_model(trainable, tmp_path):
         expected = net(torch.from_numpy(x)).numpy()
     model = export(net, (3, 6, 6))
     fix_batchnorm(model)
-    assert fixups.freeze_batchnorm(model, trainable) == 2
+    assert batchnorm.freeze_batchnorm(model, trainable) == 2
     assert "BatchNormalization" not in {n.op_type for n in model.graph.node}
     names = {i.name for i in model.graph.initializer}
     assert (
@@ -185,22 +186,22 @@ def test_frozen_batchnorm_computes_the_eval_mode_model(trainable, tmp_path):
 def test_no_gradient_message_names_op_node_layer_and_way_out():
     model = export(HardNet(), (3, 6, 6))
     error = "gradient_builder_registry.cc:29 ... The gradient builder has not been registered: HardSwish for node /act/HardSwish"
-    message = fixups.no_gradient_message(error, model, ["conv.weight"])
+    message = messages.no_gradient_message(error, model, ["conv.weight"])
     assert "HardSwish" in message and "/act/HardSwish" in message and "layer act" in message
     assert "trainable.strategy = 'classifier' avoids it" in message
     after_head = export(nn.Sequential(nn.Flatten(), nn.Linear(12, 2), nn.Hardswish()), (3, 2, 2))
     node = next(n.name for n in after_head.graph.node if n.op_type == "HardSwish")
-    message = fixups.no_gradient_message(
+    message = messages.no_gradient_message(
         f"The gradient builder has not been registered: HardSwish for node {node}", after_head, ["1.weight"]
     )
     assert "the classifier alone still needs it" in message
-    assert fixups.no_gradient_message("something else", model, []) is None
+    assert messages.no_gradient_message("something else", model, []) is None
 
 
 def test_layer_of_exporter_node_names():
-    assert fixups.layer_of("/features/features.1/block/block.1/fc2/Conv") == "features.1.block.1.fc2"
-    assert fixups.layer_of("/features/features.0/features.0.2/HardSwish") == "features.0.2"
-    assert fixups.layer_of("Conv_3") == "Conv_3"
+    assert messages.layer_of("/features/features.1/block/block.1/fc2/Conv") == "features.1.block.1.fc2"
+    assert messages.layer_of("/features/features.0/features.0.2/HardSwish") == "features.0.2"
+    assert messages.layer_of("Conv_3") == "Conv_3"
 
 
 @pytest.mark.parametrize(
@@ -215,9 +216,7 @@ def test_layer_of_exporter_node_names():
     ],
 )  # fmt: skip
 def test_generate_failures_lose_the_cpp_text(error, kept):
-    from tasks.prepare.artifacts import _generate_failure
-
-    message = _generate_failure(error, export(HardNet(), (3, 6, 6)), [])
+    message = messages.generate_failure(error, export(HardNet(), (3, 6, 6)), [])
     assert kept in message and "\n" not in message
     assert ".cc:" not in message and ".h:" not in message and "onnxruntime::" not in message
 

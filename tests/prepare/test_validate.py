@@ -32,7 +32,9 @@ def test_large_outputs_are_compared_with_a_scaled_tolerance(tmp_path):
     from tasks.paths import PROJECT_ROOT
     from tasks.recipe.load import load_recipe
 
-    recipe = load_recipe(PROJECT_ROOT / "recipes" / "digits.toml", {"optimizer.lr": 9.5, "trainable.batchnorm": "batch-stats"})
+    recipe = load_recipe(
+        PROJECT_ROOT / "recipes" / "digits.toml", {"optimizer.lr": 9.5, "trainable.batchnorm": "batch-stats"}
+    )
     v = prepare(recipe, tmp_path / "out").validation
     match = v["checks"]["inference_matches_torch"]
     assert match["max_abs_diff"] > 1e-4  # what a fixed absolute tolerance used to reject

@@ -1,0 +1,143 @@
+"""One-line messages for what the exporter and ONNX Runtime's artifact generation refuse: the
+operator, the node or module, the layer it belongs to and what to change (never C++ positions,
+assertion text or a traceback)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import onnx
+
+from tasks.errors import ort_message
+from tasks.prepare.graph import downstream
+from tasks.recipe.schema import Recipe
+
+_NO_GRADIENT = re.compile(r"gradient builder has not been registered:\s*(\w+)(?: for node\s*(\S*))?")
+
+
+def layer_of(node_name: str) -> str:
+    """The PyTorch module path of an exporter node name.
+
+    ``/features/features.1/block/block.1/fc2/Conv`` -> ``features.1.block.1.fc2``: each scope is a
+    child's name, and a Sequential's children are spelled ``<parent>.<index>``.
+    """
+    scopes = [p for p in node_name.split("/") if p][:-1]
+    if not scopes:
+        return node_name
+    path, prev = [], ""
+    for scope in scopes:
+        path.append(scope[len(prev) + 1 :] if prev and scope.startswith(prev + ".") else scope)
+        prev = scope
+    return ".".join(path)
+
+
+def no_gradient_message(error: str, model: onnx.ModelProto, trainable: list[str]) -> str | None:
+    """One line for ORT's "gradient builder has not been registered" error, else None."""
+    match = _NO_GRADIENT.search(error)
+    if not match:
+        return None
+    op, node_name = match.group(1), match.group(2) or ""
+    nodes = [n for n in model.graph.node if n.op_type == op and (not node_name or n.name == node_name)]
+    needs = downstream(model, set(trainable))
+    on_path = [n for n in nodes if any(i in needs for i in n.input)]
+    where = (on_path or nodes or [None])[0]
+    name = where.name if where is not None else node_name or "?"
+    return (
+        f"ONNX Runtime 1.19.2 has no gradient for {op} (node {name}, layer {layer_of(name)}), which lies between "
+        f"the trainable parameters and the loss: make only parameters after that layer trainable "
+        f"(freeze everything before it: {_what_works(model, where)}), or replace the {op} in the model"
+    )
+
+
+def _what_works(model: onnx.ModelProto, node: onnx.NodeProto | None) -> str:
+    """Whether the 'classifier' strategy avoids ``node``'s gradient, said as advice."""
+    from tasks.errors import RecipeError
+    from tasks.prepare.trainable import bn_statistics, find_classifier, float_params
+
+    stats = bn_statistics(model)
+    params = {k: v for k, v in float_params(model).items() if k not in stats}
+    try:
+        names, _ = find_classifier(model, params)
+    except RecipeError:
+        return "trainable.patterns naming later layers"
+    if node is not None and any(i in downstream(model, set(names)) for i in node.input):
+        return "trainable.patterns naming layers after it; the classifier alone still needs it"
+    return "trainable.strategy = 'classifier' avoids it"
+
+
+def generate_failure(error: str, model: onnx.ModelProto, trainable: list[str]) -> str:
+    """One line for a generate_artifacts failure, without ORT's C++ source positions."""
+    specific = no_gradient_message(error, model, trainable)
+    if specific:
+        return specific
+    text = ort_message(error)
+    what = text or "an internal check of ONNX Runtime failed"
+    return (
+        f"generate_artifacts could not build the training graph ({what}): try trainable parameters nearer "
+        "the outputs (trainable.strategy = 'classifier'); -v logs the exporter and ONNX Runtime output"
+    )
+
+
+def export_failure(recipe: Recipe, exc: BaseException, dump: str) -> str:
+    """One line for an exporter failure: the operator, the module that uses it and what to change.
+
+    The failing node comes from the exporter's traceback, else from the TorchScript graph it printed
+    (``dump``): the first node of that operator, whose ``scope:`` names the module.
+    """
+    node = _failing_node(exc)
+    kind = node.kind() if node is not None else _kind_in_message(str(exc))
+    scope = node.scopeName() if node is not None else _scope_in_dump(kind, dump)
+    op, module = kind.rpartition("::")[2], _module_of(scope) if scope else ""
+    where = f"operator {op}" + (f" in {module}" if module else "") + ": " if op else ""
+    hint = _hint(recipe, exc, op, module.partition(" (")[0] or "the code that uses it")
+    return " ".join(f"cannot export {recipe.model.ref} to ONNX: {where}{_reason(exc)}; {hint}".split())
+
+
+def _failing_node(exc: BaseException) -> Any:
+    """The TorchScript node the exporter was converting when it failed (None if not in the traceback)."""
+    node, tb = None, exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "_run_symbolic_function":
+            node = tb.tb_frame.f_locals.get("node", node)
+        tb = tb.tb_next
+    return node
+
+
+def _kind_in_message(message: str) -> str:
+    """``aten::op`` named by an exporter error message, or ``""``."""
+    found = re.search(r"operator '([\w:.]+)'|export of operator (\w+)|namespace ([\w:.]+?)\.?\s", message)
+    name = next((g for g in found.groups() if g), "") if found else ""
+    return name if "::" in name or not name else f"aten::{name}"
+
+
+def _scope_in_dump(kind: str, dump: str) -> str:
+    """The ``scope:`` of the first ``kind`` node in a printed TorchScript graph, or ``""``."""
+    found = re.search(rf"= {re.escape(kind)}\(.*?, scope: (\S+)", dump) if kind else None
+    return found.group(1) if found else ""
+
+
+def _module_of(scope: str) -> str:
+    """``avgpool (AdaptiveAvgPool2d)`` from a scope ``...AlexNet::/...AdaptiveAvgPool2d::avgpool``."""
+    cls, _, name = scope.rpartition("/")[2].partition("::")
+    return f"{name or 'the forward of the model'} ({cls.rpartition('.')[2]})"
+
+
+def _reason(exc: BaseException) -> str:
+    """The exporter's first line without its boilerplate (issue-tracker plea, graph values)."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return re.split(r"\s*(?:Please feel free|\[Caused by|, try exporting with)", first)[0].rstrip(" .")
+
+
+def _hint(recipe: Recipe, exc: BaseException, op: str, module: str) -> str:
+    """What to change for this failure of ``op`` in ``module``."""
+    from tasks.prepare.export import OPSET
+
+    if op.startswith(("adaptive_avg_pool", "adaptive_max_pool")):
+        return (
+            f"use a model.input_shape whose feature map before {module} is a multiple of its output "
+            f"size (e.g. larger than {list(recipe.model.input_shape)})"
+        )
+    if "not supported" in str(exc) or "unrecognized namespace" in str(exc):
+        return f"rewrite {module} with operators ONNX opset {OPSET} supports, or replace that module"
+    return f"simplify or replace {module}; the exporter's output is logged at DEBUG level"

@@ -1,0 +1,72 @@
+"""What tracing a PyTorch model in training mode changes, and how to give it back: module flags,
+BatchNorm momentum and statistics, rebound parameters; and the auxiliary outputs some models add
+in training mode."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+
+def has_auxiliary_outputs(model: Any, inputs: tuple[Any, ...], n_eval: int) -> bool:
+    """True when the model's own forward returns more in training mode than in eval mode.
+
+    Inception v3 and GoogLeNet add auxiliary classifiers when ``self.training``; at small inputs
+    their auxiliary branch cannot even run, which also counts. Only models whose top-level forward
+    reads ``self.training`` are run a second time.
+    """
+    import inspect
+
+    import torch
+
+    try:
+        source = inspect.getsource(type(model))
+    except (OSError, TypeError):
+        return False
+    if "self.training" not in source:
+        return False
+    with restored(model), torch.no_grad():
+        model.train()
+        try:
+            out = model(*inputs)
+        except Exception:  # noqa: BLE001 - a branch that only runs in training mode cannot run here
+            return True
+    return len(out) > n_eval if isinstance(out, (tuple, list)) else False
+
+
+@contextlib.contextmanager
+def restored(model: Any) -> Iterator[None]:
+    """Give ``model`` back as it was when the block ends, also on an error.
+
+    Each module gets back its ``training`` flag, its ``momentum``, its own parameter and buffer
+    objects (one rebound in ``forward`` is put back) and the values they held (in-place updates
+    such as BatchNorm running statistics and ``num_batches_tracked`` are undone).
+    """
+    import torch
+
+    saved = [(m, _attrs(m), dict(m._parameters), dict(m._buffers)) for m in model.modules()]
+    tensors = [t for *_, ps, bs in saved for t in (*ps.values(), *bs.values()) if t is not None]
+    values = {id(t): (t, t.detach().clone()) for t in tensors}
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for m, attrs, params, buffers in saved:
+                m.__dict__.update(attrs)
+                _put_back(m._parameters, params)
+                _put_back(m._buffers, buffers)
+            for tensor, value in values.values():
+                tensor.copy_(value)
+
+
+def _put_back(store: Any, saved: dict[str, Any]) -> None:
+    """Make a module's parameter or buffer dict hold exactly ``saved`` again (if ``forward`` changed it)."""
+    if len(store) != len(saved) or any(store.get(k) is not v for k, v in saved.items()):
+        store.clear()
+        store.update(saved)
+
+
+def _attrs(module: Any) -> dict[str, Any]:
+    """The plain attributes export changes: ``training`` and (BatchNorm's) ``momentum``."""
+    return {k: module.__dict__[k] for k in ("training", "momentum") if k in module.__dict__}
