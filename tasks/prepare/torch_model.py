@@ -14,6 +14,7 @@ give siblings distinct names.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import hashlib
@@ -170,10 +171,15 @@ def load_weights(model: Any, path: Path, *, replaced_head: bool = False) -> None
             state = state["state_dict"]
         own = model.state_dict()
         skipped = [k for k, v in state.items() if k in own and tuple(v.shape) != tuple(own[k].shape)]
+        meta = getattr(state, "_metadata", None) or getattr(own, "_metadata", None)
+        state = collections.OrderedDict(state)
         if replaced_head and len(skipped) <= 2:
-            state = {**state, **{k: own[k] for k in skipped}}
+            state.update({k: own[k] for k in skipped})
             if skipped:
                 log.info("weights %s: kept the new classifier head for %s", path.name, skipped)
+        # a file saved without module versions (weights_only loading drops them) is read as the
+        # model's own version: MNASNet's loader refuses a state dict without one
+        state._metadata = meta  # type: ignore[attr-defined]
         model.load_state_dict(state, strict=True)
     except (RuntimeError, ValueError, OSError, EOFError, KeyError) as exc:
         raise ModelError(f"cannot load weights {path} into the model: {str(exc).splitlines()[0]}") from exc
