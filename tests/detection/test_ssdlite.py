@@ -1,0 +1,62 @@
+"""The reference detector (recipes/ssdlite_small.toml, SSD-Lite MobileNetV2 at 96 px): its loss in
+the graph prepares, trains offline and exports an inference model images -> (scores, offsets)
+whose outputs equal the PyTorch model's, decoded by the board's numpy helper."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tasks.paths import PROJECT_ROOT
+
+
+@pytest.fixture(scope="module")
+def prepared_ssd(tmp_path_factory):
+    from tasks.prepare import prepare
+    from tasks.recipe.load import load_recipe
+
+    recipe = load_recipe(PROJECT_ROOT / "recipes" / "ssdlite_small.toml")
+    return recipe, prepare(recipe, tmp_path_factory.mktemp("ssd") / "out")
+
+
+def test_detector_prepares_with_its_loss_in_the_graph(prepared_ssd):
+    _, done = prepared_ssd
+    m, v = done.manifest, done.validation
+    assert m["loss"] == "embedded" and m["inference_output_names"] == ["scores", "offsets"]
+    assert m["feeds"] == {"images": "x", "labels": "y", "gt_offsets": "offsets"}
+    assert all(n.startswith(("cls_heads.", "box_heads.")) for n in m["trainable"])
+    assert v["passed"] and v["checks"]["inference_matches_torch"]["max_abs_diff"] < 1e-3
+
+
+def test_inference_model_decodes_like_torch(prepared_ssd):
+    import onnxruntime
+    import torch
+
+    from device_agent import detection as det
+    from tasks.prepare.torch_model import build_model
+
+    recipe, done = prepared_ssd
+    sess = onnxruntime.InferenceSession(
+        str(done.out_dir / "validation_inference.onnx"), providers=["CPUExecutionProvider"]
+    )
+    assert [i.name for i in sess.get_inputs()] == ["images"]
+    images = np.load(recipe.data.test)["x"][:4]
+    scores, offsets = sess.run(["scores", "offsets"], {"images": images})
+    priors = det.priors(build_model(recipe).specs, 96)
+    assert scores.shape == (4, len(priors), 4) and offsets.shape == (4, len(priors), 4)
+    np.testing.assert_allclose(scores.sum(-1), 1.0, rtol=1e-5)
+    model = build_model(recipe)
+    from onnx import load, numpy_helper
+
+    trained = {i.name: torch.from_numpy(numpy_helper.to_array(i).copy())
+               for i in load(str(done.out_dir / "validation_inference.onnx")).graph.initializer}  # fmt: skip
+    state = model.state_dict()
+    state.update({k: v for k, v in trained.items() if k in state})
+    model.load_state_dict(state)
+    with torch.no_grad():
+        logits, t_offsets = model.heads(torch.from_numpy(images))
+    np.testing.assert_allclose(scores, torch.softmax(logits, -1).numpy(), atol=1e-5)
+    np.testing.assert_allclose(offsets, t_offsets.numpy(), atol=1e-4)
+    for boxes, labels, conf in det.postprocess(scores, offsets, priors, score_threshold=0.05):
+        assert (boxes >= 0).all() and (boxes <= 1).all() and ((labels >= 0) & (labels < 3)).all()
+        assert (np.diff(conf) <= 0).all()  # best first
