@@ -32,6 +32,7 @@ from tasks.recipe.schema import (
 )
 from tasks.recipe.table import Table, optional_ref, ref
 
+ACCURACY_TASKS = ("classification", "binary")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 TOP_KEYS = {
     "name",
@@ -174,7 +175,7 @@ def parse_recipe(data: dict, source: Path) -> Recipe:
         schedule=_parse_schedule(table("schedule", {"warmup_steps", "final_lr_ratio"}, False)),
         training=_parse_training(table("training", set(TrainingSpec.__dataclass_fields__), False)),
         data=_parse_data(table("data", DATA_KEYS), base),
-        promotion=_parse_promotion(table("promotion", {"metric", "min_gain"}, False)),
+        promotion=_parse_promotion(table("promotion", {"metric", "min_gain"}, False), task),
         raw=copy.deepcopy(data),
     )
     _check_consistency(recipe, src)
@@ -187,8 +188,9 @@ def _parse_schedule(t: Table) -> ScheduleSpec:
     )
 
 
-def _parse_promotion(t: Table) -> PromotionSpec:
-    metric = t.get("metric", str, "accuracy")
+def _parse_promotion(t: Table, task: str) -> PromotionSpec:
+    # regression and embedded-loss models have no accuracy to compare: they are judged on loss
+    metric = t.get("metric", str, "accuracy" if task in ACCURACY_TASKS else "loss")
     if not metric:
         raise t.err("metric", "a metric name such as 'accuracy' or 'loss'", metric)
     return PromotionSpec(metric, t.number("min_gain", 0.0, -1e9, 1e9))
@@ -200,6 +202,14 @@ def _check_consistency(r: Recipe, src: str) -> None:
         raise RecipeError("loss.kind", "'embedded' exactly when task = 'embedded'", r.loss.kind, source=src)
     if r.task == "embedded" and len(r.model.output_names) < 2:
         raise RecipeError("model.output_names", "the loss first, then at least one model output", source=src)
+    if r.promotion.metric in ("accuracy", "balanced_accuracy") and r.task not in ACCURACY_TASKS:
+        raise RecipeError(
+            "promotion.metric",
+            f"a metric the host evaluation reports for task '{r.task}' ('loss'; accuracy needs a "
+            "classification or binary task)",
+            r.promotion.metric,
+            source=src,
+        )
     if r.loss.kind == "cross-entropy" and r.task != "classification":
         raise RecipeError(
             "loss.kind",

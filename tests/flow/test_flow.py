@@ -136,3 +136,15 @@ def test_failing_run_loses_nothing_promoted(promoted_run, flow_board, flow_home,
     assert [v.name for v in reg.versions("digits", board)] == versions
     now = reg.current("digits", board)
     assert (now.name, now.model.read_bytes()) == before
+
+
+def test_detector_with_its_loss_in_the_graph_completes(prefect_harness, flow_home, flow_board):
+    """An embedded-loss detector (SSD-Lite at 96 px) trains on the board, is evaluated on the host
+    through its eval graph and judged on that loss: the flow no longer fails after training."""
+    from tasks.paths import PROJECT_ROOT
+
+    _, out = _run(flow_board.name, recipe=str(PROJECT_ROOT / "recipes" / "ssdlite_small.toml"))
+    base, cand = out.metrics["base"], out.metrics["candidate"]
+    assert base["loss_kind"] == cand["loss_kind"] == "embedded"
+    assert cand["loss"] < base["loss"] and out.promoted
+    assert (out.run_dir / "inference.onnx").is_file()

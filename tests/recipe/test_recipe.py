@@ -39,6 +39,10 @@ BAD = [  # (change to the base recipe, field named in the error)
     ({"data": {"make": "datasets"}}, "data.make"),
     ({"data": {"feeds": {"labels": 1}}}, "data.feeds"),
     ({"promotion": {"min_gain": "a lot"}}, "promotion.min_gain"),
+    (
+        {"task": "regression", "loss": {"kind": "mse"}, "promotion": {"metric": "accuracy"}},
+        "promotion.metric",
+    ),
 ]
 
 
@@ -48,6 +52,16 @@ def test_bad_field_is_named(tmp_path, change, field):
         parse_recipe(merge(BASE, change), tmp_path / "r.toml")
     assert info.value.field == field
     assert f"'{field}'" in str(info.value)
+
+
+def test_promotion_metric_defaults_to_what_the_task_reports(tmp_path):
+    """Accuracy for classifiers; loss for regression and embedded-loss models (no accuracy there:
+    an embedded recipe used to train on the board, then fail at promotion)."""
+    embedded = {"task": "embedded", "loss": {"kind": "embedded"}, "model": {"output_names": ["loss", "out"]}}
+    assert parse_recipe(BASE, tmp_path / "r.toml").promotion.metric == "accuracy"
+    assert parse_recipe(merge(BASE, embedded), tmp_path / "r.toml").promotion.metric == "loss"
+    with pytest.raises(RecipeError, match="promotion.metric"):
+        parse_recipe(merge(BASE, {**embedded, "promotion": {"metric": "accuracy"}}), tmp_path / "r.toml")
 
 
 def test_embedded_needs_loss_first(tmp_path):
