@@ -94,8 +94,9 @@ def child(name: str, size: int, strategy: str, work: Path) -> dict:
             bigger = [s for s in RETRY_SIZES if s > size]
             if "adaptive_avg_pool" not in str(exc) or not bigger:
                 raise
-            row["note"] = f"{size} px: {exc}"
-            return child(name, bigger[0], strategy, work)
+            retried = child(name, bigger[0], strategy, work)
+            retried["note"] = f"{size} px: {exc}"
+            return retried
     except PipelineError as exc:
         row.update(result=f"{type(exc).__name__}: {exc}")
     else:

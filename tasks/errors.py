@@ -58,6 +58,7 @@ finds no report); 2 a command-line usage error; 130 interrupted (Ctrl-C).
 from __future__ import annotations
 
 import enum
+import re
 
 from device_agent.protocol import NEVER_RETRY
 
@@ -251,8 +252,6 @@ def ort_message(error: str) -> str:
     <message>`` and, inside messages, ``<file>.cc:<line> <signature> <condition> was false. <why>``;
     what remains is ``<message>`` with ``<why>``, or "" when nothing readable is left.
     """
-    import re
-
     text = " ".join(error.split())
     text = re.sub(r"\S+\.(?:cc|h|cpp):\d+ [^\[]*?\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
     text = re.sub(r"\S+\.(?:cc|h|cpp):\d+ .*? was false\.\s*", "", text)

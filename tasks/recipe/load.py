@@ -202,7 +202,7 @@ def _check_consistency(r: Recipe, src: str) -> None:
         raise RecipeError("loss.kind", "'embedded' exactly when task = 'embedded'", r.loss.kind, source=src)
     if r.task == "embedded" and len(r.model.output_names) < 2:
         raise RecipeError("model.output_names", "the loss first, then at least one model output", source=src)
-    if r.promotion.metric in ("accuracy", "balanced_accuracy") and r.task not in ACCURACY_TASKS:
+    if r.promotion.metric == "accuracy" and r.task not in ACCURACY_TASKS:
         raise RecipeError(
             "promotion.metric",
             f"a metric the host evaluation reports for task '{r.task}' ('loss'; accuracy needs a "
