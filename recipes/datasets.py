@@ -102,24 +102,22 @@ def two_textures(out_dir: Path, *, n_train: int = 256, n_test: int = 64, size: i
 
 def shapes_detection(out_dir: Path, size: int = 300, n_train: int = 128, n_test: int = 64) -> None:
     """The synthetic shapes detection set (tasks.detection.synthetic) as the SSD-Lite recipe's
-    npz files: ``x`` images (float32, NCHW, centred), ``y`` per-prior class ids and ``offsets``
-    per-prior box targets, matched to the priors of recipes/ssdlite.py at ``size``. The PNG + COCO
-    + VOC files stay beside them (``shapes-<split>/``), as a user's data would be."""
-    from PIL import Image
+    npz files (tasks.detection.annotations.detection_arrays: images centred as (pixel - 0.5) /
+    0.25, per-prior targets matched to the priors of recipes/ssdlite.py at ``size``, and the
+    ground-truth boxes). The PNG + COCO + VOC files stay beside them (``shapes-<split>/``), as a
+    user's data would be: a user's own set goes through ``load_coco`` or ``load_voc`` the same way."""
     from ssdlite import priors_for
 
-    from tasks.detection.annotations import load_coco, targets
+    from tasks.detection.annotations import detection_arrays, load_coco
     from tasks.detection.synthetic import CLASSES, write_set
 
     priors = priors_for(size)
     for split, n, seed in (("train", n_train, 0), ("test", n_test, 1)):
         items = load_coco(write_set(out_dir / f"shapes-{split}", n, size, seed), CLASSES)
-        x = np.stack([np.asarray(Image.open(a.image).convert("RGB"), np.float32) for a in items])
-        labels, offsets = targets(items, priors)
-        _save(out_dir / f"shapes_{split}.npz", (x.transpose(0, 3, 1, 2) / 255.0 - 0.5) / 0.25, labels,
-              offsets=offsets.astype(np.float32))  # fmt: skip
+        arrays = detection_arrays(items, priors, size)
+        _save(out_dir / f"shapes_{split}.npz", arrays.pop("x"), arrays.pop("y"), **arrays)
 
 
 def shapes_detection_small(out_dir: Path) -> None:
-    """:func:`shapes_detection` at 96 px (64 train / 32 test images), for tests and CI."""
-    shapes_detection(out_dir, size=96, n_train=64, n_test=32)
+    """:func:`shapes_detection` at 96 px (128 train / 64 test images), for tests and CI."""
+    shapes_detection(out_dir, size=96, n_train=128, n_test=64)

@@ -68,6 +68,10 @@ class SSDLite(nn.Module):
         self.box_heads = nn.ModuleList([_separable(c, per_cell * 4) for c in channels])
         self.specs = priors_specs(self._feature_cells(), size)
 
+    def priors(self) -> np.ndarray:
+        """Center-form priors ``[P, 4]`` in [0, 1], in the order of the heads' outputs."""
+        return det.priors(self.specs, self.size)
+
     def _maps(self, images: torch.Tensor) -> list[torch.Tensor]:
         x = self.stem(images)
         maps = [x]
@@ -131,7 +135,7 @@ def priors_specs(cells: list[int], size: int) -> list[det.FeatureSpec]:
 
 def priors_for(size: int) -> np.ndarray:
     """Center-form priors ``[P, 4]`` of :class:`SSDLite` at input ``size`` (its maps measured)."""
-    return det.priors(SSDLite(1, size).specs, size)
+    return SSDLite(1, size).priors()
 
 
 def ssdlite(num_classes: int = 3, size: int = 300) -> SSDLite:

@@ -125,3 +125,58 @@ def targets(
     """Per-prior class ids ``[N, P]`` (0 = background) and box offsets ``[N, P, 4]`` of ``items``."""
     matched = [det.match(a.boxes, a.labels, center_priors, threshold) for a in items]
     return np.stack([m[0] for m in matched]), np.stack([m[1] for m in matched])
+
+
+def ground_truth(items: list[Annotated]) -> tuple[np.ndarray, np.ndarray]:
+    """Every image's boxes ``[N, M, 4]`` (corners in [0, 1]) and class indices ``[N, M]``, padded
+    with -1 labels to the largest count M: what host evaluation scores detections against."""
+    most = max((len(a.labels) for a in items), default=0)
+    boxes = np.zeros((len(items), max(most, 1), 4), np.float32)
+    labels = np.full((len(items), max(most, 1)), -1, np.int64)
+    for i, a in enumerate(items):
+        boxes[i, : len(a.labels)] = a.boxes
+        labels[i, : len(a.labels)] = a.labels
+    return boxes, labels
+
+
+def images(
+    items: list[Annotated],
+    size: int,
+    mean: float | tuple[float, ...] = 0.5,
+    std: float | tuple[float, ...] = 0.25,
+) -> np.ndarray:
+    """The images of ``items`` as float32 NCHW ``[N, 3, size, size]``: RGB in [0, 1], resized
+    (boxes are normalised, so they stay valid), then ``(pixel - mean) / std`` per channel."""
+    from PIL import Image
+
+    out = np.empty((len(items), 3, size, size), np.float32)
+    m = np.asarray(mean, np.float32).reshape(-1, 1, 1)
+    s = np.asarray(std, np.float32).reshape(-1, 1, 1)
+    for i, a in enumerate(items):
+        with Image.open(a.image) as img:
+            rgb = img.convert("RGB").resize((size, size), Image.Resampling.BILINEAR)
+        out[i] = (np.asarray(rgb, np.float32).transpose(2, 0, 1) / 255.0 - m) / s
+    return out
+
+
+def detection_arrays(
+    items: list[Annotated],
+    center_priors: np.ndarray,
+    size: int,
+    *,
+    mean: float | tuple[float, ...] = 0.5,
+    std: float | tuple[float, ...] = 0.25,
+    threshold: float = 0.5,
+) -> dict[str, np.ndarray]:
+    """The arrays of a detection ``.npz`` set: ``x`` images, ``y`` per-prior class ids, ``offsets``
+    per-prior box targets (what the training graph takes) and ``gt_boxes`` / ``gt_labels`` (what
+    host evaluation scores mAP against)."""
+    labels, offsets = targets(items, center_priors, threshold)
+    gt_boxes, gt_labels = ground_truth(items)
+    return {
+        "x": images(items, size, mean, std),
+        "y": labels.astype(np.int64),
+        "offsets": offsets.astype(np.float32),
+        "gt_boxes": gt_boxes,
+        "gt_labels": gt_labels,
+    }

@@ -1,9 +1,10 @@
 """A synthetic detection set that ships with the project: shapes on textured backgrounds.
 
 Each image holds 1-4 objects of the classes ``square``, ``disc`` and ``triangle`` in random colours,
-with sides from 10 % to 70 % of the image (the span of an SSD's prior scales), on a background of
-stripes and noise. The same set is written twice, as users have it: a COCO ``instances`` JSON and
-one Pascal VOC XML per image, beside the PNG files.
+with sides from 20 % to 70 % of the image (within the SSD-Lite prior scales, 20 % to 95 %), covering
+at most 10 % of each other (no object hidden), on a background of stripes and noise. The same set
+is written twice, as users have it: a COCO ``instances`` JSON and one Pascal VOC XML per image,
+beside the PNG files.
 """
 
 from __future__ import annotations
@@ -15,6 +16,16 @@ from pathlib import Path
 import numpy as np
 
 CLASSES = ["square", "disc", "triangle"]
+MIN_SIDE, MAX_SIDE = 0.2, 0.7  # object sides as fractions of the image: the SSD-Lite prior scales
+MAX_OVERLAP = 0.1  # share of the smaller of two objects the other may cover
+ATTEMPTS = 20  # placements tried per object before it is left out
+
+
+def _overlap(a: list[int], b: list[int]) -> float:
+    """The share of the smaller of two pixel boxes the other covers."""
+    w = max(0, min(a[2], b[2]) - max(a[0], b[0]))
+    h = max(0, min(a[3], b[3]) - max(a[1], b[1]))
+    return w * h / min((a[2] - a[0]) * (a[3] - a[1]), (b[2] - b[0]) * (b[3] - b[1]))
 
 
 def _background(rng: np.random.Generator, size: int) -> np.ndarray:
@@ -42,14 +53,19 @@ def _mask(kind: str, size: int, box: tuple[int, int, int, int]) -> np.ndarray:
 def make_image(rng: np.random.Generator, size: int) -> tuple[np.ndarray, list[tuple[str, list[int]]]]:
     """One ``[size, size, 3]`` uint8 image and its objects ``(class, [x1, y1, x2, y2])`` in pixels."""
     img = _background(rng, size)
-    objects = []
+    objects: list[tuple[str, list[int]]] = []
     for _ in range(rng.integers(1, 5)):
         kind = CLASSES[rng.integers(len(CLASSES))]
-        side = int(rng.uniform(0.1, 0.7) * size)
-        x1, y1 = (int(v) for v in rng.integers(0, size - side + 1, 2))
-        box = (x1, y1, x1 + side, y1 + side)
-        img[_mask(kind, size, box)] = rng.uniform(0, 1, 3)
-        objects.append((kind, list(box)))
+        for _attempt in range(ATTEMPTS):  # objects may touch but not hide each other
+            side = int(rng.uniform(MIN_SIDE, MAX_SIDE) * size)
+            x1, y1 = (int(v) for v in rng.integers(0, size - side + 1, 2))
+            box = [x1, y1, x1 + side, y1 + side]
+            if all(_overlap(box, other) <= MAX_OVERLAP for _, other in objects):
+                break
+        else:
+            continue
+        img[_mask(kind, size, tuple(box))] = rng.uniform(0, 1, 3)
+        objects.append((kind, box))
     return (img * 255).astype(np.uint8), objects
 
 

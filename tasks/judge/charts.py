@@ -1,4 +1,5 @@
-"""Small PNG charts drawn with Pillow (no matplotlib): line charts and confusion matrices.
+"""Small PNG charts drawn with Pillow (no matplotlib): line charts, confusion matrices and test
+images with detections drawn.
 
 Images are returned as PNG bytes; :func:`data_url` turns them into ``data:image/png;base64,...``
 URLs that Prefect's markdown artifacts render inline.
@@ -10,8 +11,12 @@ import base64
 import io
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from PIL import Image, ImageDraw, ImageFont
+
+if TYPE_CHECKING:
+    import numpy as np
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"]
 Series = dict[str, Sequence[tuple[float, float]]]
@@ -114,3 +119,60 @@ def confusion_chart(cm: Sequence[Sequence[int]], title: str, labels: Sequence[st
     )
     draw.text((6, top - 20), "true", fill="black", font=_font(12))
     return _png(img)
+
+
+def detections_chart(
+    image: np.ndarray,
+    ground_truth: tuple[Sequence[Sequence[float]], Sequence[int]],
+    panels: dict[str, dict[str, Sequence]],
+    classes: Sequence[str],
+    side: int = 288,
+) -> bytes:
+    """One test image drawn once per model side by side: ground truth boxes in dashed white, the
+    model's detections (``panels[name]`` with ``boxes`` corners in [0, 1], ``labels``, ``scores``)
+    coloured by class with their score. ``image`` is ``[3, H, W]`` in any range (stretched to
+    0-255 for display). PNG bytes."""
+    import numpy as np
+
+    arr = np.asarray(image, np.float64)
+    lo, hi = float(arr.min()), float(arr.max())
+    rgb = ((arr - lo) / ((hi - lo) or 1.0) * 255).astype(np.uint8).transpose(1, 2, 0)
+    base = Image.fromarray(rgb).resize((side, side * rgb.shape[0] // rgb.shape[1]), Image.Resampling.BILINEAR)
+    w, h = base.size
+    pad, title = 8, 22
+    out = Image.new("RGB", (len(panels) * (w + pad) + pad, h + title + pad), "white")
+    font = _font(12)
+    gt_boxes, gt_labels = ground_truth
+    for i, (name, dets) in enumerate(panels.items()):
+        x0 = pad + i * (w + pad)
+        tile = base.copy()
+        draw = ImageDraw.Draw(tile)
+        for box, label in zip(gt_boxes, gt_labels, strict=True):
+            x1, y1, x2, y2 = (v * s for v, s in zip(box, (w, h, w, h), strict=True))
+            for a, b in (
+                ((x1, y1), (x2, y1)),
+                ((x2, y1), (x2, y2)),
+                ((x2, y2), (x1, y2)),
+                ((x1, y2), (x1, y1)),
+            ):
+                _dashed(draw, a, b, "white")
+            draw.text((x1 + 2, y2 - 13), classes[int(label)], fill="white", font=font)
+        for box, label, score in zip(dets["boxes"], dets["labels"], dets["scores"], strict=True):
+            color = PALETTE[int(label) % len(PALETTE)]
+            x1, y1, x2, y2 = (v * s for v, s in zip(box, (w, h, w, h), strict=True))
+            draw.rectangle([x1, y1, x2, y2], outline=color, width=2)
+            draw.text((x1 + 2, y1 + 1), f"{classes[int(label)]} {score:.2f}", fill=color, font=font)
+        out.paste(tile, (x0, title))
+        draw_out = ImageDraw.Draw(out)
+        draw_out.text((x0 + w // 2, 4), name, fill="black", font=_font(13), anchor="ma")
+    return _png(out)
+
+
+def _dashed(draw: ImageDraw.ImageDraw, a: tuple[float, float], b: tuple[float, float], color: str) -> None:
+    (x1, y1), (x2, y2) = a, b
+    length = math.hypot(x2 - x1, y2 - y1)
+    steps = max(1, int(length // 6))
+    for k in range(0, steps, 2):
+        t0, t1 = k / steps, min(1.0, (k + 1) / steps)
+        draw.line([(x1 + (x2 - x1) * t0, y1 + (y2 - y1) * t0), (x1 + (x2 - x1) * t1, y1 + (y2 - y1) * t1)],
+                  fill=color, width=2)  # fmt: skip

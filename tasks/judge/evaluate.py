@@ -17,6 +17,7 @@ statistics, dropout is active, so it would understate the base).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -30,11 +31,12 @@ import numpy as np
 from tasks.errors import EvaluationError
 from tasks.judge.losses import HostLoss, class_logits, l1_loss, loss_value, mse_loss, task_loss
 from tasks.judge.runtime import load_test_set, run_model, single_sample_latency_ms
+from tasks.recipe.schema import DetectionSpec
 
 log = logging.getLogger(__name__)
 
 EVAL_TASKS = ("classification", "binary", "regression", "embedded")
-EVAL_CACHE_VERSION = 2  # bump when evaluate() changes what it reports
+EVAL_CACHE_VERSION = 3  # bump when evaluate() changes what it reports
 
 
 def confusion_matrix(y_true: np.ndarray, y_pred: np.ndarray, n_classes: int) -> np.ndarray:
@@ -104,8 +106,13 @@ def evaluate(
     input_name: str | None = None,
     output_name: str | None = None,
     batch_size: int = 64,
+    detection: DetectionSpec | None = None,
+    priors: Path | None = None,
 ) -> dict[str, Any]:
-    """Evaluate an inference model on a test set; returns JSON-able metrics (see module docstring)."""
+    """Evaluate an inference model on a test set; returns JSON-able metrics (see module docstring).
+
+    A detector (``detection`` and its ``priors`` file given) is also decoded and scored with COCO
+    mAP (:mod:`tasks.judge.detection`) besides its embedded loss."""
     if task not in EVAL_TASKS:
         raise EvaluationError(f"task: host evaluation supports {', '.join(EVAL_TASKS)}, got {task!r}")
     if batch_size < 1:
@@ -113,10 +120,18 @@ def evaluate(
     loss = loss or task_loss(task)
     model_onnx = Path(model_onnx)
     x, y = load_test_set(test_npz)
-    out, spent = run_model(
-        model_onnx, x, input_name=input_name, output_name=output_name, batch_size=batch_size
-    )
-    metrics = TASK_METRICS[task](out, y)
+    if detection is not None:
+        from tasks.judge.detection import detection_metrics
+
+        if priors is None:
+            raise EvaluationError("detection: the detector's priors file is needed to decode its boxes")
+        metrics, spent, _ = detection_metrics(model_onnx, Path(test_npz), detection, priors)
+        out = np.zeros(0)  # an embedded loss is computed by the eval graph, not from outputs
+    else:
+        out, spent = run_model(
+            model_onnx, x, input_name=input_name, output_name=output_name, batch_size=batch_size
+        )
+        metrics = TASK_METRICS[task](out, y)
     metrics.update(
         loss=loss_value(loss, model_onnx, Path(test_npz), out, y, batch_size),
         loss_kind=loss.kind,
@@ -132,7 +147,13 @@ def evaluate(
 
 
 def evaluate_cached(
-    model_onnx: Path, test_npz: Path, task: str, cache_dir: Path, loss: HostLoss | None = None
+    model_onnx: Path,
+    test_npz: Path,
+    task: str,
+    cache_dir: Path,
+    loss: HostLoss | None = None,
+    detection: DetectionSpec | None = None,
+    priors: Path | None = None,
 ) -> dict[str, Any]:
     """:func:`evaluate`, reusing the stored result for the same model bytes, test set bytes, task and loss.
 
@@ -142,9 +163,13 @@ def evaluate_cached(
     from device_agent.protocol import file_sha256
 
     loss = loss or task_loss(task)
+    detector = ""
+    if detection is not None:
+        detector = json.dumps(dataclasses.asdict(detection), default=str, sort_keys=True)
+        detector += file_sha256(Path(priors)) if priors is not None and Path(priors).is_file() else ""
     key = hashlib.sha256(
         f"{EVAL_CACHE_VERSION}:{file_sha256(Path(model_onnx))}:{file_sha256(Path(test_npz))}:{task}:"
-        f"{loss.cache_key()}".encode()
+        f"{loss.cache_key()}:{detector}".encode()
     ).hexdigest()
     path = Path(cache_dir) / f"{key}.json"
     if path.is_file():
@@ -154,7 +179,7 @@ def evaluate_cached(
             Path(test_npz).name,
         )
         return json.loads(path.read_text())
-    metrics = evaluate(model_onnx, test_npz, task, loss=loss)
+    metrics = evaluate(model_onnx, test_npz, task, loss=loss, detection=detection, priors=priors)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp-{os.getpid()}")
     tmp.write_text(json.dumps(metrics))
@@ -164,7 +189,7 @@ def evaluate_cached(
 
 def summary_line(metrics: dict[str, Any]) -> str:
     """One line of the headline metrics, for logs."""
-    keys = ("accuracy", "loss", "mse", "mae", "latency_ms_batch1")
+    keys = ("accuracy", "map50", "map", "loss", "mse", "mae", "latency_ms_batch1")
     line = ", ".join(f"{k}={metrics[k]:.4f}" for k in keys if k in metrics)
     return f"{line} (loss: {metrics['loss_kind']})" if "loss_kind" in metrics else line
 

@@ -189,8 +189,12 @@ class Registry:
         *,
         info: dict[str, Any] | None = None,
         manifest: Path | None = None,
+        extras: dict[str, Path] | None = None,
     ) -> Version:
-        """Store a candidate as the next version; move ``current`` to it only if promoted."""
+        """Store a candidate as the next version; move ``current`` to it only if promoted.
+
+        ``extras`` are files the model needs beside it, stored under their given names (a
+        detector's ``priors.npy``, which its board application decodes boxes with)."""
         folder = self.entry(recipe, board)
         folder.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=folder, prefix=".staging-"))
@@ -198,6 +202,8 @@ class Registry:
             shutil.copy2(model, staging / "model.onnx")
             if manifest is not None:
                 shutil.copy2(manifest, staging / "manifest.json")
+            for name, extra in (extras or {}).items():
+                shutil.copy2(extra, staging / name)
             _write_json(staging / "metrics.json", metrics)
             full = {
                 **(info or {}),

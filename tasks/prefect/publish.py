@@ -37,6 +37,7 @@ def report_input(
         flow_run_id=run_id,
         job_id=training.job_id,
         test_set=recipe.data.test.name,
+        test_path=recipe.data.test,
         evaluations=_columns(evaluation.test, ref),
         decision=promotion.decision,
         version=promotion.version,

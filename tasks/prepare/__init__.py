@@ -23,6 +23,11 @@ class Prepared:
     manifest: dict
     validation: dict | None
 
+    @property
+    def priors(self) -> Path:
+        """A detector's priors ``[P, 4]`` written beside its export (``priors.npy``)."""
+        return self.out_dir / "priors.npy"
+
 
 def prepare(recipe: Recipe, out_dir: Path, *, validate: bool = True) -> Prepared:
     """Generate the data if missing, export, generate artifacts and (by default) validate offline.

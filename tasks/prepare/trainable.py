@@ -18,7 +18,7 @@ from math import prod
 import onnx
 
 from tasks.errors import RecipeError
-from tasks.recipe.schema import Recipe
+from tasks.recipe.schema import Recipe, TrainableSpec
 
 FLOAT_TYPES = {
     onnx.TensorProto.FLOAT,
@@ -97,22 +97,30 @@ def find_last_conv(model: onnx.ModelProto, params: dict[str, int], start: onnx.N
     )
 
 
-def _by_strategy(model: onnx.ModelProto, strategy: str, params: dict[str, int]) -> list[str]:
+def _by_strategy(model: onnx.ModelProto, spec: TrainableSpec, params: dict[str, int]) -> list[str]:
+    strategy = spec.strategy
     if strategy == "all":
         return list(params)
+    if strategy == "freeze_net":  # the ST script's freeze_net: backbone and extras frozen
+        return _by_patterns(spec.heads, params, "trainable.heads")
+    if strategy == "freeze_basenet":  # the ST script's freeze_base_net: only the backbone frozen
+        backbone = set(_by_patterns(spec.backbone, params, "trainable.backbone"))
+        return [n for n in params if n not in backbone]
     names, node = find_classifier(model, params)
     if strategy == "last-conv+classifier":
         names = find_last_conv(model, params, node) + names
     return names
 
 
-def _by_patterns(patterns: tuple[str, ...], params: dict[str, int]) -> list[str]:
+def _by_patterns(
+    patterns: tuple[str, ...], params: dict[str, int], field: str = "trainable.patterns"
+) -> list[str]:
     out = []
     for pattern in patterns:
         hits = fnmatch.filter(params, pattern)
         if not hits:
             raise RecipeError(
-                "trainable.patterns",
+                field,
                 f"a pattern matching at least one parameter (some are: {list(params)[:6]})",
                 pattern,
             )
@@ -126,7 +134,7 @@ def resolve_trainable(recipe: Recipe, model: onnx.ModelProto) -> tuple[list[str]
     counts = float_params(model)
     params = {k: v for k, v in counts.items() if k not in stats}
     spec = recipe.trainable
-    chosen = _by_strategy(model, spec.strategy, params) if spec.strategy else []
+    chosen = _by_strategy(model, spec, params) if spec.strategy else []
     chosen += _by_patterns(spec.patterns, params)
     for name in spec.names:
         if name not in params:

@@ -28,6 +28,7 @@ def recipe_files(recipe: Recipe) -> dict[str, Path]:
         "data.train": d.train,
         "data.eval": d.eval,
         "model.weights": recipe.model.weights,
+        "detection.priors": recipe.detection.priors if recipe.detection else None,
     }
     files.update({f"data.extra_tests.{k}": v for k, v in d.extra_tests.items()})
     return {k: v for k, v in files.items() if v is not None}

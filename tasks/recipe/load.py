@@ -21,6 +21,7 @@ from tasks.recipe.schema import (
     STRATEGIES,
     TASKS,
     DataSpec,
+    DetectionSpec,
     LossSpec,
     ModelSpec,
     OptimizerSpec,
@@ -33,6 +34,7 @@ from tasks.recipe.schema import (
 from tasks.recipe.table import Table, optional_ref, ref
 
 ACCURACY_TASKS = ("classification", "binary")
+DETECTION_METRICS = ("map50", "map", "map75")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 TOP_KEYS = {
     "name",
@@ -45,9 +47,13 @@ TOP_KEYS = {
     "training",
     "data",
     "promotion",
+    "detection",
 }
 MODEL_KEYS = {"torchvision", "callable", "onnx", "num_classes", "weights", "kwargs", "input_shape"}
 MODEL_KEYS |= {"input_names", "output_names"}
+TRAINABLE_KEYS = {"strategy", "names", "patterns", "batchnorm", "backbone", "heads"}
+DETECTION_KEYS = {"classes", "priors", "scores_output", "offsets_output", "score_threshold"}
+DETECTION_KEYS |= {"iou_threshold", "max_detections"}
 DATA_KEYS = {"make", "train", "board_train", "eval", "test", "extra_tests", "feeds"}
 
 
@@ -88,10 +94,45 @@ def _parse_trainable(t: Table) -> TrainableSpec:
     batchnorm = t.get("batchnorm", str, "frozen")
     if batchnorm not in BATCHNORM_MODES:
         raise t.err("batchnorm", " or ".join(repr(m) for m in BATCHNORM_MODES), batchnorm)
-    spec = TrainableSpec(strategy, t.strings("names"), t.strings("patterns"), batchnorm)
+    spec = TrainableSpec(
+        strategy,
+        t.strings("names"),
+        t.strings("patterns"),
+        batchnorm,
+        t.strings("backbone"),
+        t.strings("heads"),
+    )
     if not (spec.strategy or spec.names or spec.patterns):
         raise t.err("strategy", "at least one of trainable.strategy, trainable.names, trainable.patterns")
+    if strategy == "freeze_net" and not spec.heads:
+        raise t.err("heads", "globs of the heads' parameter names (strategy 'freeze_net' trains the heads)")
+    if strategy == "freeze_basenet" and not spec.backbone:
+        raise t.err(
+            "backbone",
+            "globs of the backbone's parameter names (strategy 'freeze_basenet' trains all but the backbone)",
+        )
     return spec
+
+
+def _parse_detection(t: Table, base: Path) -> DetectionSpec | None:
+    if not t.d:
+        return None
+    classes = t.strings("classes")
+    if not classes or len(set(classes)) != len(classes):
+        raise t.err("classes", "a non-empty list of distinct object class names", list(classes) or None)
+    threshold = t.number("score_threshold", 0.01, 0.0, 1.0)
+    iou = t.number("iou_threshold", 0.45, 0.0, 1.0)
+    if iou <= 0:
+        raise t.err("iou_threshold", "a number in (0, 1]", iou)
+    return DetectionSpec(
+        classes=classes,
+        priors=t.path("priors", base),
+        scores_output=t.get("scores_output", str, "scores"),
+        offsets_output=t.get("offsets_output", str, "offsets"),
+        score_threshold=threshold,
+        iou_threshold=iou,
+        max_detections=int(t.number("max_detections", 100, 1, 10000, integer=True)),
+    )
 
 
 def _parse_loss(t: Table) -> LossSpec:
@@ -169,13 +210,16 @@ def parse_recipe(data: dict, source: Path) -> Recipe:
         task=task,
         source=Path(source).resolve(),
         model=_parse_model(table("model", MODEL_KEYS), base),
-        trainable=_parse_trainable(table("trainable", {"strategy", "names", "patterns", "batchnorm"})),
+        trainable=_parse_trainable(table("trainable", TRAINABLE_KEYS)),
         loss=_parse_loss(table("loss", {"kind"})),
         optimizer=_parse_optimizer(table("optimizer", {"kind", "lr", "weight_decay"}, False)),
         schedule=_parse_schedule(table("schedule", {"warmup_steps", "final_lr_ratio"}, False)),
         training=_parse_training(table("training", set(TrainingSpec.__dataclass_fields__), False)),
         data=_parse_data(table("data", DATA_KEYS), base),
-        promotion=_parse_promotion(table("promotion", {"metric", "min_gain"}, False), task),
+        promotion=_parse_promotion(
+            table("promotion", {"metric", "min_gain"}, False), task, "detection" in data
+        ),
+        detection=_parse_detection(table("detection", DETECTION_KEYS, False), base),
         raw=copy.deepcopy(data),
     )
     _check_consistency(recipe, src)
@@ -188,9 +232,11 @@ def _parse_schedule(t: Table) -> ScheduleSpec:
     )
 
 
-def _parse_promotion(t: Table, task: str) -> PromotionSpec:
-    # regression and embedded-loss models have no accuracy to compare: they are judged on loss
-    metric = t.get("metric", str, "accuracy" if task in ACCURACY_TASKS else "loss")
+def _parse_promotion(t: Table, task: str, detector: bool) -> PromotionSpec:
+    # regression and embedded-loss models have no accuracy to compare: they are judged on loss,
+    # detectors on mAP@0.5
+    default = "accuracy" if task in ACCURACY_TASKS else "map50" if detector else "loss"
+    metric = t.get("metric", str, default)
     if not metric:
         raise t.err("metric", "a metric name such as 'accuracy' or 'loss'", metric)
     return PromotionSpec(metric, t.number("min_gain", 0.0, -1e9, 1e9))
@@ -202,6 +248,24 @@ def _check_consistency(r: Recipe, src: str) -> None:
         raise RecipeError("loss.kind", "'embedded' exactly when task = 'embedded'", r.loss.kind, source=src)
     if r.task == "embedded" and len(r.model.output_names) < 2:
         raise RecipeError("model.output_names", "the loss first, then at least one model output", source=src)
+    if r.detection is not None and r.task != "embedded":
+        raise RecipeError(
+            "detection", "a detector whose loss is in its graph (task = 'embedded')", r.task, source=src
+        )
+    if r.detection is not None and r.model.num_classes not in (None, len(r.detection.classes)):
+        raise RecipeError(
+            "detection.classes",
+            f"model.num_classes ({r.model.num_classes}) names",
+            list(r.detection.classes),
+            source=src,
+        )
+    if r.promotion.metric in DETECTION_METRICS and r.detection is None:
+        raise RecipeError(
+            "promotion.metric",
+            "a metric the host evaluation reports ('map50', 'map' and 'map75' need a [detection] table)",
+            r.promotion.metric,
+            source=src,
+        )
     if r.promotion.metric == "accuracy" and r.task not in ACCURACY_TASKS:
         raise RecipeError(
             "promotion.metric",

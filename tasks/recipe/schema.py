@@ -21,7 +21,11 @@ Recipe TOML layout (every table and key; unknown keys are errors)::
     output_names = ["output"]             # default ["output"]; embedded: ["loss", ...]
 
     [trainable]                           # at least one of strategy / names / patterns
-    strategy = "last-conv+classifier"     # classifier | last-conv+classifier | all
+    strategy = "last-conv+classifier"     # classifier | last-conv+classifier | all |
+                                          # freeze_net (the heads only) |
+                                          # freeze_basenet (everything but the backbone)
+    backbone = ["stem.*", "trunk.*"]      # fnmatch globs: the backbone (freeze_basenet)
+    heads = ["cls_heads.*"]               # fnmatch globs: the heads (freeze_net)
     names = []                            # explicit parameter (initializer) names
     patterns = []                         # fnmatch globs over parameter names
     batchnorm = "frozen"                  # frozen: every BatchNorm normalises with its running
@@ -59,8 +63,24 @@ Recipe TOML layout (every table and key; unknown keys are errors)::
     extra_tests = {clean = "data/digits/clean_test.npz"}   # optional named extra test sets
     feeds = {}                            # model input name -> npz key (default x, y)
 
+    [detection]                           # optional, task = "embedded" only: the model is a
+                                          # detector; the host also decodes, runs per-class NMS and
+                                          # reports COCO mAP (map50, map, map75, per-class AP)
+    classes = ["square", "disc"]          # object classes (class id 0 is the background)
+    priors = "priors.npy"                 # optional [P, 4] center-form priors in [0, 1]; default:
+                                          #   the model object's priors() at export
+    scores_output = "scores"              # inference outputs: [N, P, C + 1] class probabilities
+    offsets_output = "offsets"            #   and [N, P, 4] offsets (variances 0.1 / 0.2)
+    score_threshold = 0.01
+    iou_threshold = 0.45                  # per-class NMS
+    max_detections = 100                  # per image
+    # the test set also holds gt_boxes [N, M, 4] (x1 y1 x2 y2 in [0, 1]) and gt_labels [N, M]
+    # (class index, -1 pads): tasks.detection.annotations.detection_arrays writes them
+
     [promotion]
-    metric = "accuracy"                   # accuracy | loss (any metric the evaluator reports)
+    metric = "accuracy"                   # accuracy | loss | map50 | map (any metric the
+                                          # evaluator reports); default accuracy for
+                                          # classification/binary, map50 for detectors, else loss
     min_gain = 0.0                        # promote only if new - current > min_gain
                                           # (for "loss", lower is better: current - new > min_gain)
 """
@@ -72,7 +92,7 @@ from pathlib import Path
 from typing import Any
 
 BUILTIN_LOSSES = ("mse", "cross-entropy", "bce-with-logits", "l1")
-STRATEGIES = ("classifier", "last-conv+classifier", "all")
+STRATEGIES = ("classifier", "last-conv+classifier", "all", "freeze_net", "freeze_basenet")
 BATCHNORM_MODES = ("frozen", "batch-stats")
 OPTIMIZERS = ("adamw", "sgd")
 TASKS = ("classification", "binary", "regression", "embedded")
@@ -96,6 +116,8 @@ class TrainableSpec:
     names: tuple[str, ...] = ()
     patterns: tuple[str, ...] = ()
     batchnorm: str = "frozen"  # one of BATCHNORM_MODES
+    backbone: tuple[str, ...] = ()  # globs of the backbone's parameters (freeze_basenet)
+    heads: tuple[str, ...] = ()  # globs of the heads' parameters (freeze_net)
 
 
 @dataclass(frozen=True)
@@ -138,6 +160,17 @@ class DataSpec:
 
 
 @dataclass(frozen=True)
+class DetectionSpec:
+    classes: tuple[str, ...]
+    priors: Path | None = None  # None: the model's priors() at export
+    scores_output: str = "scores"
+    offsets_output: str = "offsets"
+    score_threshold: float = 0.01
+    iou_threshold: float = 0.45
+    max_detections: int = 100
+
+
+@dataclass(frozen=True)
 class PromotionSpec:
     metric: str = "accuracy"
     min_gain: float = 0.0
@@ -156,6 +189,7 @@ class Recipe:
     training: TrainingSpec
     data: DataSpec
     promotion: PromotionSpec
+    detection: DetectionSpec | None = None
     raw: dict[str, Any] = field(default_factory=dict)  # the parsed TOML, for hashing and reports
 
     @property

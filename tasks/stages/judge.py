@@ -96,10 +96,14 @@ def evaluate(recipe: Recipe, prep: Prepared, candidate: Path, reference: Referen
     models["candidate"] = Path(candidate)
     sets = {"test": recipe.data.test, **recipe.data.extra_tests}
     cache, loss = state_dir("cache", "evaluations"), host_loss(recipe, prep)
+    detector = {"detection": recipe.detection, "priors": prep.priors} if recipe.detection else {}
     return Evaluation(
         reference,
         {
-            name: {col: evaluate_cached(m, path, recipe.task, cache, loss) for col, m in models.items()}
+            name: {
+                col: evaluate_cached(m, path, recipe.task, cache, loss, **detector)
+                for col, m in models.items()
+            }
             for name, path in sets.items()
         },
     )
@@ -128,5 +132,6 @@ def promote(
         decision,
         info=info,
         manifest=prep.manifest_path,
+        extras={"priors.npy": prep.priors} if recipe.detection else None,
     )
     return Promotion(decision, version.name)

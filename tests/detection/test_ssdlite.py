@@ -60,3 +60,59 @@ def test_inference_model_decodes_like_torch(prepared_ssd):
     for boxes, labels, conf in det.postprocess(scores, offsets, priors, score_threshold=0.05):
         assert (boxes >= 0).all() and (boxes <= 1).all() and ((labels >= 0) & (labels < 3)).all()
         assert (np.diff(conf) <= 0).all()  # best first
+
+
+def test_priors_are_written_beside_the_export(prepared_ssd):
+    from tasks.prepare.torch_model import build_model
+
+    recipe, done = prepared_ssd
+    priors = np.load(done.priors)
+    np.testing.assert_array_equal(priors, build_model(recipe).priors())
+    import onnx
+
+    offsets = next(o for o in onnx.load(str(done.model_onnx)).graph.output if o.name == "offsets")
+    assert priors.shape == (offsets.type.tensor_type.shape.dim[1].dim_value, 4)
+
+
+def test_the_st_scripts_trainable_sets(prepared_ssd):
+    """freeze_net trains the heads only, freeze_basenet the extras and heads (never the backbone's
+    stem and trunk), an explicit list exactly its names; BatchNorm statistics are never trained."""
+    import onnx
+
+    from tasks.errors import RecipeError
+    from tasks.prepare.trainable import bn_statistics, resolve_trainable
+    from tasks.recipe.load import load_recipe
+
+    _, done = prepared_ssd
+    model = onnx.load(str(done.model_onnx))
+    path = PROJECT_ROOT / "recipes" / "ssdlite_small.toml"
+    heads, _, _ = resolve_trainable(load_recipe(path), model)
+    assert heads and all(n.startswith(("cls_heads.", "box_heads.")) for n in heads)
+    base, _, counts = resolve_trainable(load_recipe(path, {"trainable.strategy": "freeze_basenet"}), model)
+    assert set(heads) < set(base) and any(n.startswith("extras.") for n in base)
+    assert not any(n.startswith(("stem.", "trunk.")) for n in base) and not set(base) & bn_statistics(model)
+    assert len(base) < len(counts)
+    only = load_recipe(path, {"trainable": {"names": heads[:2], "batchnorm": "frozen"}})
+    assert resolve_trainable(only, model)[0] == heads[:2]
+    with pytest.raises(RecipeError) as info:
+        resolve_trainable(load_recipe(path, {"trainable.heads": ["head.*"]}), model)
+    assert info.value.field == "trainable.heads"
+
+
+def test_host_evaluation_scores_the_detector_with_coco_map(prepared_ssd):
+    from tasks.judge.evaluate import base_inference_model, evaluate
+    from tasks.judge.losses import host_loss
+
+    recipe, done = prepared_ssd
+    base = base_inference_model(
+        done.artifacts_dir / "training_model.onnx",
+        done.artifacts_dir / "eval_model.onnx",
+        done.artifacts_dir / "checkpoint",
+        done.manifest["inference_output_names"],
+        done.out_dir / "base.onnx",
+    )
+    m = evaluate(base, recipe.data.test, recipe.task, loss=host_loss(recipe, done),
+                 detection=recipe.detection, priors=done.priors)  # fmt: skip
+    assert m["loss_kind"] == "embedded" and m["loss"] > 0
+    assert 0.0 <= m["map"] <= m["map50"] <= 1.0 and set(m["per_class_ap50"]) == set(recipe.detection.classes)
+    assert len(m["examples"]) == 4 and m["classes"] == list(recipe.detection.classes)

@@ -138,13 +138,36 @@ def test_failing_run_loses_nothing_promoted(promoted_run, flow_board, flow_home,
     assert (now.name, now.model.read_bytes()) == before
 
 
-def test_detector_with_its_loss_in_the_graph_completes(prefect_harness, flow_home, flow_board):
+def test_detector_with_its_loss_in_the_graph_completes(prepared_ssd_flow):
     """An embedded-loss detector (SSD-Lite at 96 px) trains on the board, is evaluated on the host
-    through its eval graph and judged on that loss: the flow no longer fails after training."""
-    from tasks.paths import PROJECT_ROOT
-
-    _, out = _run(flow_board.name, recipe=str(PROJECT_ROOT / "recipes" / "ssdlite_small.toml"))
+    through its eval graph and with COCO mAP (pycocotools), judged on mAP@0.5; the registry keeps
+    its priors beside the model and the report shows the detection sections."""
+    run_id, out, board = prepared_ssd_flow
     base, cand = out.metrics["base"], out.metrics["candidate"]
     assert base["loss_kind"] == cand["loss_kind"] == "embedded"
-    assert cand["loss"] < base["loss"] and out.promoted
+    assert cand["loss"] < base["loss"]
+    for m in (base, cand):
+        assert 0.0 <= m["map"] <= m["map50"] <= 1.0 and len(m["per_class_ap50"]) == 3
     assert (out.run_dir / "inference.onnx").is_file()
+    from tasks import stages
+
+    version = next(v for v in stages.registry().versions("ssdlite-small", board) if v.name == out.version)
+    assert version.info["decision"]["metric"] == "map50"
+    assert out.promoted == (cand["map50"] > base["map50"])
+    assert (version.path / "priors.npy").is_file() and (version.path / "model.onnx").is_file()
+    report = _artifacts(run_id)[f"odl-report-ssdlite-small-{board}"].data
+    for text in (
+        "mAP@0.5",
+        "per-class AP",
+        "![precision-recall](data:image/png",
+        "![test image 0](data:image/png",
+    ):
+        assert text in report
+
+
+@pytest.fixture
+def prepared_ssd_flow(prefect_harness, flow_home, flow_board):
+    from tasks.paths import PROJECT_ROOT
+
+    run_id, out = _run(flow_board.name, recipe=str(PROJECT_ROOT / "recipes" / "ssdlite_small.toml"))
+    return run_id, out, flow_board.name

@@ -43,7 +43,43 @@ BAD = [  # (change to the base recipe, field named in the error)
         {"task": "regression", "loss": {"kind": "mse"}, "promotion": {"metric": "accuracy"}},
         "promotion.metric",
     ),
+    ({"trainable": {"strategy": "freeze_net"}}, "trainable.heads"),
+    ({"trainable": {"strategy": "freeze_basenet", "heads": ["h.*"]}}, "trainable.backbone"),
+    ({"promotion": {"metric": "map50"}}, "promotion.metric"),
+    ({"detection": {"classes": ["a"]}}, "detection"),
 ]
+
+DETECTOR = {  # an embedded-loss model with a [detection] table
+    "task": "embedded",
+    "loss": {"kind": "embedded"},
+    "model": {"output_names": ["loss", "scores", "offsets"], "num_classes": 2},
+    "detection": {"classes": ["cat", "dog"]},
+}
+BAD_DETECTION = [
+    ({"detection": {"classes": []}}, "detection.classes"),
+    ({"detection": {"classes": ["a", "a"]}}, "detection.classes"),
+    ({"detection": {"classes": ["a"], "iou_threshold": 0}}, "detection.iou_threshold"),
+    ({"detection": {"classes": ["a"], "score_threshold": 1.5}}, "detection.score_threshold"),
+    ({"detection": {"classes": ["a"], "max_detections": 0}}, "detection.max_detections"),
+    ({"detection": {"classes": ["a"], "nms": "soft"}}, "detection.nms"),
+    ({"model": {"num_classes": 3}}, "detection.classes"),
+]
+
+
+@pytest.mark.parametrize(("change", "field"), BAD_DETECTION, ids=[f for _, f in BAD_DETECTION])
+def test_bad_detection_field_is_named(tmp_path, change, field):
+    with pytest.raises(RecipeError) as info:
+        parse_recipe(merge(merge(BASE, DETECTOR), change), tmp_path / "r.toml")
+    assert info.value.field == field
+
+
+def test_detector_is_promoted_on_map50_by_default(tmp_path):
+    recipe = parse_recipe(merge(BASE, DETECTOR), tmp_path / "r.toml")
+    assert recipe.promotion.metric == "map50"
+    assert recipe.detection.classes == ("cat", "dog") and recipe.detection.priors is None
+    detector = merge(DETECTOR, {"detection": {"priors": "p.npy"}, "promotion": {"metric": "map"}})
+    recipe = parse_recipe(merge(BASE, detector), tmp_path / "r.toml")
+    assert recipe.detection.priors == (tmp_path / "p.npy").resolve() and recipe.promotion.metric == "map"
 
 
 @pytest.mark.parametrize(("change", "field"), BAD, ids=[f for _, f in BAD])
