@@ -149,6 +149,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from tasks.judge.losses import HostLoss, host_loss
 
     task, loss = args.task, HostLoss(args.loss) if args.loss else None
+    detector: dict = {}
     if args.recipe is not None:
         from tasks import stages
         from tasks.recipe.load import load_recipe
@@ -157,8 +158,11 @@ def _evaluate(args: argparse.Namespace) -> int:
         inp = stages.inputs(recipe)
         stages.prepare_data(recipe)
         stages.generate_artifacts(inp)  # reused when the recipe is already prepared
-        task, loss = recipe.task, host_loss(recipe, stages.prepared(inp))
-    print(json.dumps(evaluate(args.model, args.test, task, loss=loss), indent=2))
+        prep = stages.prepared(inp)
+        task, loss = recipe.task, host_loss(recipe, prep)
+        if recipe.detection is not None:  # decoded with the export's priors, scored with COCO mAP
+            detector = {"detection": recipe.detection, "priors": prep.priors}
+    print(json.dumps(evaluate(args.model, args.test, task, loss=loss, **detector), indent=2))
     return 0
 
 
