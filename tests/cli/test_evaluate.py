@@ -31,3 +31,21 @@ def test_evaluate_with_an_embedded_recipe_runs_its_eval_graph(flow_home, prepare
     assert main(["evaluate", str(base_model(prepared_embedded)), str(test), "--recipe", str(recipe)]) == 0
     metrics = json.loads(capsys.readouterr().out)
     assert metrics["loss_kind"] == "embedded" and np.isfinite(metrics["loss"])
+
+
+def test_evaluate_with_a_detector_recipe_reports_coco_map(flow_home, capsys):
+    """A recipe with a [detection] table: the model is decoded with the export's priors and
+    scored with COCO mAP beside its embedded loss."""
+    from tasks import stages
+    from tasks.recipe.load import load_recipe
+
+    path = PROJECT_ROOT / "recipes" / "ssdlite_small.toml"
+    recipe = load_recipe(path)
+    inp = stages.inputs(recipe)
+    stages.prepare_data(recipe)
+    stages.generate_artifacts(inp)
+    model = stages.base_model(stages.prepared(inp))
+    assert main(["evaluate", str(model), str(recipe.data.test), "--recipe", str(path)]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["loss_kind"] == "embedded" and 0.0 <= metrics["map"] <= metrics["map50"] <= 1.0
+    assert set(metrics["per_class_ap50"]) == {"square", "disc", "triangle"}
