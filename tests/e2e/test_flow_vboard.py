@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tests.flow.test_flow import (  # noqa: F401 - collected here with the fixtures below
+    prepared_ssd_flow,
     promoted_run,
+    test_detector_with_its_loss_in_the_graph_completes,
     test_failing_run_loses_nothing_promoted,
     test_first_run_is_promoted_with_report_and_progress,
     test_run_forced_to_lose_keeps_current_and_reuses_cache,
