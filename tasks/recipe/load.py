@@ -18,14 +18,17 @@ from tasks.recipe.schema import (
     BATCHNORM_MODES,
     BUILTIN_LOSSES,
     OPTIMIZERS,
+    QUANT_METHODS,
     STRATEGIES,
     TASKS,
     DataSpec,
     DetectionSpec,
+    HeadSpec,
     LossSpec,
     ModelSpec,
     OptimizerSpec,
     PromotionSpec,
+    QuantizeSpec,
     Recipe,
     ScheduleSpec,
     TrainableSpec,
@@ -48,10 +51,12 @@ TOP_KEYS = {
     "data",
     "promotion",
     "detection",
+    "head",
+    "quantize",
 }
 MODEL_KEYS = {"torchvision", "callable", "onnx", "num_classes", "weights", "kwargs", "input_shape"}
-MODEL_KEYS |= {"input_names", "output_names"}
-TRAINABLE_KEYS = {"strategy", "names", "patterns", "batchnorm", "backbone", "heads"}
+MODEL_KEYS |= {"input_names", "output_names", "cut_at"}
+TRAINABLE_KEYS = {"strategy", "names", "patterns", "batchnorm", "backbone", "heads", "train_from"}
 DETECTION_KEYS = {"classes", "priors", "scores_output", "offsets_output", "score_threshold"}
 DETECTION_KEYS |= {"iou_threshold", "max_detections"}
 DATA_KEYS = {"make", "train", "board_train", "eval", "test", "extra_tests", "feeds"}
@@ -73,6 +78,10 @@ def _parse_model(t: Table, base: Path) -> ModelSpec:
     num_classes = t.get("num_classes", int, None, "an integer >= 1")
     if num_classes is not None and num_classes < 1:
         raise t.err("num_classes", "an integer >= 1", num_classes)
+    if "cut_at" in t.d and kind != "onnx":
+        raise t.err("cut_at", "only with model.onnx (a PyTorch model is cut in its own code)", t.d["cut_at"])
+    if "cut_at" in t.d and not t.strings("cut_at"):
+        raise t.err("cut_at", "a non-empty list of tensor names", t.d["cut_at"])
     if kind == "torchvision" and num_classes is None:
         raise t.err("num_classes", "an integer >= 1 (required for torchvision models)")
     return ModelSpec(
@@ -84,6 +93,7 @@ def _parse_model(t: Table, base: Path) -> ModelSpec:
         kwargs=dict(t.get("kwargs", dict, {})),
         input_names=t.strings("input_names", ("input",)),
         output_names=t.strings("output_names", ("output",)),
+        cut_at=t.strings("cut_at"),
     )
 
 
@@ -101,9 +111,15 @@ def _parse_trainable(t: Table) -> TrainableSpec:
         batchnorm,
         t.strings("backbone"),
         t.strings("heads"),
+        t.get("train_from", str, None, "a node or tensor name"),
     )
-    if not (spec.strategy or spec.names or spec.patterns):
-        raise t.err("strategy", "at least one of trainable.strategy, trainable.names, trainable.patterns")
+    if spec.train_from == "":
+        raise t.err("train_from", "a node or tensor name", "")
+    if not (spec.strategy or spec.names or spec.patterns or spec.train_from):
+        raise t.err(
+            "strategy",
+            "at least one of trainable.strategy, trainable.names, trainable.patterns, trainable.train_from",
+        )
     if strategy == "freeze_net" and not spec.heads:
         raise t.err("heads", "globs of the heads' parameter names (strategy 'freeze_net' trains the heads)")
     if strategy == "freeze_basenet" and not spec.backbone:
@@ -112,6 +128,38 @@ def _parse_trainable(t: Table) -> TrainableSpec:
             "globs of the backbone's parameter names (strategy 'freeze_basenet' trains all but the backbone)",
         )
     return spec
+
+
+def _parse_head(t: Table) -> HeadSpec | None:
+    if not t.d:
+        return None
+    pool = t.get("pool", str, "auto")
+    if pool not in ("auto", "none"):
+        raise t.err("pool", "'auto' or 'none'", pool)
+    return HeadSpec(
+        num_classes=t.number("num_classes", ..., 1, 100000, integer=True),
+        hidden=t.number("hidden", 0, 0, 100000, integer=True),
+        pool=pool,
+        seed=t.number("seed", 0, 0, 2**31 - 1, integer=True),
+    )
+
+
+def _parse_quantize(t: Table, base: Path) -> QuantizeSpec | None:
+    if not t.d:
+        return None
+    method = t.get("method", str, "minmax")
+    if method not in QUANT_METHODS:
+        raise t.err("method", " or ".join(repr(m) for m in QUANT_METHODS), method)
+    drop = t.get("max_drop", (int, float), None, "a number >= 0")
+    if drop is not None and (isinstance(drop, bool) or drop < 0):
+        raise t.err("max_drop", "a number >= 0", drop)
+    return QuantizeSpec(
+        calibration=t.path("calibration", base, required=True),  # type: ignore[arg-type]
+        method=method,
+        per_channel=t.get("per_channel", bool, True),
+        samples=t.number("samples", 128, 1, 10**6, integer=True),
+        max_drop=None if drop is None else float(drop),
+    )
 
 
 def _parse_detection(t: Table, base: Path) -> DetectionSpec | None:
@@ -220,6 +268,10 @@ def parse_recipe(data: dict, source: Path) -> Recipe:
             table("promotion", {"metric", "min_gain"}, False), task, "detection" in data
         ),
         detection=_parse_detection(table("detection", DETECTION_KEYS, False), base),
+        head=_parse_head(table("head", {"num_classes", "hidden", "pool", "seed"}, False)),
+        quantize=_parse_quantize(
+            table("quantize", {"calibration", "method", "per_channel", "samples", "max_drop"}, False), base
+        ),
         raw=copy.deepcopy(data),
     )
     _check_consistency(recipe, src)
@@ -248,6 +300,18 @@ def _check_consistency(r: Recipe, src: str) -> None:
         raise RecipeError("loss.kind", "'embedded' exactly when task = 'embedded'", r.loss.kind, source=src)
     if r.task == "embedded" and len(r.model.output_names) < 2:
         raise RecipeError("model.output_names", "the loss first, then at least one model output", source=src)
+    if r.head is not None and len(r.model.cut_at) != 1:
+        raise RecipeError(
+            "head", "exactly one model.cut_at tensor to put the new head on", list(r.model.cut_at), source=src
+        )
+    if r.quantize is not None and r.task == "embedded":
+        raise RecipeError(
+            "quantize",
+            "a classification, binary or regression model (an embedded loss has no inference metric "
+            "to compare float and int8 on)",
+            r.task,
+            source=src,
+        )
     if r.detection is not None and r.task != "embedded":
         raise RecipeError(
             "detection", "a detector whose loss is in its graph (task = 'embedded')", r.task, source=src

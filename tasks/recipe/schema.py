@@ -12,7 +12,9 @@ Recipe TOML layout (every table and key; unknown keys are errors)::
     [model]
     torchvision = "mobilenet_v2"          # exactly one of: torchvision / callable / onnx
     # callable = "models:digits_cnn"      #   module:callable (recipe folder is on sys.path)
-    # onnx = "path/model.onnx"            #   an existing ONNX file exported in training mode
+    # onnx = "path/model.onnx"            #   an existing ONNX file (training- or eval-mode export,
+                                          #   BN folded or not, opset 13-21, external data allowed)
+    # cut_at = ["tensor"]                 #   onnx only: drop everything after these tensors
     num_classes = 2                       # torchvision: replaces the classifier head
     weights = "weights/base.pt"           # optional local state_dict file
     kwargs = {}                           # passed to the callable / torchvision builder
@@ -28,10 +30,19 @@ Recipe TOML layout (every table and key; unknown keys are errors)::
     heads = ["cls_heads.*"]               # fnmatch globs: the heads (freeze_net)
     names = []                            # explicit parameter (initializer) names
     patterns = []                         # fnmatch globs over parameter names
+    train_from = "node or tensor"         # nothing before it receives gradients (an ONNX node
+                                          #   or tensor name; the [head] is always after it)
     batchnorm = "frozen"                  # frozen: every BatchNorm normalises with its running
                                           #   statistics in training as at inference (its scale and
                                           #   bias stay trainable when chosen) | batch-stats: ORT's
                                           #   training graph normalises with batch statistics
+
+    [head]                                # optional, with model.cut_at (one tensor): a new head
+    num_classes = 2                       # Linear to num_classes outputs
+    hidden = 0                            # > 0: a hidden Linear + ReLU of this width first
+    pool = "auto"                         # auto: global average pool + flatten a 4-D cut tensor
+                                          # | none: flatten only
+    seed = 0                              # seeded initialisation (as torch.nn.Linear)
 
     [loss]
     kind = "cross-entropy"                # mse | cross-entropy | bce-with-logits | l1 |
@@ -77,6 +88,14 @@ Recipe TOML layout (every table and key; unknown keys are errors)::
     # the test set also holds gt_boxes [N, M, 4] (x1 y1 x2 y2 in [0, 1]) and gt_labels [N, M]
     # (class index, -1 pads): tasks.detection.annotations.detection_arrays writes them
 
+    [quantize]                            # optional: a static int8 QDQ model for the NPU
+    calibration = "data/calib.npz"        # host set (x) the activation ranges are calibrated on
+    method = "minmax"                     # minmax | entropy | percentile
+    per_channel = true
+    samples = 128                         # calibration samples used (the first ones)
+    max_drop = 0.02                       # optional: promotion also needs the int8 model's
+                                          #   promotion metric within max_drop of the float one
+
     [promotion]
     metric = "accuracy"                   # accuracy | loss | map50 | map (any metric the
                                           # evaluator reports); default accuracy for
@@ -108,6 +127,7 @@ class ModelSpec:
     kwargs: dict[str, Any] = field(default_factory=dict)
     input_names: tuple[str, ...] = ("input",)
     output_names: tuple[str, ...] = ("output",)
+    cut_at: tuple[str, ...] = ()  # onnx models: tensors after which everything is dropped
 
 
 @dataclass(frozen=True)
@@ -118,6 +138,7 @@ class TrainableSpec:
     batchnorm: str = "frozen"  # one of BATCHNORM_MODES
     backbone: tuple[str, ...] = ()  # globs of the backbone's parameters (freeze_basenet)
     heads: tuple[str, ...] = ()  # globs of the heads' parameters (freeze_net)
+    train_from: str | None = None  # node or tensor name: nothing before it trains
 
 
 @dataclass(frozen=True)
@@ -160,6 +181,26 @@ class DataSpec:
 
 
 @dataclass(frozen=True)
+class HeadSpec:
+    num_classes: int
+    hidden: int = 0
+    pool: str = "auto"  # auto | none
+    seed: int = 0
+
+
+QUANT_METHODS = ("minmax", "entropy", "percentile")
+
+
+@dataclass(frozen=True)
+class QuantizeSpec:
+    calibration: Path
+    method: str = "minmax"  # one of QUANT_METHODS
+    per_channel: bool = True
+    samples: int = 128
+    max_drop: float | None = None
+
+
+@dataclass(frozen=True)
 class DetectionSpec:
     classes: tuple[str, ...]
     priors: Path | None = None  # None: the model's priors() at export
@@ -190,6 +231,8 @@ class Recipe:
     data: DataSpec
     promotion: PromotionSpec
     detection: DetectionSpec | None = None
+    head: HeadSpec | None = None
+    quantize: QuantizeSpec | None = None
     raw: dict[str, Any] = field(default_factory=dict)  # the parsed TOML, for hashing and reports
 
     @property
