@@ -121,3 +121,44 @@ def shapes_detection(out_dir: Path, size: int = 300, n_train: int = 128, n_test:
 def shapes_detection_small(out_dir: Path) -> None:
     """:func:`shapes_detection` at 96 px (128 train / 64 test images), for tests and CI."""
     shapes_detection(out_dir, size=96, n_train=128, n_test=64)
+
+
+def export_foreign(model, example, out: Path, opset: int = 13) -> Path:
+    """Export ``model`` the way the STM32 wiki's section 4.1 does: eval mode, constant folding
+    (BatchNorm folded into the convolutions, ``onnx::Conv_*`` weights), a fixed batch of one: the
+    kind of ONNX file a user gets from a model zoo or a colleague."""
+    import torch
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp.onnx")
+    with torch.no_grad():
+        torch.onnx.export(model.eval(), example, str(tmp), opset_version=opset, do_constant_folding=True,
+                          dynamo=False, input_names=["input"], output_names=["logits"])  # fmt: skip
+    tmp.replace(out)
+    return out
+
+
+def digits_foreign(out_dir: Path) -> None:
+    """:func:`digits_shifted` plus ``digits_cnn_eval.onnx``: the pretrained digits CNN as a foreign
+    eval-mode ONNX file (opset 13, BN folded), for the ONNX-in recipe."""
+    import torch
+
+    out_dir = Path(out_dir)
+    digits_shifted(out_dir)
+    model = _sibling_models().digits_cnn(10)
+    model.load_state_dict(torch.load(out_dir / "base_weights.pt", weights_only=True))
+    export_foreign(model, torch.zeros(1, 1, 8, 8), out_dir / "digits_cnn_eval.onnx")
+
+
+def mobilenet_foreign(out_dir: Path) -> None:
+    """:func:`two_textures` plus ``mobilenet_v2_eval.onnx``: torchvision's mobilenet_v2 (random init:
+    no weights can be downloaded here) exported as the wiki's section 4.1 does."""
+    import torch
+    from torchvision.models import mobilenet_v2
+
+    out_dir = Path(out_dir)
+    two_textures(out_dir)
+    torch.manual_seed(0)
+    export_foreign(
+        mobilenet_v2(weights=None), torch.zeros(1, 3, 224, 224), out_dir / "mobilenet_v2_eval.onnx"
+    )

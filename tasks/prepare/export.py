@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import shutil
 import sys
 import tempfile
 import warnings
@@ -251,9 +250,10 @@ def export_model(recipe: Recipe, out_dir: Path) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / "model.onnx"
-    if recipe.model.kind == "onnx":
-        check_onnx(Path(recipe.model.ref))
-        shutil.copyfile(recipe.model.ref, target)
+    if recipe.model.kind == "onnx":  # loaded, converted, cut and given its head (onnx_in)
+        from tasks.prepare.onnx_in import adapt_onnx
+
+        adapt_onnx(recipe, target)
         write_priors(recipe, None, target, out_dir / PRIORS_FILE)
         return target
     from tasks.prepare.torch_model import build_model

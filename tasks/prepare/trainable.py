@@ -128,6 +128,28 @@ def _by_patterns(
     return out
 
 
+def after(model: onnx.ModelProto, start: str, params: dict[str, int]) -> list[str]:
+    """Parameters of every node from ``start`` (a node name or a tensor) to the outputs."""
+    node_by_name = {n.name: n for n in model.graph.node if n.name}
+    if start in node_by_name:
+        seeds, first = set(node_by_name[start].output), [node_by_name[start]]
+    elif any(start in n.output for n in model.graph.node) or start in {i.name for i in model.graph.input}:
+        seeds, first = {start}, []
+    else:
+        some = [n.name for n in model.graph.node if n.op_type in ("Conv", "Gemm", "MatMul")][-4:]
+        raise RecipeError(
+            "trainable.train_from",
+            f"a node or tensor name of the model after the cut (some nodes: {some})",
+            start,
+        )
+    reached, chosen = set(seeds), [p for n in first for p in _param_inputs(n, params)]
+    for node in model.graph.node:  # graph order is topological
+        if any(i in reached for i in node.input):
+            reached.update(node.output)
+            chosen += _param_inputs(node, params)
+    return list(dict.fromkeys(chosen))
+
+
 def resolve_trainable(recipe: Recipe, model: onnx.ModelProto) -> tuple[list[str], list[str], dict[str, int]]:
     """(trainable names, frozen names, element counts of every float parameter) for the recipe."""
     stats = bn_statistics(model)
@@ -145,6 +167,16 @@ def resolve_trainable(recipe: Recipe, model: onnx.ModelProto) -> tuple[list[str]
                 name,
             )
         chosen.append(name)
+    if spec.train_from is not None:  # nothing before it trains; alone, everything after it does
+        later = after(model, spec.train_from, params)
+        chosen = [n for n in chosen if n in set(later)] if chosen else later
+        if not chosen:
+            raise RecipeError(
+                "trainable.train_from",
+                "a point with trainable parameters after it (the strategy, names and patterns chosen "
+                "lie before it)",
+                spec.train_from,
+            )
     trainable = list(dict.fromkeys(chosen))
     frozen = [n for n in counts if n not in set(trainable)]
     return trainable, frozen, counts

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.errors import DataError
+from tasks.errors import DataError, RecipeError
 from tasks.recipe.schema import Recipe
 
 log = logging.getLogger(__name__)
@@ -29,6 +29,8 @@ def recipe_files(recipe: Recipe) -> dict[str, Path]:
         "data.eval": d.eval,
         "model.weights": recipe.model.weights,
         "detection.priors": recipe.detection.priors if recipe.detection else None,
+        "model.onnx": Path(recipe.model.ref) if recipe.model.kind == "onnx" else None,
+        "quantize.calibration": recipe.quantize.calibration if recipe.quantize else None,
     }
     files.update({f"data.extra_tests.{k}": v for k, v in d.extra_tests.items()})
     return {k: v for k, v in files.items() if v is not None}
@@ -57,6 +59,10 @@ def ensure_datasets(recipe: Recipe) -> None:
             log.info("generating data with %s into %s", recipe.data.make, out_dir)
             load_ref(recipe.base_dir, recipe.data.make, "data.make")(out_dir)
     still = {k: str(p) for k, p in missing.items() if not p.exists()}
+    if "model.onnx" in still:
+        raise RecipeError(
+            "model.onnx", "an existing ONNX file (or one [data].make writes)", still["model.onnx"]
+        )
     if still:
         raise DataError(f"[data].make {recipe.data.make} did not write {still}")
 

@@ -150,12 +150,21 @@ def test_refuses_what_the_board_cannot_load(tmp_path, ir, opset, match):
         generate(recipe, bad, tmp_path / "out2")
 
 
-def test_onnx_recipe_copies_and_checks(tmp_path):
+def test_onnx_recipe_loads_and_checks(tmp_path):
+    """A training-mode ONNX file goes through unchanged: same nodes, same weights."""
+    import onnx
+
     recipe, manifest, out = _prepare(tmp_path)
     shutil.copy(out / "model.onnx", tmp_path / "given.onnx")
     onnx_recipe = tiny_recipe(tmp_path, {"model": {"callable": None, "onnx": "given.onnx"}})
     target = export_model(onnx_recipe, tmp_path / "out3")
-    assert target.read_bytes() == (tmp_path / "given.onnx").read_bytes()
+    given, adapted = onnx.load(str(tmp_path / "given.onnx")), onnx.load(str(target))
+    assert [n.SerializeToString() for n in adapted.graph.node] == [
+        n.SerializeToString() for n in given.graph.node
+    ]
+    assert [i.SerializeToString() for i in adapted.graph.initializer] == [
+        i.SerializeToString() for i in given.graph.initializer
+    ]
     assert generate(onnx_recipe, target, tmp_path / "out3")["trainable"] == manifest["trainable"]
 
 
