@@ -154,6 +154,7 @@ def evaluate_cached(
     loss: HostLoss | None = None,
     detection: DetectionSpec | None = None,
     priors: Path | None = None,
+    batch_size: int = 64,
 ) -> dict[str, Any]:
     """:func:`evaluate`, reusing the stored result for the same model bytes, test set bytes, task and loss.
 
@@ -179,7 +180,9 @@ def evaluate_cached(
             Path(test_npz).name,
         )
         return json.loads(path.read_text())
-    metrics = evaluate(model_onnx, test_npz, task, loss=loss, detection=detection, priors=priors)
+    metrics = evaluate(
+        model_onnx, test_npz, task, loss=loss, detection=detection, priors=priors, batch_size=batch_size
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp-{os.getpid()}")
     tmp.write_text(json.dumps(metrics))

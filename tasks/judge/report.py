@@ -51,6 +51,7 @@ class ReportInput:
     training: dict[str, Any] = field(default_factory=dict)  # steps, epochs, durations, peak RSS
     timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds
     test_path: Path | None = None  # the test set file (a detector's example images are drawn from it)
+    int8: dict[str, Any] | None = None  # the quantized candidate (tasks.judge.quantize), with its verdict
 
 
 def report_key(recipe: str, board: str, kind: str = "report") -> str:
@@ -205,6 +206,30 @@ def _detection_md(inp: ReportInput) -> list[str]:
     return md
 
 
+def _int8_md(inp: ReportInput) -> list[str]:
+    """The int8 model for the NPU: how it was made, its size and whether it holds up."""
+    q = inp.int8
+    if not q:
+        return []
+    verdict = q.get("verdict", {})
+    holds = verdict.get("holds")
+    mark = "holds up" if holds else "does **not** hold up"
+    return [
+        "",
+        "## int8 model for the NPU (static QDQ, batch 1)",
+        f"{q.get('method')} calibration on {q.get('samples')} samples, "
+        f"{'per-channel' if q.get('per_channel') else 'per-tensor'} weights, "
+        f"{q.get('quantize_linear')} QuantizeLinear / {q.get('dequantize_linear')} DequantizeLinear nodes; "
+        f"size {q.get('float_size_bytes', 0) / 1024:.1f} KiB float -> {q.get('size_bytes', 0) / 1024:.1f} KiB int8 "
+        f"(the `{INT8_COLUMN}` column above).",
+        "",
+        f"The int8 model {mark}: {verdict.get('reason', '')}.",
+    ]
+
+
+INT8_COLUMN = "candidate int8"
+
+
 def _decision_md(inp: ReportInput) -> str:
     d = inp.decision
     if d.promote:
@@ -244,6 +269,7 @@ def render_report(inp: ReportInput) -> str:
     for name, cols in inp.extra_tests.items():
         md += ["", f"### Extra test set `{name}`", compare_table(cols)]
     md += _detection_md(inp)
+    md += _int8_md(inp)
     md += [""] + _training_md(inp)
     candidate = inp.evaluations.get("candidate", {})
     if candidate.get("confusion_matrix"):

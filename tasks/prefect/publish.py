@@ -38,6 +38,7 @@ def report_input(
         job_id=training.job_id,
         test_set=recipe.data.test.name,
         test_path=recipe.data.test,
+        int8=evaluation.int8,
         evaluations=_columns(evaluation.test, ref),
         decision=promotion.decision,
         version=promotion.version,

@@ -6,6 +6,7 @@ The reference is the registry's current version for the recipe and board, or the
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,7 @@ class Evaluation:
 
     reference: Reference
     sets: dict[str, dict[str, Metrics]] = field(default_factory=dict)  # set -> column -> metrics
+    int8: dict[str, Any] | None = None  # the quantized candidate: file, sizes, verdict (when [quantize])
 
     @property
     def test(self) -> dict[str, Metrics]:
@@ -97,16 +99,51 @@ def evaluate(recipe: Recipe, prep: Prepared, candidate: Path, reference: Referen
     sets = {"test": recipe.data.test, **recipe.data.extra_tests}
     cache, loss = state_dir("cache", "evaluations"), host_loss(recipe, prep)
     detector = {"detection": recipe.detection, "priors": prep.priors} if recipe.detection else {}
-    return Evaluation(
-        reference,
-        {
-            name: {
-                col: evaluate_cached(m, path, recipe.task, cache, loss, **detector)
-                for col, m in models.items()
-            }
-            for name, path in sets.items()
-        },
-    )
+    int8 = quantize(recipe, Path(candidate)) if recipe.quantize else None
+    if int8 is not None:
+        models[INT8] = Path(int8["path"])
+    columns = {
+        name: {
+            col: evaluate_cached(
+                m,
+                path,
+                recipe.task,
+                cache,
+                _int8_loss(recipe, loss) if col == INT8 else loss,
+                batch_size=1 if col == INT8 else 64,
+                **detector,
+            )  # fmt: skip
+            for col, m in models.items()
+        }
+        for name, path in sets.items()
+    }
+    if int8 is not None:
+        from tasks.judge.quantize import int8_verdict
+
+        spec = recipe.quantize
+        int8["verdict"] = int8_verdict(
+            columns["test"]["candidate"], columns["test"][INT8], recipe.promotion.metric, spec.max_drop
+        )
+    return Evaluation(reference, columns, int8)
+
+
+INT8 = "candidate int8"  # the quantized candidate's column
+
+
+def quantize(recipe: Recipe, candidate: Path) -> dict[str, Any]:
+    """The candidate as a static int8 QDQ model (batch 1) beside it: ``inference.int8.onnx``."""
+    from tasks.judge.quantize import quantize_int8
+
+    assert recipe.quantize is not None
+    return quantize_int8(candidate, recipe.quantize, candidate.with_name("inference.int8.onnx"))
+
+
+def _int8_loss(recipe: Recipe, loss: Any) -> Any:
+    """The int8 model's loss: the recipe's built-in kind; a graph loss (custom) cannot take
+    quantized weights, so the task's usual loss stands in (named in ``loss_kind``)."""
+    from tasks.judge.losses import GRAPH_LOSSES, task_loss
+
+    return task_loss(recipe.task) if loss.kind in GRAPH_LOSSES else loss
 
 
 def promote(
@@ -124,14 +161,24 @@ def promote(
     ref = evaluation.reference
     test = evaluation.test
     decision = decide(test["candidate"], test[ref.column], recipe.promotion, ref.name)
+    extras = {"priors.npy": prep.priors} if recipe.detection else {}
+    metrics = dict(test["candidate"])
+    if evaluation.int8 is not None:
+        verdict = evaluation.int8["verdict"]
+        if decision.promote and not verdict["holds"]:  # the NPU model must hold up too
+            decision = dataclasses.replace(
+                decision, promote=False, reason=f"{decision.reason}, but {verdict['reason']}"
+            )
+        extras["model.int8.onnx"] = Path(evaluation.int8["path"])
+        metrics["int8"] = {**test[INT8], "quantization": evaluation.int8}
     version = (reg or registry()).record(
         recipe.name,
         board,
         Path(candidate),
-        test["candidate"],
+        metrics,
         decision,
         info=info,
         manifest=prep.manifest_path,
-        extras={"priors.npy": prep.priors} if recipe.detection else None,
+        extras=extras or None,
     )
     return Promotion(decision, version.name)

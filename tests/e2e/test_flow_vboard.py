@@ -10,6 +10,7 @@ from tests.flow.test_flow import (  # noqa: F401 - collected here with the fixtu
     test_detector_with_its_loss_in_the_graph_completes,
     test_failing_run_loses_nothing_promoted,
     test_first_run_is_promoted_with_report_and_progress,
+    test_foreign_onnx_model_is_fine_tuned_and_quantized,
     test_run_forced_to_lose_keeps_current_and_reuses_cache,
 )
 

@@ -171,3 +171,30 @@ def prepared_ssd_flow(prefect_harness, flow_home, flow_board):
 
     run_id, out = _run(flow_board.name, recipe=str(PROJECT_ROOT / "recipes" / "ssdlite_small.toml"))
     return run_id, out, flow_board.name
+
+
+def test_foreign_onnx_model_is_fine_tuned_and_quantized(prefect_harness, flow_home, flow_board):
+    """recipes/digits_onnx.toml: a foreign eval-mode ONNX file (BN folded, opset 13) cut before its
+    classifier, a new head trained on the board from its last conv, accuracy up; the candidate
+    quantized to static int8 QDQ (batch 1), evaluated beside it and stored beside it."""
+    from tasks import stages
+    from tasks.paths import PROJECT_ROOT
+
+    run_id, out = _run(flow_board.name, recipe=str(PROJECT_ROOT / "recipes" / "digits_onnx.toml"))
+    base, cand, int8 = out.metrics["base"], out.metrics["candidate"], out.metrics["candidate int8"]
+    assert cand["accuracy"] > base["accuracy"] + 0.2 and out.promoted
+    assert abs(cand["accuracy"] - int8["accuracy"]) <= 0.03
+    assert int8["model_size_bytes"] < cand["model_size_bytes"] / 2
+    version = next(
+        v for v in stages.registry().versions("digits-onnx", flow_board.name) if v.name == out.version
+    )
+    assert (version.path / "model.int8.onnx").is_file()
+    verdict = version.metrics["int8"]["quantization"]["verdict"]
+    assert verdict["holds"] and verdict["metric"] == "accuracy" and verdict["max_drop"] == 0.03
+    import onnx
+
+    q = onnx.load(str(version.path / "model.int8.onnx"))
+    assert q.graph.input[0].type.tensor_type.shape.dim[0].dim_value == 1
+    assert any(n.op_type == "QuantizeLinear" for n in q.graph.node)
+    report = _artifacts(run_id)[f"odl-report-digits-onnx-{flow_board.name}"].data
+    assert "int8 model for the NPU" in report and "holds up" in report
