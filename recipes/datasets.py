@@ -151,14 +151,32 @@ def digits_foreign(out_dir: Path) -> None:
 
 
 def mobilenet_foreign(out_dir: Path) -> None:
-    """:func:`two_textures` plus ``mobilenet_v2_eval.onnx``: torchvision's mobilenet_v2 (random init:
-    no weights can be downloaded here) exported as the wiki's section 4.1 does."""
+    """:func:`two_textures` plus ``mobilenet_v2_eval.onnx``: torchvision's mobilenet_v2 exported as
+    the wiki's section 4.1 does. No weights can be downloaded here: its weights are random, its
+    BatchNorm statistics calibrated on 64 training images (:func:`calibrate_batchnorm`)."""
     import torch
     from torchvision.models import mobilenet_v2
 
     out_dir = Path(out_dir)
     two_textures(out_dir)
     torch.manual_seed(0)
-    export_foreign(
-        mobilenet_v2(weights=None), torch.zeros(1, 3, 224, 224), out_dir / "mobilenet_v2_eval.onnx"
-    )
+    model = mobilenet_v2(weights=None)
+    calibrate_batchnorm(model, np.load(out_dir / "train.npz")["x"][:64])
+    export_foreign(model, torch.zeros(1, 3, 224, 224), out_dir / "mobilenet_v2_eval.onnx")
+
+
+def calibrate_batchnorm(model, x: np.ndarray, batch: int = 16) -> None:
+    """Set every BatchNorm's running statistics to the mean/variance of its input over ``x``
+    (forward passes only, no weight changes): a randomly initialised network then normalises its
+    activations as a trained one does, instead of saturating them."""
+    import torch
+
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            m.reset_running_stats()
+            m.momentum = None  # cumulative average over the batches
+    model.train()
+    with torch.no_grad():
+        for i in range(0, len(x), batch):
+            model(torch.from_numpy(x[i : i + batch]))
+    model.eval()

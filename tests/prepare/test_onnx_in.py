@@ -217,3 +217,25 @@ def test_an_op_without_gradient_after_train_from_is_named(tmp_path):
     # training after the Floor is fine
     shutil.rmtree(tmp_path / "out", ignore_errors=True)
     generate(_tiny_recipe(path, **{"trainable.train_from": "g2"}), tmp_path / "model.onnx", tmp_path / "out")
+
+
+@pytest.mark.slow
+def test_the_wiki_case_from_an_eval_mode_mobilenet_v2_export(tmp_path):
+    """recipes/mobilenet_v2_onnx.toml: torchvision mobilenet_v2 exported as the wiki's section 4.1
+    does (BN folded), cut before its classifier, a 2-class head; the last conv trains under the
+    names the wiki shows (onnx::Conv_691 / 692), everything before it stays frozen."""
+    from tasks.prepare import prepare
+    from tasks.recipe.load import load_recipe
+
+    recipe = load_recipe(PROJECT_ROOT / "recipes" / "mobilenet_v2_onnx.toml")
+    done = prepare(recipe, tmp_path / "out")
+    assert done.manifest["trainable"] == [
+        "onnx::Conv_691",
+        "onnx::Conv_692",
+        "head.out.weight",
+        "head.out.bias",
+    ]
+    assert done.validation["passed"]
+    model = onnx.load(str(done.model_onnx))
+    assert not any(n.op_type == "BatchNormalization" for n in model.graph.node)
+    assert [n.op_type for n in model.graph.node[-3:]] == ["GlobalAveragePool", "Flatten", "Gemm"]
