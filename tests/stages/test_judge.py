@@ -78,3 +78,33 @@ def test_embedded_recipe_is_evaluated_on_its_eval_graph_loss(prepared_embedded, 
         recipe, BOARD, ev, candidate, prepared_embedded, {}, Registry(tmp_path / "registry")
     ).decision
     assert decision.reason.startswith("loss (embedded) ") and decision.candidate == cand["loss"]
+
+
+def test_an_int8_model_that_does_not_hold_up_blocks_promotion(tmp_path, monkeypatch):
+    """[quantize] max_drop: the float candidate beats the base, but an int8 model whose accuracy
+    falls further than max_drop keeps it from being promoted, with both reasons; within max_drop
+    it is promoted and the int8 model is stored beside the float one."""
+    from tasks.prepare import prepare
+
+    monkeypatch.setenv("ODL_HOME", str(tmp_path / "home"))
+    recipe = tiny_recipe(
+        tmp_path, {"quantize": {"calibration": "data/train.npz", "samples": 16, "max_drop": 0.5}}
+    )
+    prep = prepare(recipe, tmp_path / "prepared", validate=False)
+    candidate = tmp_path / "run" / "inference.onnx"
+    candidate.parent.mkdir()
+    train_a_few_steps(prep, recipe, candidate)
+    ev = stages.evaluate(recipe, prep, candidate, stages.Reference("base"))
+    assert set(ev.test) == {"base", "candidate", "candidate int8"} and ev.int8["quantize_linear"] > 0
+    verdict = ev.int8["verdict"]
+    assert verdict["metric"] == "accuracy" and verdict["holds"]
+    assert ev.test["candidate"]["accuracy"] > ev.test["base"]["accuracy"]  # seeded: the float model wins
+    reg = Registry(tmp_path / "registry")
+    promoted = stages.promote(recipe, BOARD, ev, candidate, prep, {}, reg)
+    assert promoted.decision.promote
+    assert (reg.versions(recipe.name, BOARD)[-1].path / "model.int8.onnx").is_file()
+    failing = {**verdict, "holds": False, "reason": "int8 accuracy 0.1 is 0.5 below the float model's"}
+    blocked = stages.promote(recipe, BOARD, stages.Evaluation(ev.reference, ev.sets, {**ev.int8, "verdict": failing}),
+                             candidate, prep, {}, reg)  # fmt: skip
+    assert not blocked.decision.promote
+    assert "beats" in blocked.decision.reason and "but int8 accuracy 0.1" in blocked.decision.reason
