@@ -36,7 +36,7 @@ from tasks.recipe.schema import DetectionSpec
 log = logging.getLogger(__name__)
 
 EVAL_TASKS = ("classification", "binary", "regression", "embedded")
-EVAL_CACHE_VERSION = 3  # bump when evaluate() changes what it reports
+EVAL_CACHE_VERSION = 4  # bump when evaluate() changes what it reports
 
 
 def confusion_matrix(y_true: np.ndarray, y_pred: np.ndarray, n_classes: int) -> np.ndarray:
@@ -132,6 +132,7 @@ def evaluate(
             model_onnx, x, input_name=input_name, output_name=output_name, batch_size=batch_size
         )
         metrics = TASK_METRICS[task](out, y)
+    metrics["per_sample"] = per_sample(task, loss, out, y) if detection is None else {}
     metrics.update(
         loss=loss_value(loss, model_onnx, Path(test_npz), out, y, batch_size),
         loss_kind=loss.kind,
@@ -144,6 +145,26 @@ def evaluate(
     )
     log.info("evaluated %s on %s: %s", model_onnx.name, metrics["test_set"], summary_line(metrics))
     return metrics
+
+
+def per_sample(task: str, loss: HostLoss, out: np.ndarray, y: np.ndarray) -> dict[str, list]:
+    """Per-sample outcomes the promotion gate pairs between two models (tasks.judge.gate):
+    ``correct`` (0/1) for classifiers, ``loss`` for a built-in loss, ``mse`` and ``mae`` for
+    regression. Graph losses have none (their eval graph averages over a batch)."""
+    from tasks.judge.losses import GRAPH_LOSSES, per_sample_loss
+
+    found: dict[str, list] = {}
+    if task == "classification":
+        logits, labels = class_logits(out, y)
+        found["correct"] = (logits.argmax(axis=1) == labels).astype(int).tolist()
+    elif task == "binary":
+        found["correct"] = ((out.reshape(-1) > 0) == (y.reshape(-1) > 0.5)).astype(int).tolist()
+    elif task == "regression":
+        found["mse"] = per_sample_loss("mse", out, y).round(8).tolist()
+        found["mae"] = per_sample_loss("l1", out, y).round(8).tolist()
+    if loss.kind not in GRAPH_LOSSES:
+        found["loss"] = per_sample_loss(loss.kind, out, y).round(8).tolist()
+    return found
 
 
 def evaluate_cached(

@@ -123,6 +123,24 @@ def cross_entropy_loss(logits: np.ndarray, y: np.ndarray) -> float:
     return float(-log_probs[np.arange(len(labels)), labels].mean())
 
 
+def per_sample_loss(kind: str, out: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Each sample's share of a built-in loss (their mean is the loss): what the promotion gate's
+    paired bootstrap resamples."""
+    if kind == "cross-entropy":
+        logits, labels = class_logits(out, y)
+        shifted = logits - logits.max(axis=1, keepdims=True)
+        log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        return -log_probs[np.arange(len(labels)), labels]
+    p, t = _paired(out, y)
+    if kind == "mse":
+        return ((p - t) ** 2).mean(axis=1)
+    if kind == "l1":
+        return np.abs(p - t).mean(axis=1)
+    if kind == "bce-with-logits":
+        return (np.maximum(p, 0) - p * t + np.log1p(np.exp(-np.abs(p)))).mean(axis=1)
+    raise EvaluationError(f"loss kind {kind!r} has no per-sample form on the host (its eval graph averages)")
+
+
 BUILTIN_LOSSES: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
     "mse": mse_loss,
     "l1": l1_loss,

@@ -26,7 +26,7 @@ import re
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,8 @@ class Decision:
     gain: float  # improvement in the metric's better direction
     min_gain: float
     reason: str
+    significance: dict[str, Any] | None = None  # the gate's paired test (tasks.judge.gate)
+    guardrails: list[dict[str, Any]] = field(default_factory=list)  # each guardrail's verdict
 
 
 @dataclass(frozen=True)
@@ -78,9 +80,21 @@ class Version:
 
 
 def decide(
-    candidate: dict[str, Any], reference: dict[str, Any], rule: PromotionSpec, reference_name: str
+    candidate: dict[str, Any],
+    reference: dict[str, Any],
+    rule: PromotionSpec,
+    reference_name: str,
+    sets: tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]] | None = None,
 ) -> Decision:
-    """Compare a candidate's metrics with the reference's by the recipe's promotion rule."""
+    """Compare a candidate's metrics with the reference's by the recipe's promotion rule.
+
+    Promoted only when the gain beats ``min_gain``, is significant on the paired test set (unless
+    ``rule.significance`` is None) and no guardrail regresses beyond its tolerance; ``sets`` gives
+    the candidate's and the reference's metrics per test set for the guardrails (default: the
+    main test set only).
+    """
+    from tasks.judge.gate import guardrails, significance
+
     metric = rule.metric
     for side, metrics in (("candidate", candidate), (reference_name, reference)):
         if not isinstance(metrics.get(metric), (int, float)):
@@ -91,13 +105,25 @@ def decide(
     label = _metric_label(metric, candidate, reference, reference_name)
     new, ref = float(candidate[metric]), float(reference[metric])
     gain = ref - new if metric in LOWER_IS_BETTER else new - ref
-    promote = gain > rule.min_gain
-    verb = "beats" if promote else "does not beat"
+    enough = gain > rule.min_gain
+    verb = "beats" if enough else "does not beat"
     reason = (
         f"{label} {new:.4f} vs {ref:.4f} ({reference_name}): gain {gain:+.4f} {verb} "
         f"the required min_gain {rule.min_gain:+.4f}"
     )
-    return Decision(promote, metric, new, ref, reference_name, gain, rule.min_gain, reason)
+    test = significance(metric, candidate, reference, rule.significance) if rule.significance else None
+    cand_sets, ref_sets = sets or ({"test": candidate}, {"test": reference})
+    rails = guardrails(rule.guardrails, cand_sets, ref_sets)
+    problems = (
+        [] if test is None or test["significant"] else [f"the gain is not significant ({test['reason']})"]
+    )
+    problems += [f"guardrail {r['reason']}" for r in rails if not r["holds"]]
+    if enough and problems:
+        reason += ", but " + "; ".join(problems)
+    elif enough and test is not None:
+        reason += f" ({test['reason']})"
+    promote = enough and not problems
+    return Decision(promote, metric, new, ref, reference_name, gain, rule.min_gain, reason, test, rails)
 
 
 def _metric_label(

@@ -230,6 +230,25 @@ def _int8_md(inp: ReportInput) -> list[str]:
 INT8_COLUMN = "candidate int8"
 
 
+def _gate_md(d: Decision) -> list[str]:
+    """The promotion gate: the paired test of the gain and each guardrail's verdict."""
+    out = []
+    if d.significance is not None:
+        out += ["", f"**Significance** ({d.significance.get('test')}): {d.significance.get('reason')}."]
+    if d.guardrails:
+        out += [
+            "",
+            "| guardrail | reference | candidate | regression | tolerance | verdict |",
+            "|---|---|---|---|---|---|",
+        ]
+        out += [
+            f"| {r['rule']} | {r['reference']:.4f} | {r['candidate']:.4f} | {r['regression']:+.4f} | "
+            f"{r['tolerance']:g} | {'holds' if r['holds'] else '**fails**'} |"
+            for r in d.guardrails
+        ]
+    return out
+
+
 def _decision_md(inp: ReportInput) -> str:
     d = inp.decision
     if d.promote:
@@ -262,6 +281,7 @@ def render_report(inp: ReportInput) -> str:
         f"flow run `{inp.flow_run_id}`, board job `{inp.job_id}`",
         "",
         _decision_md(inp),
+        *_gate_md(inp.decision),
         "",
         f"## Before / after on the host test set `{inp.test_set}`",
         compare_table(inp.evaluations),

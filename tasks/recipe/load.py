@@ -265,7 +265,9 @@ def parse_recipe(data: dict, source: Path) -> Recipe:
         training=_parse_training(table("training", set(TrainingSpec.__dataclass_fields__), False)),
         data=_parse_data(table("data", DATA_KEYS), base),
         promotion=_parse_promotion(
-            table("promotion", {"metric", "min_gain"}, False), task, "detection" in data
+            table("promotion", {"metric", "min_gain", "significance", "guardrails"}, False),
+            task,
+            "detection" in data,
         ),
         detection=_parse_detection(table("detection", DETECTION_KEYS, False), base),
         head=_parse_head(table("head", {"num_classes", "hidden", "pool", "seed"}, False)),
@@ -291,7 +293,19 @@ def _parse_promotion(t: Table, task: str, detector: bool) -> PromotionSpec:
     metric = t.get("metric", str, default)
     if not metric:
         raise t.err("metric", "a metric name such as 'accuracy' or 'loss'", metric)
-    return PromotionSpec(metric, t.number("min_gain", 0.0, -1e9, 1e9))
+    alpha = t.get("significance", (int, float, bool), 0.05, "a level in (0, 0.5], or false")
+    if alpha is True or (alpha is not False and not 0 < alpha <= 0.5):
+        raise t.err("significance", "a level in (0, 0.5], or false", alpha)
+    rails = t.get("guardrails", dict, {}, 'a table of "[set.]metric" = tolerance')
+    for rule, tolerance in rails.items():
+        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or tolerance < 0:
+            raise t.err("guardrails", f"a tolerance >= 0 for {rule!r}", tolerance)
+    return PromotionSpec(
+        metric,
+        t.number("min_gain", 0.0, -1e9, 1e9),
+        None if alpha is False else float(alpha),
+        {k: float(v) for k, v in rails.items()},
+    )
 
 
 def _check_consistency(r: Recipe, src: str) -> None:

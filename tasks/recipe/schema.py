@@ -102,6 +102,11 @@ Recipe TOML layout (every table and key; unknown keys are errors)::
                                           # classification/binary, map50 for detectors, else loss
     min_gain = 0.0                        # promote only if new - current > min_gain
                                           # (for "loss", lower is better: current - new > min_gain)
+    significance = 0.05                   # the gain must also be significant at this level on
+                                          #   the paired test set (McNemar for accuracy, paired
+                                          #   bootstrap for losses); false: no test
+    guardrails = {loss = 0.05, "clean.accuracy" = 0.02}   # "[set.]metric" = the regression each
+                                          #   may show (absolute) against the reference
 """
 
 from __future__ import annotations
@@ -215,6 +220,8 @@ class DetectionSpec:
 class PromotionSpec:
     metric: str = "accuracy"
     min_gain: float = 0.0
+    significance: float | None = 0.05  # alpha of the paired test of the gain; None: no test
+    guardrails: dict[str, float] = field(default_factory=dict)  # "[set.]metric" -> tolerance
 
 
 @dataclass(frozen=True)

@@ -160,7 +160,11 @@ def promote(
 
     ref = evaluation.reference
     test = evaluation.test
-    decision = decide(test["candidate"], test[ref.column], recipe.promotion, ref.name)
+    sets = (
+        {name: cols["candidate"] for name, cols in evaluation.sets.items()},
+        {name: cols[ref.column] for name, cols in evaluation.sets.items()},
+    )
+    decision = decide(test["candidate"], test[ref.column], recipe.promotion, ref.name, sets)
     extras = {"priors.npy": prep.priors} if recipe.detection else {}
     metrics = dict(test["candidate"])
     if evaluation.int8 is not None:

@@ -11,6 +11,7 @@ from tests.flow.test_flow import (  # noqa: F401 - collected here with the fixtu
     test_failing_run_loses_nothing_promoted,
     test_first_run_is_promoted_with_report_and_progress,
     test_foreign_onnx_model_is_fine_tuned_and_quantized,
+    test_rerun_is_judged_by_the_promotion_gate,
     test_run_forced_to_lose_keeps_current_and_reuses_cache,
 )
 

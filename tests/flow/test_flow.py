@@ -198,3 +198,25 @@ def test_foreign_onnx_model_is_fine_tuned_and_quantized(prefect_harness, flow_ho
     assert any(n.op_type == "QuantizeLinear" for n in q.graph.node)
     report = _artifacts(run_id)[f"odl-report-digits-onnx-{flow_board.name}"].data
     assert "int8 model for the NPU" in report and "holds up" in report
+
+
+def test_rerun_is_judged_by_the_promotion_gate(promoted_run, flow_board, flow_home):
+    """The issue's nightly case (a rerun with epochs=3, lr=0.01 against the current version):
+    whatever its accuracy does, the decision carries the paired test (McNemar on the test set) and
+    the loss guardrail of recipes/digits.toml, and the report shows both."""
+    from tasks.judge.registry import Registry
+
+    board = flow_board.name
+    run_id, out = _run(board, epochs=3, lr=0.01)
+    version = Registry(flow_home / "registry").versions("digits", board)[-1]
+    decision = version.info["decision"]
+    assert decision["reference_name"] == "v0001"
+    assert decision["significance"]["test"] == "McNemar exact (one-sided)"
+    (rail,) = decision["guardrails"]
+    assert rail["rule"] == "loss" and rail["tolerance"] == 0.05
+    cand, cur = out.metrics["candidate"], out.metrics["current"]
+    assert rail["candidate"] == cand["loss"] and rail["reference"] == cur["loss"]
+    significant, holds = decision["significance"]["significant"], rail["holds"]
+    assert out.promoted == (cand["accuracy"] > cur["accuracy"] and significant and holds)
+    report = _artifacts(run_id)[f"odl-report-digits-{board}"].data
+    assert "**Significance** (McNemar exact (one-sided))" in report and "| guardrail |" in report

@@ -81,15 +81,16 @@ def test_embedded_recipe_is_evaluated_on_its_eval_graph_loss(prepared_embedded, 
 
 
 def test_an_int8_model_that_does_not_hold_up_blocks_promotion(tmp_path, monkeypatch):
-    """[quantize] max_drop: the float candidate beats the base, but an int8 model whose accuracy
+    """[quantize] max_drop: the float candidate earns its promotion, but an int8 model whose accuracy
     falls further than max_drop keeps it from being promoted, with both reasons; within max_drop
     it is promoted and the int8 model is stored beside the float one."""
     from tasks.prepare import prepare
 
     monkeypatch.setenv("ODL_HOME", str(tmp_path / "home"))
-    recipe = tiny_recipe(
-        tmp_path, {"quantize": {"calibration": "data/train.npz", "samples": 16, "max_drop": 0.5}}
-    )
+    quantize = {"calibration": "data/train.npz", "samples": 16, "max_drop": 0.5}
+    # the float candidate earns its promotion whatever a few steps on the tiny set do
+    promotion = {"min_gain": -1.0, "significance": False}
+    recipe = tiny_recipe(tmp_path, {"quantize": quantize, "promotion": promotion})
     prep = prepare(recipe, tmp_path / "prepared", validate=False)
     candidate = tmp_path / "run" / "inference.onnx"
     candidate.parent.mkdir()
@@ -98,7 +99,6 @@ def test_an_int8_model_that_does_not_hold_up_blocks_promotion(tmp_path, monkeypa
     assert set(ev.test) == {"base", "candidate", "candidate int8"} and ev.int8["quantize_linear"] > 0
     verdict = ev.int8["verdict"]
     assert verdict["metric"] == "accuracy" and verdict["holds"]
-    assert ev.test["candidate"]["accuracy"] > ev.test["base"]["accuracy"]  # seeded: the float model wins
     reg = Registry(tmp_path / "registry")
     promoted = stages.promote(recipe, BOARD, ev, candidate, prep, {}, reg)
     assert promoted.decision.promote

@@ -1,0 +1,127 @@
+"""The promotion gate's statistics: is the candidate's gain real, and does anything regress?
+
+A gain on a test set of a few hundred samples can be two samples. Before the promotion rule's
+``min_gain`` is even looked at, the gain must be significant on the paired test set:
+
+* accuracy (classification, binary): McNemar's exact test on the samples the two models disagree
+  on - of those, how many the candidate gets right - one-sided, by ``scipy.stats.binomtest``;
+* a loss of a built-in kind (and mse, mae): a paired bootstrap confidence interval of the mean
+  per-sample improvement (``scipy.stats.bootstrap``, percentile method, seeded); significant when
+  the whole interval lies on the better side of zero.
+
+Other metrics (mAP, a custom or embedded loss) have no per-sample pairing here; the gate says so
+and judges them on ``min_gain`` alone. Guardrails then compare other metrics and test sets
+(``"loss"``, ``"clean.accuracy"``): each may regress by at most its tolerance (absolute, in the
+metric's units).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tasks.errors import RegistryError
+from tasks.judge.registry import LOWER_IS_BETTER
+
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def mcnemar(candidate_correct: list[int], reference_correct: list[int]) -> dict[str, Any]:
+    """One-sided exact McNemar test that the candidate is right more often than the reference."""
+    from scipy.stats import binomtest
+
+    c, r = np.asarray(candidate_correct, bool), np.asarray(reference_correct, bool)
+    if c.shape != r.shape:
+        raise RegistryError(f"significance: {len(c)} candidate samples vs {len(r)} reference samples")
+    wins, losses = int((c & ~r).sum()), int((~c & r).sum())
+    p = float(binomtest(wins, wins + losses, 0.5, alternative="greater").pvalue) if wins + losses else 1.0
+    return {
+        "test": "McNemar exact (one-sided)",
+        "candidate_only_right": wins,
+        "reference_only_right": losses,
+        "p_value": p,
+    }
+
+
+def paired_bootstrap(
+    candidate: list[float], reference: list[float], lower_is_better: bool, confidence: float, seed: int = 0
+) -> dict[str, Any]:
+    """Confidence interval of the mean per-sample improvement (positive = the candidate is better)."""
+    from scipy.stats import bootstrap
+
+    c, r = np.asarray(candidate, np.float64), np.asarray(reference, np.float64)
+    if c.shape != r.shape:
+        raise RegistryError(f"significance: {len(c)} candidate samples vs {len(r)} reference samples")
+    gain = r - c if lower_is_better else c - r
+    if np.ptp(gain) == 0:  # every sample improves by the same amount: no spread to resample
+        low = high = float(gain[0]) if len(gain) else 0.0
+    else:
+        res = bootstrap((gain,), np.mean, confidence_level=confidence, n_resamples=BOOTSTRAP_RESAMPLES,
+                        method="percentile", random_state=np.random.default_rng(seed))  # fmt: skip
+        low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    return {"test": f"paired bootstrap, {confidence:.0%} CI of the mean gain", "low": low, "high": high}
+
+
+def significance(
+    metric: str, candidate: dict[str, Any], reference: dict[str, Any], alpha: float
+) -> dict[str, Any]:
+    """The test of ``metric``'s gain: its name, figures, ``significant`` and a sentence."""
+    cand, ref = candidate.get("per_sample") or {}, reference.get("per_sample") or {}
+    if metric == "accuracy" and "correct" in cand and "correct" in ref:
+        out = mcnemar(cand["correct"], ref["correct"])
+        out["significant"] = out["p_value"] < alpha
+        out["reason"] = (
+            f"McNemar: the candidate alone is right on {out['candidate_only_right']} test samples, "
+            f"the reference alone on {out['reference_only_right']}: p = {out['p_value']:.3g} "
+            f"{'<' if out['significant'] else '>='} {alpha:g}"
+        )
+        return out
+    same_loss = metric != "loss" or candidate.get("loss_kind") == reference.get("loss_kind")
+    if metric in cand and metric in ref and same_loss:
+        out = paired_bootstrap(cand[metric], ref[metric], metric in LOWER_IS_BETTER, 1.0 - alpha)
+        out["significant"] = out["low"] > 0
+        out["reason"] = (
+            f"paired bootstrap: the mean per-sample {metric} gain lies in [{out['low']:+.4g}, {out['high']:+.4g}] "
+            f"({1 - alpha:.0%})" + ("" if out["significant"] else ", which includes no gain")
+        )
+        return out
+    return {
+        "test": "none",
+        "significant": True,
+        "reason": f"no per-sample test for {metric}: judged on min_gain alone",
+    }
+
+
+def guardrails(
+    rules: dict[str, float],
+    candidate: dict[str, dict[str, Any]],
+    reference: dict[str, dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """Each rule ``"[set.]metric" = tolerance`` checked on the candidate vs the reference.
+
+    ``candidate`` and ``reference`` map test-set names ("test", "clean", ...) to metrics. A rule
+    naming a set or metric the evaluation does not have is an error, not a pass.
+    """
+    out = []
+    for rule, tolerance in rules.items():
+        test_set, _, metric = rule.rpartition(".")
+        test_set = test_set or "test"
+        if test_set not in candidate or test_set not in reference:
+            raise RegistryError(
+                f"promotion.guardrails '{rule}': no test set '{test_set}' (have {sorted(candidate)})"
+            )
+        c, r = candidate[test_set].get(metric), reference[test_set].get(metric)
+        if not isinstance(c, (int, float)) or not isinstance(r, (int, float)):
+            numbers = sorted(k for k, v in candidate[test_set].items() if isinstance(v, (int, float)))
+            raise RegistryError(f"promotion.guardrails '{rule}': no metric '{metric}' (have {numbers})")
+        regression = (c - r) if metric in LOWER_IS_BETTER else (r - c)
+        holds = regression <= tolerance
+        out.append({
+            "rule": rule, "candidate": float(c), "reference": float(r), "regression": float(regression),
+            "tolerance": float(tolerance), "holds": holds,
+            "reason": f"{rule} {r:.4f} -> {c:.4f}: "
+                      + (f"regresses by {regression:.4f}" if regression > 0 else "no regression")
+                      + f" ({'within' if holds else 'beyond'} its tolerance {tolerance:g})",
+        })  # fmt: skip
+    return out
