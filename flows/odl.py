@@ -17,6 +17,7 @@ from typing import Any
 from prefect import flow
 from prefect.concurrency.sync import concurrency
 from prefect.runtime import flow_run
+from prefect.states import Completed
 from pydantic import BaseModel, Field
 
 from tasks import stages
@@ -118,4 +119,9 @@ def odl(params: OdlParams | None = None) -> Outcome:
     promotion, t["promote"] = pt.timed(pt.promote, recipe, board.name, evaluation, got.inference, prep, info)
     summary = publish(report_input(recipe, board.name, run_id, training, evaluation, promotion, t))
     test = evaluation.test
-    return Outcome(spec.job_id, run_dir, promotion.decision.promote, promotion.version, summary, test, t)
+    outcome = Outcome(spec.job_id, run_dir, promotion.decision.promote, promotion.version, summary, test, t)
+    # the runs list shows "Promoted" or "Not promoted" (a Completed state with that name) and why
+    name = "Promoted" if outcome.promoted else "Not promoted"
+    return Completed(
+        data=outcome, name=name, message=f"{promotion.version}: {promotion.decision.reason}"[:500]
+    )

@@ -15,7 +15,11 @@ def _run(board: str, **kw):
 
     state = odl(OdlParams(board=board, **kw), return_state=True)
     assert state.is_completed(), state.message
-    return state.state_details.flow_run_id, state.result()
+    outcome = state.result()
+    # the runs list tells a promotion from a rejection without opening the run
+    assert state.name == ("Promoted" if outcome.promoted else "Not promoted")
+    assert state.message.startswith(outcome.version + ": ")
+    return state.state_details.flow_run_id, outcome
 
 
 def _artifacts(run_id):
