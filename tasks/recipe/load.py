@@ -14,21 +14,19 @@ import tomllib
 from pathlib import Path
 
 from tasks.errors import RecipeError
+from tasks.recipe.optional import parse_detection, parse_head, parse_quantize
+from tasks.recipe.rules import ACCURACY_TASKS, check_consistency
 from tasks.recipe.schema import (
     BATCHNORM_MODES,
     BUILTIN_LOSSES,
     OPTIMIZERS,
-    QUANT_METHODS,
     STRATEGIES,
     TASKS,
     DataSpec,
-    DetectionSpec,
-    HeadSpec,
     LossSpec,
     ModelSpec,
     OptimizerSpec,
     PromotionSpec,
-    QuantizeSpec,
     Recipe,
     ScheduleSpec,
     TrainableSpec,
@@ -36,8 +34,6 @@ from tasks.recipe.schema import (
 )
 from tasks.recipe.table import Table, optional_ref, ref
 
-ACCURACY_TASKS = ("classification", "binary")
-DETECTION_METRICS = ("map50", "map", "map75")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 TOP_KEYS = {
     "name",
@@ -130,59 +126,6 @@ def _parse_trainable(t: Table) -> TrainableSpec:
     return spec
 
 
-def _parse_head(t: Table) -> HeadSpec | None:
-    if not t.d:
-        return None
-    pool = t.get("pool", str, "auto")
-    if pool not in ("auto", "none"):
-        raise t.err("pool", "'auto' or 'none'", pool)
-    return HeadSpec(
-        num_classes=t.number("num_classes", ..., 1, 100000, integer=True),
-        hidden=t.number("hidden", 0, 0, 100000, integer=True),
-        pool=pool,
-        seed=t.number("seed", 0, 0, 2**31 - 1, integer=True),
-    )
-
-
-def _parse_quantize(t: Table, base: Path) -> QuantizeSpec | None:
-    if not t.d:
-        return None
-    method = t.get("method", str, "minmax")
-    if method not in QUANT_METHODS:
-        raise t.err("method", " or ".join(repr(m) for m in QUANT_METHODS), method)
-    drop = t.get("max_drop", (int, float), None, "a number >= 0")
-    if drop is not None and (isinstance(drop, bool) or drop < 0):
-        raise t.err("max_drop", "a number >= 0", drop)
-    return QuantizeSpec(
-        calibration=t.path("calibration", base, required=True),  # type: ignore[arg-type]
-        method=method,
-        per_channel=t.get("per_channel", bool, True),
-        samples=t.number("samples", 128, 1, 10**6, integer=True),
-        max_drop=None if drop is None else float(drop),
-    )
-
-
-def _parse_detection(t: Table, base: Path) -> DetectionSpec | None:
-    if not t.d:
-        return None
-    classes = t.strings("classes")
-    if not classes or len(set(classes)) != len(classes):
-        raise t.err("classes", "a non-empty list of distinct object class names", list(classes) or None)
-    threshold = t.number("score_threshold", 0.01, 0.0, 1.0)
-    iou = t.number("iou_threshold", 0.45, 0.0, 1.0)
-    if iou <= 0:
-        raise t.err("iou_threshold", "a number in (0, 1]", iou)
-    return DetectionSpec(
-        classes=classes,
-        priors=t.path("priors", base),
-        scores_output=t.get("scores_output", str, "scores"),
-        offsets_output=t.get("offsets_output", str, "offsets"),
-        score_threshold=threshold,
-        iou_threshold=iou,
-        max_detections=int(t.number("max_detections", 100, 1, 10000, integer=True)),
-    )
-
-
 def _parse_loss(t: Table) -> LossSpec:
     kind = t.get("kind", str)
     if kind in BUILTIN_LOSSES or kind == "embedded":
@@ -269,14 +212,14 @@ def parse_recipe(data: dict, source: Path) -> Recipe:
             task,
             "detection" in data,
         ),
-        detection=_parse_detection(table("detection", DETECTION_KEYS, False), base),
-        head=_parse_head(table("head", {"num_classes", "hidden", "pool", "seed"}, False)),
-        quantize=_parse_quantize(
+        detection=parse_detection(table("detection", DETECTION_KEYS, False), base),
+        head=parse_head(table("head", {"num_classes", "hidden", "pool", "seed"}, False)),
+        quantize=parse_quantize(
             table("quantize", {"calibration", "method", "per_channel", "samples", "max_drop"}, False), base
         ),
         raw=copy.deepcopy(data),
     )
-    _check_consistency(recipe, src)
+    check_consistency(recipe, src)
     return recipe
 
 
@@ -306,59 +249,6 @@ def _parse_promotion(t: Table, task: str, detector: bool) -> PromotionSpec:
         None if alpha is False else float(alpha),
         {k: float(v) for k, v in rails.items()},
     )
-
-
-def _check_consistency(r: Recipe, src: str) -> None:
-    """Cross-field rules: loss vs task, embedded output names, feeds naming real inputs."""
-    if (r.loss.kind == "embedded") != (r.task == "embedded"):
-        raise RecipeError("loss.kind", "'embedded' exactly when task = 'embedded'", r.loss.kind, source=src)
-    if r.task == "embedded" and len(r.model.output_names) < 2:
-        raise RecipeError("model.output_names", "the loss first, then at least one model output", source=src)
-    if r.head is not None and len(r.model.cut_at) != 1:
-        raise RecipeError(
-            "head", "exactly one model.cut_at tensor to put the new head on", list(r.model.cut_at), source=src
-        )
-    if r.quantize is not None and r.task == "embedded":
-        raise RecipeError(
-            "quantize",
-            "a classification, binary or regression model (an embedded loss has no inference metric "
-            "to compare float and int8 on)",
-            r.task,
-            source=src,
-        )
-    if r.detection is not None and r.task != "embedded":
-        raise RecipeError(
-            "detection", "a detector whose loss is in its graph (task = 'embedded')", r.task, source=src
-        )
-    if r.detection is not None and r.model.num_classes not in (None, len(r.detection.classes)):
-        raise RecipeError(
-            "detection.classes",
-            f"model.num_classes ({r.model.num_classes}) names",
-            list(r.detection.classes),
-            source=src,
-        )
-    if r.promotion.metric in DETECTION_METRICS and r.detection is None:
-        raise RecipeError(
-            "promotion.metric",
-            "a metric the host evaluation reports ('map50', 'map' and 'map75' need a [detection] table)",
-            r.promotion.metric,
-            source=src,
-        )
-    if r.promotion.metric == "accuracy" and r.task not in ACCURACY_TASKS:
-        raise RecipeError(
-            "promotion.metric",
-            f"a metric the host evaluation reports for task '{r.task}' ('loss'; accuracy needs a "
-            "classification or binary task)",
-            r.promotion.metric,
-            source=src,
-        )
-    if r.loss.kind == "cross-entropy" and r.task != "classification":
-        raise RecipeError(
-            "loss.kind",
-            f"a loss for task '{r.task}' (cross-entropy needs classification)",
-            r.loss.kind,
-            source=src,
-        )
 
 
 def apply_overrides(data: dict, overrides: dict[str, object]) -> dict:
