@@ -26,37 +26,21 @@ import re
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from tasks.board.inventory import valid_board_name
 from tasks.errors import BoardError, RegistryError
+from tasks.hashing import file_sha256
+from tasks.judge.decision import LOWER_IS_BETTER, Decision, decide, decision_from_dict
 from tasks.recipe.load import NAME_RE as RECIPE_NAME_RE
-from tasks.recipe.schema import PromotionSpec
 
 log = logging.getLogger(__name__)
 
-LOWER_IS_BETTER = frozenset(
-    {"loss", "mse", "mae", "latency_ms_per_sample", "latency_ms_batch1", "model_size_bytes"}
-)
+__all__ = ["LOWER_IS_BETTER", "Decision", "Registry", "Version", "decide", "decision_from_dict"]
+
 VERSION_RE = re.compile(r"^v(\d{4,})$")
-
-
-@dataclass(frozen=True)
-class Decision:
-    """The promotion verdict for one candidate."""
-
-    promote: bool
-    metric: str
-    candidate: float
-    reference: float
-    reference_name: str  # "base" or a version such as "v0003"
-    gain: float  # improvement in the metric's better direction
-    min_gain: float
-    reason: str
-    significance: dict[str, Any] | None = None  # the gate's paired test (tasks.judge.gate)
-    guardrails: list[dict[str, Any]] = field(default_factory=list)  # each guardrail's verdict
 
 
 @dataclass(frozen=True)
@@ -77,78 +61,6 @@ class Version:
     def promoted(self) -> bool:
         """Whether this candidate was promoted when it was recorded."""
         return bool(self.info.get("promoted"))
-
-
-def decide(
-    candidate: dict[str, Any],
-    reference: dict[str, Any],
-    rule: PromotionSpec,
-    reference_name: str,
-    sets: tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]] | None = None,
-) -> Decision:
-    """Compare a candidate's metrics with the reference's by the recipe's promotion rule.
-
-    Promoted only when the gain beats ``min_gain``, is significant on the paired test set (unless
-    ``rule.significance`` is None) and no guardrail regresses beyond its tolerance; ``sets`` gives
-    the candidate's and the reference's metrics per test set for the guardrails (default: the
-    main test set only).
-    """
-    from tasks.judge.gate import guardrails, significance
-
-    metric = rule.metric
-    for side, metrics in (("candidate", candidate), (reference_name, reference)):
-        if not isinstance(metrics.get(metric), (int, float)):
-            raise RegistryError(
-                f"promotion.metric '{metric}': the {side} metrics have no such number "
-                f"(have {sorted(k for k, v in metrics.items() if isinstance(v, (int, float)))})"
-            )
-    label = _metric_label(metric, candidate, reference, reference_name)
-    new, ref = float(candidate[metric]), float(reference[metric])
-    gain = ref - new if metric in LOWER_IS_BETTER else new - ref
-    enough = gain > rule.min_gain
-    verb = "beats" if enough else "does not beat"
-    reason = (
-        f"{label} {new:.4f} vs {ref:.4f} ({reference_name}): gain {gain:+.4f} {verb} "
-        f"the required min_gain {rule.min_gain:+.4f}"
-    )
-    test = significance(metric, candidate, reference, rule.significance) if rule.significance else None
-    cand_sets, ref_sets = sets or ({"test": candidate}, {"test": reference})
-    rails = guardrails(rule.guardrails, cand_sets, ref_sets)
-    problems = (
-        [] if test is None or test["significant"] else [f"the gain is not significant ({test['reason']})"]
-    )
-    problems += [f"guardrail {r['reason']}" for r in rails if not r["holds"]]
-    if enough and problems:
-        reason += ", but " + "; ".join(problems)
-    elif enough and test is not None:
-        reason += f" ({test['reason']})"
-    promote = enough and not problems
-    return Decision(promote, metric, new, ref, reference_name, gain, rule.min_gain, reason, test, rails)
-
-
-def _metric_label(
-    metric: str, candidate: dict[str, Any], reference: dict[str, Any], reference_name: str
-) -> str:
-    """``metric`` as a reason names it: "loss (l1)" when the metrics say which loss they hold.
-
-    Losses of different kinds are not comparable, so a candidate and a reference evaluated with
-    different ``loss_kind`` are refused rather than judged.
-    """
-    if metric != "loss":
-        return metric
-    new, ref = candidate.get("loss_kind"), reference.get("loss_kind")
-    known = {k for k in (new, ref) if k}
-    if len(known) > 1:
-        raise RegistryError(
-            f"promotion.metric 'loss': the candidate's loss is {new} but {reference_name}'s is {ref}; "
-            "evaluate both with the recipe's loss (tasks.judge.losses.host_loss)"
-        )
-    return f"loss ({known.pop()})" if known else "loss"
-
-
-def decision_from_dict(d: dict[str, Any]) -> Decision:
-    """Rebuild a Decision from ``asdict`` output (as stored in info.json or passed between tasks)."""
-    return Decision(**d)
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -231,6 +143,7 @@ class Registry:
             for name, extra in (extras or {}).items():
                 shutil.copy2(extra, staging / name)
             _write_json(staging / "metrics.json", metrics)
+            hashes = {p.name: file_sha256(p) for p in sorted(staging.iterdir()) if p.suffix != ".json"}
             full = {
                 **(info or {}),
                 "recipe": recipe,
@@ -239,6 +152,8 @@ class Registry:
                 "reason": decision.reason,
                 "decision": asdict(decision),
                 "recorded_at": time.time(),
+                "model_sha256": hashes["model.onnx"],
+                "files_sha256": hashes,
             }
             _write_json(staging / "info.json", full)
             path = self._claim_next(folder, staging)
@@ -246,7 +161,7 @@ class Registry:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         if decision.promote:
-            _atomic_write(folder / "current", path.name + "\n")
+            self._set_current(recipe, board, path.name, "promoted")
         log.info(
             "registry %s: recorded %s (%s): %s",
             folder.name,
@@ -255,6 +170,54 @@ class Registry:
             decision.reason,
         )
         return self._load(path)
+
+    def history(self, recipe: str, board: str) -> list[dict[str, Any]]:
+        """Every change of ``current``, oldest first: {version, action, at} (``history.jsonl``)."""
+        path = self.entry(recipe, board) / "history.jsonl"
+        if not path.is_file():  # a registry from before the history: its promotions in order
+            return [
+                {"version": v.name, "action": "promoted", "at": v.info.get("recorded_at")}
+                for v in self.versions(recipe, board)
+                if v.promoted
+            ]
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def previous(self, recipe: str, board: str) -> Version | None:
+        """The version that was in service before the current one (what a rollback restores)."""
+        stack = self._stack(recipe, board)
+        return self._load(self.entry(recipe, board) / stack[-2]) if len(stack) > 1 else None
+
+    def rollback(self, recipe: str, board: str) -> Version:
+        """Put the previous version back in service; RegistryError when there is none."""
+        current, previous = self.current(recipe, board), self.previous(recipe, board)
+        if current is None or previous is None:
+            raise RegistryError(
+                f"{recipe} on {board}: nothing to roll back to "
+                f"({'no version in service' if current is None else f'{current.name} is the first promoted'})"
+            )
+        self._set_current(recipe, board, previous.name, f"rollback from {current.name}")
+        log.info("registry %s-%s: rolled back %s -> %s", recipe, board, current.name, previous.name)
+        return previous
+
+    def _stack(self, recipe: str, board: str) -> list[str]:
+        """The versions in service over time, a rollback popping the one it replaced."""
+        stack: list[str] = []
+        for change in self.history(recipe, board):
+            if str(change.get("action", "")).startswith("rollback") and stack:
+                stack.pop()
+            else:
+                stack.append(change["version"])
+        return stack
+
+    def _set_current(self, recipe: str, board: str, name: str, action: str) -> None:
+        folder = self.entry(recipe, board)
+        log_path = folder / "history.jsonl"
+        if not log_path.is_file():  # keep the promotions of a registry from before the history
+            past = [c for c in self.history(recipe, board) if c["version"] != name]
+            log_path.write_text("".join(json.dumps(c) + "\n" for c in past))
+        with open(log_path, "a") as log_file:
+            log_file.write(json.dumps({"version": name, "action": action, "at": time.time()}) + "\n")
+        _atomic_write(folder / "current", name + "\n")
 
     def _claim_next(self, folder: Path, staging: Path) -> Path:
         """Rename the staging folder to the next free version name (rename fails if it exists)."""

@@ -49,7 +49,12 @@ def train_params(recipe: Recipe, *, max_steps: int = 0) -> TrainParams:
 
 
 def build_job_spec(
-    recipe: Recipe, prepared: Prepared, job_id: str, *, max_steps: int = 0
+    recipe: Recipe,
+    prepared: Prepared,
+    job_id: str,
+    *,
+    max_steps: int = 0,
+    checkpoint: Path | None = None,
 ) -> tuple[JobSpec, dict[str, Path]]:
     """The JobSpec for ``job_id`` and the local files to upload, keyed by sha256.
 
@@ -62,6 +67,10 @@ def build_job_spec(
         raise RecipeError("job_id", exc.expected, job_id) from exc
     files: dict[str, Path] = {}
     artifacts = {key: _artifact_blob(prepared, key, files) for key in ARTIFACT_KEYS}
+    if checkpoint is not None:  # a warm start: the same graphs, other starting weights
+        sha = file_sha256(checkpoint)
+        files[sha] = Path(checkpoint)
+        artifacts["checkpoint"] = BlobRef(sha, Path(checkpoint).stat().st_size)
     train = _data_ref(recipe.data.train, recipe.data.board_train, "data.train", files)
     eval_ref = _data_ref(recipe.data.eval, None, "data.eval", files) if recipe.data.eval else None
     manifest = prepared.manifest

@@ -153,7 +153,18 @@ def _parse_training(t: Table) -> TrainingSpec:
         checkpoint_every=t.number("checkpoint_every", 0, 0, 10**9, integer=True),
         log_every=t.number("log_every", 1, 1, 10**9, integer=True),
         seed=t.number("seed", 0, 0, 2**32 - 1, integer=True),
+        start_from=_choice(t, "start_from", START_FROM),
     )
+
+
+START_FROM = ("base", "current")
+
+
+def _choice(t: Table, key: str, allowed: tuple[str, ...]) -> str:
+    val = t.get(key, str, allowed[0])
+    if val not in allowed:
+        raise t.err(key, " or ".join(repr(a) for a in allowed), val)
+    return val
 
 
 def _parse_data(t: Table, base: Path) -> DataSpec:

@@ -172,6 +172,7 @@ class TrainingSpec:
     checkpoint_every: int = 0
     log_every: int = 1
     seed: int = 0
+    start_from: str = "base"  # "base": the recipe's weights; "current": the registry's model in service
 
 
 @dataclass(frozen=True)

@@ -57,8 +57,11 @@ def prepare_data(recipe: Recipe) -> None:
 
 
 def recipe_build_hash(recipe: Recipe) -> str:
-    """sha256 of the canonical recipe without ``[promotion]`` (it judges, it builds nothing)."""
+    """sha256 of the canonical recipe without what builds nothing: ``[promotion]`` (it judges) and
+    ``training.start_from`` (the warm checkpoint is made per run, from the registry)."""
     raw = {k: v for k, v in recipe.raw.items() if k != "promotion"}
+    if isinstance(raw.get("training"), dict) and "start_from" in raw["training"]:
+        raw["training"] = {k: v for k, v in raw["training"].items() if k != "start_from"}
     return hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -178,8 +181,11 @@ def prepared(inp: Inputs) -> Prepared:
     )
 
 
-def job_spec(inp: Inputs, prep: Prepared, job: str) -> tuple[JobSpec, dict[str, Path]]:
-    """The board's job spec for ``job`` and the local files it needs, keyed by sha256."""
+def job_spec(
+    inp: Inputs, prep: Prepared, job: str, *, checkpoint: Path | None = None
+) -> tuple[JobSpec, dict[str, Path]]:
+    """The board's job spec for ``job`` and the local files it needs, keyed by sha256;
+    ``checkpoint`` replaces the prepared one (a warm start)."""
     from tasks.prepare.board_job import build_job_spec
 
-    return build_job_spec(inp.recipe, prep, job)
+    return build_job_spec(inp.recipe, prep, job, checkpoint=checkpoint)

@@ -1,0 +1,121 @@
+"""Warm start: the job's checkpoint carries the weights of the model in service, not the base's.
+
+``[training] start_from = "current"`` asks for it. The registry's current version for the recipe
+and board is checked against the sha256 recorded with it (a model edited in the registry is
+refused), every parameter of the prepared checkpoint is replaced by the initializer of the same
+name in that model, and the written checkpoint is read back: the sha256 over its parameters must
+equal the one over the model's. The record (version, both hashes, parameter count) goes into the
+registry entry of the run, so a reader knows what the candidate grew from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tasks.errors import RegistryError
+from tasks.hashing import file_sha256
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """A checkpoint built from a registry version, and what the registry entry records of it."""
+
+    checkpoint: Path
+    record: dict[str, Any]
+
+
+def weights_sha256(weights: dict[str, np.ndarray]) -> str:
+    """sha256 over the parameters sorted by name: name, dtype, shape and bytes of each."""
+    digest = hashlib.sha256()
+    for name in sorted(weights):
+        arr = np.ascontiguousarray(weights[name])
+        digest.update(json.dumps([name, arr.dtype.str, list(arr.shape)]).encode())
+        digest.update(arr.tobytes())
+    return digest.hexdigest()
+
+
+def model_weights(model: Path) -> dict[str, np.ndarray]:
+    """The initializers of an ONNX model (external data loaded) by name."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(model), load_external_data=True).graph
+    return {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+
+
+def checkpoint_weights(checkpoint: Path) -> dict[str, np.ndarray]:
+    """Every parameter (trainable and frozen) of an ORT training checkpoint by name."""
+    from onnxruntime.training.api import CheckpointState
+
+    state = CheckpointState.load_checkpoint(str(checkpoint))
+    return {name: np.array(param.data) for name, param in state.parameters}
+
+
+def verify_version_model(version: Any) -> str:
+    """The sha256 of a registry version's model, checked against the one recorded with it."""
+    actual = file_sha256(version.model)
+    recorded = version.info.get("model_sha256")
+    if recorded and recorded != actual:
+        raise RegistryError(
+            f"{version.model}: sha256 {actual[:12]} differs from the {recorded[:12]} recorded with "
+            f"{version.name}; the registry copy was modified: restore it, or set "
+            'training.start_from = "base"'
+        )
+    return actual
+
+
+def build_warm_checkpoint(base: Path, version: Any, out: Path) -> WarmStart:
+    """Write ``out``: the prepared checkpoint ``base`` with ``version``'s weights put in it.
+
+    Every parameter of the checkpoint must exist in the version's model with the same shape and
+    dtype (else the recipe's model changed since that version: RegistryError naming the
+    parameter); nothing else is touched (properties, and no optimizer state: a fresh optimizer).
+    """
+    from onnx import numpy_helper
+    from onnxruntime.training.api import CheckpointState
+    from onnxruntime.training.onnxblock.checkpoint_utils import save_checkpoint
+
+    model_sha = verify_version_model(version)
+    weights = model_weights(version.model)
+    state = CheckpointState.load_checkpoint(str(base))
+    params = [(name, np.array(p.data), p.requires_grad) for name, p in state.parameters]
+    names = [name for name, _, _ in params]
+    taken: dict[str, np.ndarray] = {}
+    split: tuple[list, list] = ([], [])  # (trainable, frozen) as the prepared checkpoint has them
+    for name, have, trainable in params:
+        new = weights.get(name)
+        if new is None or new.shape != have.shape or new.dtype != have.dtype:
+            got = "absent" if new is None else f"{new.dtype}{list(new.shape)}"
+            raise RegistryError(
+                f'training.start_from = "current": parameter {name!r} of the job\'s checkpoint '
+                f"({have.dtype}{list(have.shape)}) is {got} in {version.name}'s model; the recipe's "
+                'model changed since that version: set training.start_from = "base" for this run'
+            )
+        taken[name] = new
+        split[0 if trainable else 1].append(numpy_helper.from_array(new, name))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    save_checkpoint(split, tmp)  # ORT's own writer (setting a loaded state's parameters crashes 1.19)
+    tmp.replace(out)
+    expected = weights_sha256(taken)
+    written = weights_sha256(checkpoint_weights(out))
+    if written != expected:
+        out.unlink(missing_ok=True)
+        raise RegistryError(
+            f"warm start from {version.name}: the written checkpoint's weights hash {written[:12]} "
+            f"differs from the model's {expected[:12]}"
+        )
+    record = {
+        "from": version.name,
+        "model_sha256": model_sha,
+        "weights_sha256": expected,
+        "parameters": len(names),
+        "checkpoint_sha256": file_sha256(out),
+    }
+    return WarmStart(out, record)
