@@ -176,3 +176,81 @@ def _dashed(draw: ImageDraw.ImageDraw, a: tuple[float, float], b: tuple[float, f
         t0, t1 = k / steps, min(1.0, (k + 1) / steps)
         draw.line([(x1 + (x2 - x1) * t0, y1 + (y2 - y1) * t0), (x1 + (x2 - x1) * t1, y1 + (y2 - y1) * t1)],
                   fill=color, width=2)  # fmt: skip
+
+
+def trend_chart(points: Sequence[dict], metric: str, size: tuple[int, int] = (640, 380)) -> bytes:
+    """A metric across registry versions (``points`` from :func:`tasks.judge.trend.trend_points`):
+    each candidate as a dot (filled green when promoted, hollow red when rejected, ringed when in
+    service) over the version index, and the value in service after each record as a step line
+    (the candidate when promoted, else the reference it was judged against). PNG bytes."""
+    img = Image.new("RGB", size, "white")
+    draw = ImageDraw.Draw(img)
+    w, h = size
+    left, right, top, bottom = 64, w - 16, 56, h - 44
+    draw.text((w // 2, 8), f"{metric} across versions", fill="black", font=_font(15), anchor="ma")
+    ys = [v for p in points for v in (p["candidate"], p.get("service")) if _finite(v)]
+    if not ys:
+        draw.text((w // 2, h // 2), "no data", fill="gray", font=_font(14), anchor="mm")
+        return _png(img)
+    pad = 0.08 * ((max(ys) - min(ys)) or abs(ys[0]) or 1.0)  # keep the dots off the frame
+    yt, n = _ticks(min(ys) - pad, max(ys) + pad), len(points)
+    y0, y1 = yt[0], yt[-1]
+
+    def to_px(x: float, y: float) -> tuple[float, float]:
+        return (left + (x + 0.5) / n * (right - left), bottom - (y - y0) / (y1 - y0) * (bottom - top))
+
+    small = _font(11)
+    for y in yt:
+        py = to_px(0, y)[1]
+        draw.line([(left, py), (right, py)], fill="#e5e5e5")
+        draw.text((left - 6, py), f"{y:g}", fill="black", font=small, anchor="rm")
+    every = max(1, math.ceil(44 / ((right - left) / n)))  # labels ~40 px wide; the newest always shown
+    for i, p in enumerate(points):
+        if (n - 1 - i) % every == 0:
+            draw.text((to_px(i, y0)[0], bottom + 6), p["name"], fill="black", font=small, anchor="ma")
+    draw.rectangle([left, top, right, bottom], outline="black")
+    draw.text(((left + right) // 2, h - 6), "registry version", fill="black", font=_font(12), anchor="md")
+    draw.text((8, top - 24), metric, fill="black", font=_font(12))
+    service, level = PALETTE[0], None  # the step line: the value in service from x - 0.5 onwards
+    for i, p in enumerate(points):
+        new = p.get("service")
+        if _finite(level) and _finite(new) and new != level:
+            draw.line([to_px(i - 0.5, level), to_px(i - 0.5, new)], fill=service, width=2)
+        if _finite(new):
+            draw.line([to_px(i - 0.5, new), to_px(i + 0.5, new)], fill=service, width=2)
+        level = new
+    r = 5 if n <= 40 else 3
+    for i, p in enumerate(points):
+        if not _finite(p["candidate"]):
+            continue
+        px, py = to_px(i, p["candidate"])
+        if p.get("in_service"):
+            draw.ellipse([px - r - 4, py - r - 4, px + r + 4, py + r + 4], outline=service, width=2)
+        fill = PALETTE[2] if p.get("promoted") else "white"
+        draw.ellipse(
+            [px - r, py - r, px + r, py + r],
+            fill=fill,
+            outline=fill if p.get("promoted") else PALETTE[1],
+            width=2,
+        )
+    _trend_legend(draw, right, top - 18, service)
+    return _png(img)
+
+
+def _finite(v: object) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def _trend_legend(draw: ImageDraw.ImageDraw, x: float, y: float, service: str) -> None:
+    """The trend chart's legend, right-aligned on one line ending at ``x``."""
+    font = _font(12)
+    for name, color, mark in (("in service", service, "line"), ("rejected", PALETTE[1], "hollow"),
+                              ("promoted", PALETTE[2], "filled")):  # fmt: skip
+        draw.text((x, y), name, fill="black", font=font, anchor="rm")
+        x -= draw.textlength(name, font=font) + 12
+        if mark == "line":
+            draw.line([(x - 8, y), (x + 6, y)], fill=color, width=2)
+        else:
+            fill = color if mark == "filled" else "white"
+            draw.ellipse([x - 5, y - 5, x + 5, y + 5], fill=fill, outline=color, width=2)
+        x -= 26

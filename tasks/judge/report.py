@@ -17,6 +17,7 @@ from typing import Any
 from tasks.judge.charts import confusion_chart, data_url, line_chart
 from tasks.judge.registry import Decision
 from tasks.judge.report_detection import detection_md
+from tasks.judge.trend import trend_section
 
 HEADLINE = [
     ("accuracy", "accuracy", "{:.4f}"),
@@ -53,6 +54,7 @@ class ReportInput:
     timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds
     test_path: Path | None = None  # the test set file (a detector's example images are drawn from it)
     int8: dict[str, Any] | None = None  # the quantized candidate (tasks.judge.quantize), with its verdict
+    trend: list[dict[str, Any]] = field(default_factory=list)  # tasks.judge.trend.trend_points
 
 
 def report_key(recipe: str, board: str, kind: str = "report") -> str:
@@ -208,6 +210,7 @@ def render_report(inp: ReportInput) -> str:
         "",
         _decision_md(inp),
         *_gate_md(inp.decision),
+        *trend_section(inp.trend),
         "",
         f"## Before / after on the host test set `{inp.test_set}`",
         compare_table(inp.evaluations),

@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from tasks import stages
+from tasks.errors import RegistryError
 from tasks.judge.report import ReportInput, epoch_table, render_report, report_key, step_losses, summary_text
+from tasks.judge.trend import trend_points
 from tasks.paths import state_dir
 from tasks.recipe.schema import Recipe
 
@@ -19,6 +21,19 @@ def _columns(sets: dict[str, dict[str, Any]], reference: stages.Reference) -> di
     return {label.get(col, col): metrics for col, metrics in sets.items()}
 
 
+def trend(recipe: str, board: str) -> list[dict[str, Any]]:
+    """The promoted metric across the registry's versions of recipe+board (the candidate just
+    recorded included); an unreadable registry or malformed version info raises RegistryError."""
+    reg = stages.registry()
+    try:
+        current = reg.current(recipe, board)
+        return trend_points(reg.versions(recipe, board), current.name if current else None)
+    except (OSError, AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise RegistryError(
+            f"registry {reg.root}: cannot read the versions of {recipe} on {board} ({exc})"
+        ) from exc
+
+
 def report_input(
     recipe: Recipe,
     board: str,
@@ -28,7 +43,8 @@ def report_input(
     promotion: stages.Promotion,
     timings: dict[str, float],
 ) -> ReportInput:
-    """Everything the report shows, from the stages' typed results."""
+    """Everything the report shows, from the stages' typed results (called after the promotion
+    is recorded, so the registry's trend includes this run's version)."""
     result = training.result.to_dict()
     ref = evaluation.reference
     return ReportInput(
@@ -47,6 +63,7 @@ def report_input(
         step_losses=step_losses(training.events),
         timings=timings,
         training={k: result[k] for k in TRAINING_FIELDS if k in result},
+        trend=trend(recipe.name, board),
     )
 
 
