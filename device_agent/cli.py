@@ -1,4 +1,5 @@
-"""``python3 -m device_agent [--root ROOT] info|blobs|put-blob|validate|run|start|status|cancel``.
+"""``python3 -m device_agent [--root ROOT] info|blobs|put-blob|validate|run|start|status|cancel|
+jobs|dataset|install-model|models`` (the last four in :mod:`device_agent.board_cmds`).
 
 Stdout carries JSON lines only; human logs go to stderr and ``JOBDIR/agent.log``. The process
 exit status is a :class:`~device_agent.protocol.ExitCode` (see README.md for the table).
@@ -15,14 +16,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from device_agent import board_cmds
 from device_agent.errors import AgentError
 from device_agent.events import read_last_event
 from device_agent.jobdir import (
+    BOARD_LOCK_FD_ENV,
     LOCK_FD_ENV,
     JobDir,
     inherited_lock,
     load_spec,
     lock_is_held,
+    open_board_lock,
     open_jobdir,
     open_lock,
     read_result,
@@ -97,19 +101,27 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Train in the foreground (resuming if interrupted); prints the result as one JSON line."""
-    from device_agent.runner import run_job
+    from device_agent.runner import run_job, stored_outcome
 
     job = _job(args)
     spec = load_spec(job)
-    fd = inherited_lock()
+    fd, board_fd = inherited_lock(), inherited_lock(BOARD_LOCK_FD_ENV)
     if fd is None:
         fd = open_lock(job)
         job.cancel_file.unlink(missing_ok=True)
+    if board_fd is None and stored_outcome(job) is None:  # a stored result trains nothing: no board lock
+        try:
+            board_fd = open_board_lock(job)
+        except AgentError:
+            os.close(fd)
+            raise
     _log_to(job)
     job.pid_file.write_text(f"{os.getpid()}\n")
     try:
         result = run_job(job, spec)
-    finally:
+    finally:  # the board lock first: a job seen as not running has let the board go
+        if board_fd is not None:
+            os.close(board_fd)
         os.close(fd)
     emit(result.to_dict())
     return result.exit_code
@@ -124,15 +136,23 @@ def cmd_start(args: argparse.Namespace) -> int:
         emit({"job_id": spec.job_id, "pid": None, "state": "finished"})
         return ExitCode.OK
     fd = open_lock(job)  # BUSY if running; handed to the child so there is no race
+    try:
+        board_fd = open_board_lock(job)  # BOARD_BUSY while another job trains
+    except AgentError:
+        os.close(fd)
+        raise
     job.cancel_file.unlink(missing_ok=True)
     if done is not None and not (done.status == "failed" and done.exit_code in NEVER_RETRY):
         job.result_file.unlink(missing_ok=True)  # the run being resumed replaces this stale outcome
-    env = dict(os.environ, **{LOCK_FD_ENV: str(fd), "PYTHONPATH": _pythonpath()})
+    env = dict(
+        os.environ, **{LOCK_FD_ENV: str(fd), BOARD_LOCK_FD_ENV: str(board_fd), "PYTHONPATH": _pythonpath()}
+    )
     argv = [sys.executable, "-m", "device_agent", "--root", str(args.root), "run", str(job.path)]
     with open(os.devnull, "rb") as devnull, open(job.path / "agent.stderr", "ab") as err:
         child = subprocess.Popen(argv, stdin=devnull, stdout=subprocess.DEVNULL, stderr=err, env=env,
-                                 pass_fds=(fd,), start_new_session=True, cwd=str(job.path))  # fmt: skip
+                                 pass_fds=(fd, board_fd), start_new_session=True, cwd=str(job.path))  # fmt: skip
     os.close(fd)
+    os.close(board_fd)
     job.pid_file.write_text(f"{child.pid}\n")
     emit({"job_id": spec.job_id, "pid": child.pid, "state": "running"})
     return ExitCode.OK
@@ -205,7 +225,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"info": cmd_info, "blobs": cmd_blobs, "put-blob": cmd_put_blob, "validate": cmd_validate,
-            "run": cmd_run, "start": cmd_start, "status": cmd_status, "cancel": cmd_cancel}  # fmt: skip
+            "run": cmd_run, "start": cmd_start, "status": cmd_status, "cancel": cmd_cancel,
+            **board_cmds.COMMANDS}  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -224,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     put.add_argument("sha256", help="the hash it must have (its name in ROOT/blobs)")
     for name in ("validate", "run", "start", "status", "cancel"):
         sub.add_parser(name, help=(COMMANDS[name].__doc__ or "").split("\n")[0]).add_argument("jobdir")
+    board_cmds.add_parsers(sub)
     return parser
 
 

@@ -100,7 +100,14 @@ class NpzDataset:
 class ImageFolderDataset:
     """Class subfolders of images -> (image CHW float32 in [0,1], label int64), decoded lazily."""
 
-    def __init__(self, path: Path, inputs: list[InputSpec], field: str) -> None:
+    def __init__(
+        self,
+        path: Path,
+        inputs: list[InputSpec],
+        field: str,
+        files: list[Path] | None = None,
+        classes: tuple[str, ...] | None = None,
+    ) -> None:
         try:
             from PIL import Image  # noqa: F401
         except ImportError as exc:
@@ -109,12 +116,14 @@ class ImageFolderDataset:
                 f"{field}: image-folder datasets need Pillow, not installed on this board",
                 field,
             ) from exc
-        classes = sorted(p.name for p in Path(path).iterdir() if p.is_dir())
+        classes = classes or tuple(sorted(p.name for p in Path(path).iterdir() if p.is_dir()))
+        if files is None:
+            files = [f for c in classes for f in sorted((Path(path) / c).iterdir())]
+        label = {c: i for i, c in enumerate(classes)}
         self.files: list[tuple[Path, int]] = [
-            (f, i)
-            for i, c in enumerate(classes)
-            for f in sorted((Path(path) / c).iterdir())
-            if f.suffix.lower() in IMAGE_SUFFIXES
+            (f, label[f.parent.name])
+            for f in files
+            if f.suffix.lower() in IMAGE_SUFFIXES and f.parent.name in label
         ]
         if not self.files:
             raise AgentError(

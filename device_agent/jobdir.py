@@ -27,6 +27,7 @@ from device_agent.protocol import (
 from device_agent.sysinfo import free_disk_mb, meminfo_mb
 
 LOCK_FD_ENV = "ODL_AGENT_LOCK_FD"
+BOARD_LOCK_FD_ENV = "ODL_AGENT_BOARD_LOCK_FD"
 
 
 @dataclass(frozen=True)
@@ -220,9 +221,33 @@ def open_lock(job: JobDir) -> int:
     return fd
 
 
-def inherited_lock() -> int | None:
-    """The lock fd handed over by ``start`` to its detached child, if any."""
-    value = os.environ.pop(LOCK_FD_ENV, "")
+def open_board_lock(job: JobDir) -> int:
+    """Take the board-wide training lock (``ROOT/training.lock``) for ``job``, or raise BOARD_BUSY
+    naming the job that holds it: two jobs never train on one board at once."""
+    fd = os.open(job.root / "training.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        owner = training_owner(job.root)
+        raise AgentError(
+            ExitCode.BOARD_BUSY, f"job {owner or '?'} is training on this board; job {job.path.name} waits"
+        ) from None
+    atomic_write(job.root / "training.owner", job.path.name + "\n")
+    return fd
+
+
+def training_owner(root: Path) -> str | None:
+    """The job id that holds (or last held) the board's training lock."""
+    try:
+        return (root / "training.owner").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def inherited_lock(env: str = LOCK_FD_ENV) -> int | None:
+    """A lock fd handed over by ``start`` to its detached child, if any."""
+    value = os.environ.pop(env, "")
     return int(value) if value.isdigit() else None
 
 

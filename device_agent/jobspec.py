@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,41 +47,90 @@ class BlobRef:
         return cls(sha, size)
 
 
+DATA_FORMATS = ("npz", "image-folder", "npz-shards")
+DATA_FILE_RE = re.compile(r"^(?!\.)[A-Za-z0-9._ -]{1,128}(/(?!\.)[A-Za-z0-9._ -]{1,128})?$")
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One file of a board dataset folder, as a job trained on it: relative name, sha256, size."""
+
+    name: str
+    sha256: str
+    size: int
+    samples: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: object, where: str) -> DataFile:
+        if not isinstance(d, dict):
+            raise SpecError(where, "an object with name, sha256, size and samples", d)
+        reject_unknown(d, {"name", "sha256", "size", "samples"}, where)
+        name = get_field(d, "name", str, where)
+        if not DATA_FILE_RE.match(name) or ".." in name:
+            raise SpecError(f"{where}.name", "a file name or class/file inside the dataset folder", name)
+        sha = valid_blob_name(get_field(d, "sha256", str, where), f"{where}.sha256")
+        size, samples = get_field(d, "size", int, where), get_field(d, "samples", int, where, 1)
+        if size < 0 or samples < 1:
+            raise SpecError(f"{where}.samples", "size >= 0 and samples >= 1", d)
+        return cls(name, sha, size, samples)
+
+
 @dataclass(frozen=True)
 class DataRef:
     """A dataset for the board: a blob (uploaded by the host) or a path already on the board.
 
-    ``format`` is ``npz`` (arrays ``x`` and ``y``) or ``image-folder`` (class subfolders).
-    ``path`` is absolute or relative to the agent root; it is only used when ``blob`` is None.
+    ``format`` is ``npz`` (arrays ``x`` and ``y``), ``image-folder`` (class subfolders) or
+    ``npz-shards`` (a folder of .npz files with the same arrays). ``path`` is absolute or relative
+    to the agent root; it is only used when ``blob`` is None. ``files`` (folders only) pins the
+    exact files of the folder the job trains on, each verified by sha256 before training;
+    ``classes`` the class folders of an image folder, in label order.
     """
 
     format: str
     blob: BlobRef | None = None
     path: str | None = None
+    files: tuple[DataFile, ...] | None = None
+    classes: tuple[str, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "format": self.format,
             "blob": self.blob.to_dict() if self.blob else None,
             "path": self.path,
         }
+        if self.files is not None:
+            out["files"] = [f.to_dict() for f in self.files]
+        if self.classes is not None:
+            out["classes"] = list(self.classes)
+        return out
 
     @classmethod
     def from_dict(cls, d: object, where: str) -> DataRef:
         if not isinstance(d, dict):
             raise SpecError(where, "an object with format and blob or path", d)
-        reject_unknown(d, {"format", "blob", "path"}, where)
+        reject_unknown(d, {"format", "blob", "path", "files", "classes"}, where)
         fmt = get_field(d, "format", str, where)
-        if fmt not in ("npz", "image-folder"):
-            raise SpecError(f"{where}.format", "'npz' or 'image-folder'", fmt)
+        if fmt not in DATA_FORMATS:
+            raise SpecError(f"{where}.format", " or ".join(repr(f) for f in DATA_FORMATS), fmt)
         blob_d = d.get("blob")
         blob = BlobRef.from_dict(blob_d, f"{where}.blob") if blob_d is not None else None
         path = get_field(d, "path", str, where, None)
         if (blob is None) == (path is None):
             raise SpecError(where, "exactly one of 'blob' or 'path'", d)
-        if fmt == "image-folder" and blob is not None:
-            raise SpecError(f"{where}.blob", "a 'path' on the board for image-folder datasets", blob_d)
-        return cls(fmt, blob, path)
+        if fmt != "npz" and blob is not None:
+            raise SpecError(f"{where}.blob", f"a 'path' on the board for {fmt} datasets", blob_d)
+        files = get_field(d, "files", list, where, None)
+        if files is not None:
+            if fmt == "npz" or not files:
+                raise SpecError(f"{where}.files", "a non-empty list, for a dataset folder only", files)
+            files = tuple(DataFile.from_dict(f, f"{where}.files[{i}]") for i, f in enumerate(files))
+        classes = get_field(d, "classes", list, where, None)
+        if classes is not None and not all(isinstance(c, str) and c for c in classes):
+            raise SpecError(f"{where}.classes", "a list of class folder names", classes)
+        return cls(fmt, blob, path, files, tuple(classes) if classes is not None else None)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,10 @@ Board layout under the agent root (e.g. ``~/odl``)::
     blobs/.tmp-<sha256>-<hex> an upload in progress (``put-blob`` verifies and renames it)
     jobs/<job_id>/job.json    the JobSpec
     jobs/<job_id>/events.jsonl, result.json, inference.onnx, agent.log, checkpoints/
+    training.lock, training.owner  flock held by the one job training now, and its job id
+    models/<recipe>/          the models in service: releases/<version>/, current, previous,
+                              current.onnx (see device_agent/README.md)
+    cache/datasets/           sha256 of the files of board dataset folders, by size and mtime
     agent/device_agent/       the installed agent
 
 Job files refer to blobs by sha256 only; the agent resolves ``blobs/<sha256>`` itself.
@@ -35,7 +39,7 @@ import re
 from typing import Any
 
 PROTOCOL_VERSION = 2
-AGENT_VERSION = "0.2.0"
+AGENT_VERSION = "0.3.0"
 VERSION_KEY = "protocol_version"  # the one spelling of the version on the wire
 V1_VERSION_KEYS = ("protocol", "v")  # protocol 1's spellings: read only to report the mismatch
 
@@ -73,6 +77,7 @@ class ExitCode(enum.IntEnum):
     NO_DISK = 32  # not enough free disk under the root
     NO_TRAINING_API = 33  # onnxruntime without the training API
     BUSY = 34  # the job is already running in another process
+    BOARD_BUSY = 35  # another job is training on this board (one at a time)
 
 
 EXIT_HELP: dict[int, str] = {
@@ -92,6 +97,7 @@ EXIT_HELP: dict[int, str] = {
     ExitCode.NO_DISK: "free disk under the agent root is too low",
     ExitCode.NO_TRAINING_API: "onnxruntime on this board has no training API",
     ExitCode.BUSY: "the job is already running",
+    ExitCode.BOARD_BUSY: "another job is training on this board: wait for it, or cancel it",
 }
 
 # Causes that running again cannot fix: a job that failed so keeps its result (the agent's
@@ -230,13 +236,13 @@ def check_version(d: dict[str, Any], where: str) -> int:
 
 
 # The wire types import the names above from this module, so they are re-exported only now.
-from device_agent.jobspec import BlobRef, DataRef, JobSpec, TrainParams  # noqa: E402
+from device_agent.jobspec import BlobRef, DataFile, DataRef, JobSpec, TrainParams  # noqa: E402
 from device_agent.messages import BlobListing, BoardInfo, Event, FileRef, JobResult  # noqa: E402
 
 __all__ = [
     "AGENT_VERSION", "ARTIFACT_KEYS", "BLOBS_DIR", "BLOB_TMP_PREFIX", "BLOB_TMP_RE", "EVENT_TYPES",
     "EXIT_HELP", "JOB_ID_RE", "NEVER_RETRY", "PROTOCOL_VERSION", "SHA256_RE", "STALE_TMP_S", "TASKS",
-    "V1_VERSION_KEYS", "VERSION_KEY", "BlobListing", "BlobRef", "BoardInfo", "DataRef", "Event",
+    "V1_VERSION_KEYS", "VERSION_KEY", "BlobListing", "BlobRef", "BoardInfo", "DataFile", "DataRef", "Event",
     "ExitCode", "FileRef", "JobResult", "JobSpec", "SpecError", "TrainParams", "blob_tmp_name",
     "check_version", "file_sha256", "get_field", "parse_json", "read_version", "reject_unknown", "typed_fields",
     "valid_blob_name", "valid_job_id",

@@ -104,6 +104,8 @@ def open_job(job: JobDir, spec: JobSpec) -> OpenJob:
     eval_ds = None
     if spec.eval_data is not None:
         eval_ds = _dataset(spec.eval_data, paths["eval_data"], names, inputs, spec, "eval_data")
+    for shard in getattr(train_ds, "shards", ()):  # every shard checked in full, then the whole
+        check_dataset(shard, inputs, spec.task, classes, shard.field)
     check_dataset(train_ds, inputs, spec.task, classes, "train_data")
     if eval_ds is not None:
         check_dataset(eval_ds, inputs, spec.task, classes, "eval_data")
@@ -134,6 +136,10 @@ def _training_api() -> Any:
 def _dataset(ref: DataRef, path: Path, names: list[str], inputs: list, spec: JobSpec, field: str) -> Any:
     if ref.format == "npz":
         return NpzDataset(path, names, spec.feeds, field)
+    if ref.format == "npz-shards" or ref.files is not None:
+        from device_agent.datasets import folder_dataset
+
+        return folder_dataset(ref, path, names, inputs, spec.feeds, field)
     return ImageFolderDataset(path, inputs, field)
 
 
