@@ -9,6 +9,7 @@ retried flow run reattaches to its job on the board instead of starting another.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,22 +107,50 @@ def odl(params: OdlParams | None = None) -> Outcome:
     _, t["generate artifacts"] = pt.timed(pt.prepare_step, "artifacts", inp)
     _, t["validate recipe"] = pt.timed(pt.prepare_step, "validate", inp)
     prep = stages.prepared(inp)
-    spec, files = stages.job_spec(inp, prep, stages.job_id(inp, run_id))
+    warm, t["warm start"] = pt.timed(pt.warm_start, recipe, prep, board.name)
+    data = pt.board_data(recipe, board) if recipe.data.board_dataset else None
+    extra = (warm.record["checkpoint_sha256"] if warm else "") + (_files_key(data) if data else "")
+    spec, files = stages.job_spec(
+        inp,
+        prep,
+        stages.job_id(inp, run_id, extra),
+        checkpoint=warm.checkpoint if warm else None,
+        train_data=data.ref if data else None,
+    )
     run_dir = state_dir("runs", spec.job_id)
-    with concurrency(ensure_board_limit(board.name), occupy=1, strict=True):
+    # the slot's lease lapses when this process dies (SIGKILL), so a killed run frees the board
+    lease = float(os.environ.get("ODL_BOARD_LEASE_S", "300"))
+    with concurrency(ensure_board_limit(board.name), occupy=1, strict=True, lease_duration=lease):
         _, t[f"deploy to {board.name}"] = pt.timed(pt.deploy, board, spec, files)
         progress_key = report_key(recipe.name, board.name, "progress")
         training, t[f"train on {board.name}"] = pt.timed(pt.train, board, spec, files, progress_key)
         got, t["retrieve"] = pt.timed(pt.retrieve, board, training, run_dir)
     reference = stages.choose_reference(recipe.name, board.name)
     evaluation, t["evaluate"] = pt.timed(pt.evaluate, recipe, prep, got.inference, reference)
-    info = {"flow_run_id": run_id, "job_id": spec.job_id, "input_key": inp.key, "input_hashes": inp.hashes}
+    info = {
+        "flow_run_id": run_id,
+        "job_id": training.job_id,
+        "input_key": inp.key,
+        "input_hashes": inp.hashes,
+        "start_from": warm.record if warm else {"from": "base"},
+        "board_data": data.record if data else None,
+    }
     promotion, t["promote"] = pt.timed(pt.promote, recipe, board.name, evaluation, got.inference, prep, info)
+    served = ""
+    if promotion.decision.promote and recipe.promotion.rollout:
+        _, t[f"rollout to {board.name}"] = pt.timed(pt.rollout, board, recipe.name, promotion.version)
+        served = f"; serving on {board.name} (models/{recipe.name}/current.onnx)"
     summary = publish(report_input(recipe, board.name, run_id, training, evaluation, promotion, t))
     test = evaluation.test
     outcome = Outcome(spec.job_id, run_dir, promotion.decision.promote, promotion.version, summary, test, t)
     # the runs list shows "Promoted" or "Not promoted" (a Completed state with that name) and why
     name = "Promoted" if outcome.promoted else "Not promoted"
-    return Completed(
-        data=outcome, name=name, message=f"{promotion.version}: {promotion.decision.reason}"[:500]
-    )
+    message = f"{promotion.version}: {promotion.decision.reason}"[: 480 - len(served)] + served
+    return Completed(data=outcome, name=name, message=message)
+
+
+def _files_key(data: Any) -> str:
+    """A hash of the pinned board files (their sha256 in order)."""
+    import hashlib
+
+    return hashlib.sha256("".join(f["sha256"] for f in data.record["files"]).encode()).hexdigest()

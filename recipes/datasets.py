@@ -69,6 +69,24 @@ def digits_shifted(out_dir: Path) -> None:
     _sibling_models().pretrain_digits(x[pre], y[pre], out_dir / "base_weights.pt")
 
 
+def digits_nightly(out_dir: Path) -> None:
+    """The shifted digits of :func:`digits_shifted` (same base weights and test sets) with the board's
+    data as three shards in ``shards/``, which a nightly demo appends to the board one per night:
+    shard-0001 holds what the board saw before the drift (100 clean and 100 shifted digits),
+    shard-0002 300 shifted digits, shard-0003 100 more."""
+    out_dir = Path(out_dir)
+    digits_shifted(out_dir)
+    x, y = _digits()
+    xs, ys = shift_domain(x[1100:], seed=1), y[1100:]
+    shards = {
+        "shard-0001.npz": (np.concatenate([x[:100], xs[:100]]), np.concatenate([y[:100], ys[:100]])),
+        "shard-0002.npz": (xs[100:400], ys[100:400]),
+        "shard-0003.npz": (xs[400:500], ys[400:500]),
+    }
+    for name, (sx, sy) in shards.items():
+        _save(out_dir / "shards" / name, sx, sy)
+
+
 def digits_two_head(out_dir: Path) -> None:
     """Shifted digits with an extra ``aux`` target (mean ink per image) for the two-head recipe."""
     out_dir = Path(out_dir)

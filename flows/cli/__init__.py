@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "flows.cli.flow",  # stack / flow / evaluate / registry / report
     "flows.cli.board",  # board up / down / status / list / info
     "flows.cli.run",  # run: prepare -> deploy -> train -> retrieve without Prefect
+    "flows.cli.nightly",  # rollout / rollback / models / data push|list
 ]
 
 

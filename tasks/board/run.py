@@ -27,6 +27,7 @@ def drive_job(
     progress: ByteProgress | None = None,
     *,
     deployed: bool = False,
+    end_orphans: bool = False,
 ) -> tuple[UploadReport, JobResult]:
     """Install + upload + create + start + follow; reattaches when the job id is already on the board.
 
@@ -35,6 +36,10 @@ def drive_job(
     ``deployed=True`` says the caller has just run install_agent and upload_blobs for ``files``
     (the flow's deploy stage): their checks are not repeated (the agent itself still verifies
     every blob's sha256 before training).
+
+    One job trains on a board at a time: when another is training, a job made from the same
+    inputs (its run was killed) is followed instead of this one; any other is cancelled first
+    when ``end_orphans`` (the caller holds the board's concurrency slot), else BoardError.
     """
     jdir = job_dir(board, spec.job_id)
     if not deployed:
@@ -43,6 +48,11 @@ def drive_job(
     if conn.exists(posixpath.join(jdir, "job.json")):
         log.info("job %s already on board %s: reattaching", spec.job_id, board.name)
     else:
+        from tasks.nightly.board_ops import settle_orphan
+
+        adopted = settle_orphan(conn, board, spec, end=end_orphans)
+        if adopted != spec.job_id:  # the same training, started by a run that was killed
+            return report, follow_job(conn, board, adopted, 0, on_event)
         if not deployed:
             report = upload_blobs(conn, board, files, progress)
         create_job(conn, board, spec)

@@ -94,7 +94,8 @@ def train(board: Board, spec: Any, files: dict[str, Path], progress_key: str) ->
         0.0, key=progress_key, description=f"training {spec.job_id} on {board.name}"
     )
     progress = BoardProgress(board.name, spec.train.epochs, artifact_id, echo=terminal().event)
-    training = stages.train(board, spec, files, on_event=progress)
+    # the flow holds the board's concurrency slot: a job training there belongs to no live run
+    training = stages.train(board, spec, files, on_event=progress, end_orphans=True)
     progress.done()
     return training
 
@@ -126,6 +127,30 @@ def promote(
 ) -> stages.Promotion:
     """Record the candidate in the registry; it becomes current only if it beats the reference."""
     return stages.promote(recipe, board, evaluation, candidate, prep, info)
+
+
+@task(name="board data", task_run_name="list data on {board.name}", **RETRY)
+def board_data(recipe: Recipe, board: Board) -> Any:
+    """List the board's dataset folder and pin the files this run trains on (None: host data)."""
+    from tasks.stages import nightly
+
+    return nightly.board_data(recipe, board)
+
+
+@task(name="warm start")
+def warm_start(recipe: Recipe, prep: Prepared, board: str) -> Any:
+    """The job's checkpoint from the model in service (``training.start_from = "current"``)."""
+    from tasks.stages import nightly
+
+    return nightly.warm_start(recipe, prep, board)
+
+
+@task(name="rollout", task_run_name="rollout to {board.name}", **RETRY)
+def rollout(board: Board, recipe: str, version: str) -> Any:
+    """Install the promoted version as the board's models/<recipe>/current, hash-verified."""
+    from tasks.stages import nightly
+
+    return nightly.rollout(board, recipe, version)
 
 
 PREPARE_STEPS = {"export": export, "artifacts": generate_artifacts, "validate": validate}

@@ -55,6 +55,7 @@ def build_job_spec(
     *,
     max_steps: int = 0,
     checkpoint: Path | None = None,
+    train_data: DataRef | None = None,
 ) -> tuple[JobSpec, dict[str, Path]]:
     """The JobSpec for ``job_id`` and the local files to upload, keyed by sha256.
 
@@ -71,7 +72,13 @@ def build_job_spec(
         sha = file_sha256(checkpoint)
         files[sha] = Path(checkpoint)
         artifacts["checkpoint"] = BlobRef(sha, Path(checkpoint).stat().st_size)
-    train = _data_ref(recipe.data.train, recipe.data.board_train, "data.train", files)
+    if train_data is None and recipe.data.board_dataset is not None:
+        raise RecipeError(
+            "data.board_dataset",
+            "the files to train on, listed on the board first (tasks.stages.board_data)",
+            source=str(recipe.source),
+        )
+    train = train_data or _data_ref(recipe.data.train, recipe.data.board_train, "data.train", files)
     eval_ref = _data_ref(recipe.data.eval, None, "data.eval", files) if recipe.data.eval else None
     manifest = prepared.manifest
     spec = JobSpec(

@@ -14,6 +14,7 @@ import tomllib
 from pathlib import Path
 
 from tasks.errors import RecipeError
+from tasks.recipe.data import DATA_KEYS, parse_data
 from tasks.recipe.optional import parse_detection, parse_head, parse_quantize
 from tasks.recipe.rules import ACCURACY_TASKS, check_consistency
 from tasks.recipe.schema import (
@@ -22,7 +23,6 @@ from tasks.recipe.schema import (
     OPTIMIZERS,
     STRATEGIES,
     TASKS,
-    DataSpec,
     LossSpec,
     ModelSpec,
     OptimizerSpec,
@@ -32,7 +32,7 @@ from tasks.recipe.schema import (
     TrainableSpec,
     TrainingSpec,
 )
-from tasks.recipe.table import Table, optional_ref, ref
+from tasks.recipe.table import Table, ref
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 TOP_KEYS = {
@@ -55,7 +55,6 @@ MODEL_KEYS |= {"input_names", "output_names", "cut_at"}
 TRAINABLE_KEYS = {"strategy", "names", "patterns", "batchnorm", "backbone", "heads", "train_from"}
 DETECTION_KEYS = {"classes", "priors", "scores_output", "offsets_output", "score_threshold"}
 DETECTION_KEYS |= {"iou_threshold", "max_detections"}
-DATA_KEYS = {"make", "train", "board_train", "eval", "test", "extra_tests", "feeds"}
 
 
 def _parse_model(t: Table, base: Path) -> ModelSpec:
@@ -167,30 +166,6 @@ def _choice(t: Table, key: str, allowed: tuple[str, ...]) -> str:
     return val
 
 
-def _parse_data(t: Table, base: Path) -> DataSpec:
-    extra = Table(
-        t.get("extra_tests", dict, {}), "data.extra_tests", set(t.d.get("extra_tests", {})), t.source
-    )
-    feeds = t.get("feeds", dict, {})
-    if not all(isinstance(v, str) for v in feeds.values()):
-        raise t.err("feeds", "a table of model input name = npz key (strings)", feeds)
-    spec = DataSpec(
-        test=t.path("test", base, required=True),  # type: ignore[arg-type]
-        train=t.path("train", base),
-        board_train=t.get("board_train", str, None),
-        eval=t.path("eval", base),
-        extra_tests={k: extra.path(k, base) for k in extra.d},  # type: ignore[misc]
-        make=optional_ref(t, "make"),
-        feeds=dict(feeds),
-    )
-    if (spec.train is None) == (spec.board_train is None):
-        raise t.err("train", "exactly one of data.train (host file) or data.board_train (path on the board)")
-    bt = spec.board_train
-    if bt is not None and (not bt.strip() or "\0" in bt or ".." in bt.split("/")):
-        raise t.err("board_train", "an absolute path, or one relative to the agent root without '..'", bt)
-    return spec
-
-
 def parse_recipe(data: dict, source: Path) -> Recipe:
     """Validate a parsed TOML mapping and build the typed :class:`Recipe`."""
     src, base = str(source), Path(source).resolve().parent
@@ -217,9 +192,9 @@ def parse_recipe(data: dict, source: Path) -> Recipe:
         optimizer=_parse_optimizer(table("optimizer", {"kind", "lr", "weight_decay"}, False)),
         schedule=_parse_schedule(table("schedule", {"warmup_steps", "final_lr_ratio"}, False)),
         training=_parse_training(table("training", set(TrainingSpec.__dataclass_fields__), False)),
-        data=_parse_data(table("data", DATA_KEYS), base),
+        data=parse_data(table("data", DATA_KEYS), base),
         promotion=_parse_promotion(
-            table("promotion", {"metric", "min_gain", "significance", "guardrails"}, False),
+            table("promotion", {"metric", "min_gain", "significance", "guardrails", "rollout"}, False),
             task,
             "detection" in data,
         ),
@@ -259,6 +234,7 @@ def _parse_promotion(t: Table, task: str, detector: bool) -> PromotionSpec:
         t.number("min_gain", 0.0, -1e9, 1e9),
         None if alpha is False else float(alpha),
         {k: float(v) for k, v in rails.items()},
+        t.get("rollout", bool, True),
     )
 
 

@@ -63,12 +63,20 @@ Recipe TOML layout (every table and key; unknown keys are errors)::
     checkpoint_every = 50                 # steps; 0 = epoch ends only
     log_every = 1
     seed = 0
+    start_from = "base"                   # base | current: the weights of the model in service
+                                          #   for this recipe and board (warm start)
 
     [data]
     make = "datasets:digits_shifted"      # optional module:callable(out_dir: Path) that writes
                                           # the npz files below when they are missing
     train = "data/digits/train.npz"       # host file uploaded to the board (content-addressed)
     # board_train = "/data/train.npz"     #   or a path already on the board
+    # board_dataset = "datasets/digits"   #   or a folder on the board that grows (npz shards, or
+                                          #   class folders of images); the job pins its files by sha256
+    # board_format = "npz-shards"         #   npz-shards | image-folder
+    # board_select = "new+replay"         #   all | new+replay (files no promoted version trained on,
+                                          #   plus older ones) | "v0003" (that version's exact files)
+    # replay = 0.3                        #   new+replay: share of older samples in the mix
     eval = "data/digits/eval.npz"         # optional; evaluated on the board each epoch
     test = "data/digits/test.npz"         # host test set for before/after evaluation
     extra_tests = {clean = "data/digits/clean_test.npz"}   # optional named extra test sets
@@ -107,6 +115,8 @@ Recipe TOML layout (every table and key; unknown keys are errors)::
                                           #   bootstrap for losses); false: no test
     guardrails = {loss = 0.05, "clean.accuracy" = 0.02}   # "[set.]metric" = the regression each
                                           #   may show (absolute) against the reference
+    rollout = true                        # install a promoted model on the board
+                                          #   (models/<recipe>/current.onnx, see device_agent/README.md)
 """
 
 from __future__ import annotations
@@ -184,6 +194,10 @@ class DataSpec:
     extra_tests: dict[str, Path] = field(default_factory=dict)
     make: str | None = None
     feeds: dict[str, str] = field(default_factory=dict)
+    board_dataset: str | None = None  # a folder on the board that a board application appends to
+    board_format: str = "npz-shards"  # npz-shards | image-folder
+    board_select: str = "all"  # all | new+replay | a registry version ("v0003": its exact files)
+    replay: float = 0.0  # new+replay: the share of older samples in the training set
 
 
 @dataclass(frozen=True)
@@ -223,6 +237,7 @@ class PromotionSpec:
     min_gain: float = 0.0
     significance: float | None = 0.05  # alpha of the paired test of the gain; None: no test
     guardrails: dict[str, float] = field(default_factory=dict)  # "[set.]metric" -> tolerance
+    rollout: bool = True  # install a promoted model on the board (models/<recipe>/current.onnx)
 
 
 @dataclass(frozen=True)

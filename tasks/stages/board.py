@@ -99,11 +99,14 @@ def train(
     *,
     on_event: EventCallback | None = None,
     conn: Transport | None = None,
+    end_orphans: bool = False,
 ) -> Training:
     """Create, start and follow the job on a deployed board; reattaches when it already exists.
 
     A finished job returns its result; a running one is followed; an interrupted one resumes from
-    its last checkpoint. Raises TrainingFailed when the job fails or is cancelled.
+    its last checkpoint. Raises TrainingFailed when the job fails or is cancelled. Another job
+    training on the board is reattached when made from the same inputs (its run was killed: the
+    Training then names that job), else ended when ``end_orphans``, else refused (BoardError).
     """
     from tasks.board.jobs import job_dir
     from tasks.board.run import drive_job
@@ -117,8 +120,8 @@ def train(
             on_event(event)
 
     with _link(board, conn) as link:
-        _, result = drive_job(link, board, spec, files, record, deployed=True)
-    return Training(board.name, spec.job_id, result, tuple(events))
+        _, result = drive_job(link, board, spec, files, record, deployed=True, end_orphans=end_orphans)
+    return Training(board.name, result.job_id, result, tuple(events))
 
 
 def retrieve(

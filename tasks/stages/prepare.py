@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from device_agent.protocol import JobSpec
+from device_agent.protocol import DataRef, JobSpec
 from tasks.hashing import file_sha256
 from tasks.paths import state_dir
 from tasks.prepare import Prepared
@@ -90,14 +90,16 @@ def inputs(recipe: Recipe) -> Inputs:
     return Inputs(recipe, hashes)
 
 
-def job_id(inp: Inputs, run: str | None = None) -> str:
+def job_id(inp: Inputs, run: str | None = None, extra: str = "") -> str:
     """``<recipe>-<key12>``, or ``<recipe>-<key12>-<run>`` for one run of an orchestrator.
 
     Without ``run`` the same inputs name the same job, so ``odl run`` after a crash reattaches to
     it; the flow passes its flow-run id, so a retried flow run reattaches to its own job while
-    each nightly run trains anew.
+    each nightly run trains anew. ``extra`` (the hash of a warm checkpoint or of the pinned board
+    files) is mixed into the key: other starting weights or data make another job.
     """
-    base = f"{inp.recipe.name}-{inp.key[:12]}"
+    key = hashlib.sha256((inp.key + extra).encode()).hexdigest() if extra else inp.key
+    base = f"{inp.recipe.name}-{key[:12]}"
     tag = "".join(c for c in run or "" if c.isalnum())[:12]
     return f"{base}-{tag}" if tag else base
 
@@ -182,10 +184,16 @@ def prepared(inp: Inputs) -> Prepared:
 
 
 def job_spec(
-    inp: Inputs, prep: Prepared, job: str, *, checkpoint: Path | None = None
+    inp: Inputs,
+    prep: Prepared,
+    job: str,
+    *,
+    checkpoint: Path | None = None,
+    train_data: DataRef | None = None,
 ) -> tuple[JobSpec, dict[str, Path]]:
     """The board's job spec for ``job`` and the local files it needs, keyed by sha256;
-    ``checkpoint`` replaces the prepared one (a warm start)."""
+    ``checkpoint`` replaces the prepared one (a warm start), ``train_data`` the recipe's train
+    data (the pinned files of a board dataset folder)."""
     from tasks.prepare.board_job import build_job_spec
 
-    return build_job_spec(inp.recipe, prep, job, checkpoint=checkpoint)
+    return build_job_spec(inp.recipe, prep, job, checkpoint=checkpoint, train_data=train_data)

@@ -1,0 +1,120 @@
+"""Which files of the board's growing dataset a job trains on, pinned by sha256.
+
+``[data] board_dataset`` names a folder on the board that a board application appends to (npz
+shards or class folders of images, see device_agent/README.md). ``board_select`` says what to
+train on:
+
+* ``"all"``: every file there now;
+* ``"new+replay"``: the files no promoted version of this recipe and board has trained on, plus
+  a seeded draw of older files so that they make ``replay`` (a share in [0, 1)) of the samples:
+  the model keeps seeing old data and does not forget it;
+* ``"v0003"``: exactly the files that version trained on (a run reproduced).
+
+The chosen list (names, sha256, sizes, samples) goes into the job spec, where the agent verifies
+each file before training, and into the registry entry of the run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from device_agent.protocol import DataFile, DataRef
+from tasks.errors import DataError, RegistryError
+from tasks.judge.registry import Registry
+from tasks.recipe.schema import Recipe
+
+
+@dataclass(frozen=True)
+class BoardData:
+    """The job's train data on the board and what the registry records of it."""
+
+    ref: DataRef
+    record: dict[str, Any]
+
+
+def seen_files(reg: Registry, recipe: str, board: str) -> set[tuple[str, str]]:
+    """(name, sha256) of every file a promoted version of ``recipe`` on ``board`` trained on."""
+    seen: set[tuple[str, str]] = set()
+    for version in reg.versions(recipe, board):
+        if version.promoted:
+            for f in (version.info.get("board_data") or {}).get("files", []):
+                seen.add((f["name"], f["sha256"]))
+    return seen
+
+
+def select(
+    listing: dict[str, Any], mode: str, replay: float, seed: int, seen: set[tuple[str, str]]
+) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+    """(chosen files in listing order, new names, replayed names) for ``all`` or ``new+replay``."""
+    files = listing["files"]
+    if mode == "all":
+        return list(files), [f["name"] for f in files], []
+    new = [f for f in files if (f["name"], f["sha256"]) not in seen]
+    old = [f for f in files if (f["name"], f["sha256"]) in seen]
+    if not new:
+        raise DataError(
+            f'data.board_select = "new+replay": no new file in {listing["path"]} since the last '
+            f"promoted run ({len(files)} files, all trained on): the board application has added "
+            "nothing to retrain on"
+        )
+    new_samples = sum(f["samples"] for f in new)
+    target = math.ceil(new_samples * replay / (1.0 - replay)) if replay > 0 else 0
+    order = np.random.default_rng([seed, len(seen)]).permutation(len(old))
+    replayed, got = [], 0
+    for i in order:
+        if got >= target:
+            break
+        replayed.append(old[int(i)])
+        got += old[int(i)]["samples"]
+    keep = {f["name"] for f in new} | {f["name"] for f in replayed}
+    chosen = [f for f in files if f["name"] in keep]
+    return chosen, [f["name"] for f in new], [f["name"] for f in replayed]
+
+
+def pinned(reg: Registry, recipe: str, board: str, version: str, listing: dict[str, Any]) -> list[dict]:
+    """The files ``version`` trained on, each still on the board with the same sha256."""
+    match = [v for v in reg.versions(recipe, board) if v.name == version]
+    if not match or not (match[0].info.get("board_data") or {}).get("files"):
+        raise RegistryError(f"data.board_select = {version!r}: no such version with board data files")
+    have = {(f["name"], f["sha256"]) for f in listing["files"]}
+    files = match[0].info["board_data"]["files"]
+    gone = [f["name"] for f in files if (f["name"], f["sha256"]) not in have]
+    if gone:
+        raise DataError(f"data.board_select = {version!r}: {gone[0]} is no longer on the board as trained")
+    return files
+
+
+def board_data(recipe: Recipe, board: str, listing: dict[str, Any], reg: Registry) -> BoardData:
+    """The DataRef (pinned files) and its record for the recipe's board dataset folder."""
+    d = recipe.data
+    mode = d.board_select
+    if not listing["files"]:
+        raise DataError(
+            f"data.board_dataset: {listing['path']} on {board} holds no {d.board_format} file yet"
+        )
+    seen = seen_files(reg, recipe.name, board)
+    new: list[str] = []
+    replayed: list[str] = []
+    if mode in ("all", "new+replay"):
+        files, new, replayed = select(listing, mode, d.replay, recipe.training.seed, seen)
+    else:
+        files = pinned(reg, recipe.name, board, mode, listing)
+    pins = tuple(DataFile(f["name"], f["sha256"], f["size"], f["samples"]) for f in files)
+    classes = tuple(listing.get("classes") or ()) or None
+    ref = DataRef(d.board_format, path=d.board_dataset, files=pins, classes=classes)
+    record = {
+        "path": d.board_dataset,
+        "format": d.board_format,
+        "select": mode,
+        "replay": d.replay,
+        "files": [p.to_dict() for p in pins],
+        "new": new,
+        "replayed": replayed,
+        "samples": sum(p.samples for p in pins),
+        "folder_files": len(listing["files"]),
+    }
+    return BoardData(ref, record)

@@ -1,0 +1,115 @@
+"""Nightly stages: warm start from the model in service, the board's growing dataset, rollout and
+rollback of the model the board serves.
+
+    warm = warm_start(recipe, prep, board.name)          # -> WarmStart | None
+    data = board_data(recipe, board)                      # -> BoardData | None (files + hashes)
+    spec, files = job_spec(inp, prep, job, checkpoint=warm.checkpoint, train_data=data.ref)
+    ...
+    rollout(board, recipe.name, version)                  # -> Installed (hash-verified on the board)
+    rollback(board, recipe.name)                          # -> Installed (previous version)
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.board.inventory import Board
+from tasks.errors import RegistryError
+from tasks.judge.registry import Registry
+from tasks.nightly.board_data import BoardData
+from tasks.nightly.warm_start import WarmStart, build_warm_checkpoint
+from tasks.paths import state_dir
+from tasks.prepare import Prepared
+from tasks.recipe.schema import Recipe
+from tasks.stages.judge import registry
+
+log = logging.getLogger(__name__)
+
+
+def warm_start(recipe: Recipe, prep: Prepared, board: str, reg: Registry | None = None) -> WarmStart | None:
+    """The job's checkpoint with the current version's weights when ``training.start_from`` is
+    "current" and a version is in service; None otherwise (the prepared checkpoint is used)."""
+    if recipe.training.start_from != "current":
+        return None
+    current = (reg or registry()).current(recipe.name, board)
+    if current is None:
+        log.info("training.start_from = current: no version of %s in service on %s yet, starting "
+                 "from the recipe's base weights", recipe.name, board)  # fmt: skip
+        return None
+    base = prep.artifacts_dir / "checkpoint"
+    out = state_dir("warm", f"{recipe.name}-{board}-{current.name}-{prep.out_dir.name}") / "checkpoint"
+    warm = build_warm_checkpoint(base, current, out)
+    log.info("warm start from %s (weights sha256 %s)", current.name, warm.record["weights_sha256"][:12])
+    return warm
+
+
+def board_data(recipe: Recipe, board: Board, reg: Registry | None = None) -> BoardData | None:
+    """The files of the board's dataset folder this run trains on (``[data] board_dataset``),
+    listed and hashed on the board and chosen by ``board_select``; None for other recipes."""
+    if recipe.data.board_dataset is None:
+        return None
+    from tasks.board.agent import install_agent
+    from tasks.board.transport import connect
+    from tasks.nightly.board_data import board_data as choose
+    from tasks.nightly.board_ops import list_dataset
+
+    conn = connect(board)
+    try:
+        install_agent(conn, board)
+        listing = list_dataset(conn, board, recipe.data.board_dataset, recipe.data.board_format)
+    finally:
+        conn.close()
+    data = choose(recipe, board.name, listing, reg or registry())
+    rec = data.record
+    log.info("board %s: training on %d of %d files of %s (%d new, %d replayed, %d samples)", board.name,
+             len(rec["files"]), rec["folder_files"], rec["path"], len(rec["new"]), len(rec["replayed"]),
+             rec["samples"])  # fmt: skip
+    return data
+
+
+@dataclass(frozen=True)
+class Installed:
+    """What the board serves for a recipe after a rollout or a rollback."""
+
+    board: str
+    recipe: str
+    version: str
+    previous: str | None
+    files: dict[str, str]  # release file -> sha256, verified on the board
+    answer: dict[str, Any]
+
+
+def rollout(board: Board, recipe: str, version: str, reg: Registry | None = None) -> Installed:
+    """Install registry ``version`` as the board's ``models/<recipe>/current`` (hash-verified)."""
+    from tasks.board.agent import install_agent
+    from tasks.board.transport import connect
+    from tasks.nightly.board_ops import install_version
+
+    found = [v for v in (reg or registry()).versions(recipe, board.name) if v.name == version]
+    if not found:
+        raise RegistryError(f"{recipe} on {board.name}: no version {version} in the registry")
+    conn = connect(board)
+    try:
+        install_agent(conn, board)
+        answer = install_version(conn, board, recipe, found[0])
+    finally:
+        conn.close()
+    current, previous = answer["current"], answer.get("previous") or {}
+    log.info("board %s: models/%s/current is %s (previous %s)", board.name, recipe, version,
+             previous.get("version"))  # fmt: skip
+    return Installed(board.name, recipe, version, previous.get("version"), current["files"], answer)
+
+
+def rollback(board: Board, recipe: str, reg: Registry | None = None) -> Installed:
+    """Serve the previous version again: on the board first, then in the registry (so a board
+    that cannot be reached leaves both as they were)."""
+    reg = reg or registry()
+    current, previous = reg.current(recipe, board.name), reg.previous(recipe, board.name)
+    if current is None or previous is None:
+        reg.rollback(recipe, board.name)  # raises the registry's "nothing to roll back to"
+    assert previous is not None
+    installed = rollout(board, recipe, previous.name, reg)
+    reg.rollback(recipe, board.name)
+    return installed

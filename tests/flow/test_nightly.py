@@ -1,0 +1,101 @@
+"""Nightly continual learning end to end (issue 13): data appended to the board between runs,
+warm starts from the model in service, a promotion rolled out to the board, a rejection by the
+gate's statistics, and a rollback. tests/e2e/test_flow_vboard.py runs it on the virtual board."""
+
+from __future__ import annotations
+
+import posixpath
+from pathlib import Path
+
+import pytest
+
+from tests.flow.test_flow import _run
+
+pytestmark = pytest.mark.slow
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "digits_nightly.toml"
+
+
+def _odl(*args: str) -> int:
+    from flows.cli import main
+
+    return main(list(args))
+
+
+def _board_models(board) -> dict:
+    from tasks.board.transport import connect
+    from tasks.nightly.board_ops import board_models
+
+    conn = connect(board)
+    try:
+        return board_models(conn, board, "digits_nightly")
+    finally:
+        conn.close()
+
+
+def _fresh_board_folders(board) -> None:
+    from tasks.board.transport import connect
+
+    conn = connect(board)
+    try:
+        for sub in ("datasets/digits", "models/digits_nightly"):
+            conn.run(["rm", "-rf", posixpath.join(board.root, sub)])
+    finally:
+        conn.close()
+
+
+def test_nightly_cycles_promote_reject_rollout_and_rollback(prefect_harness, flow_home, flow_board):
+    from tasks import stages
+    from tasks.recipe.load import load_recipe
+
+    board = flow_board
+    recipe = load_recipe(RECIPE)
+    stages.prepare_data(recipe)
+    shards = RECIPE.parent / "data" / "digits-nightly" / "shards"
+    _fresh_board_folders(board)
+    reg = stages.registry()
+    before = len(reg.versions("digits_nightly", board.name))
+
+    def night(shard: str):
+        assert _odl("data", "push", board.name, str(shards / shard), "--to", "datasets/digits") == 0
+        _, out = _run(board.name, recipe=str(RECIPE))
+        version = next(v for v in reg.versions("digits_nightly", board.name) if v.name == out.version)
+        return out, version
+
+    # day 0: the first shard; nothing in service yet, so the run starts from the recipe's weights
+    out0, v0 = night("shard-0001.npz")
+    assert out0.promoted and v0.info["start_from"] == {"from": "base"}
+    data0 = v0.info["board_data"]
+    assert [f["name"] for f in data0["files"]] == ["shard-0001.npz"] and data0["samples"] == 200
+    served = _board_models(board)["current"]
+    assert served["version"] == v0.name and served["verified"]
+    assert served["files"]["model.onnx"] == v0.info["files_sha256"]["model.onnx"]
+
+    # night 1: 300 new samples appended; warm start from v0, old data replayed
+    out1, v1 = night("shard-0002.npz")
+    assert v1.info["start_from"]["from"] == v0.name
+    assert v1.info["start_from"]["model_sha256"] == v0.info["model_sha256"]
+    data1 = v1.info["board_data"]
+    assert data1["new"] == ["shard-0002.npz"] and data1["replayed"] == ["shard-0001.npz"]
+    assert out1.promoted, v1.info["reason"]
+    assert v1.info["decision"]["significance"]["significant"]
+    models = _board_models(board)
+    assert models["current"]["version"] == v1.name and models["previous"]["version"] == v0.name
+
+    # night 2: 100 more samples; the candidate grows from v1 but its gain is not significant
+    out2, v2 = night("shard-0003.npz")
+    assert v2.info["start_from"]["from"] == v1.name
+    assert v2.info["board_data"]["new"] == ["shard-0003.npz"]
+    assert not out2.promoted
+    reason = v2.info["reason"]
+    assert "McNemar" in reason and ("not significant" in reason or "does not beat" in reason), reason
+    assert reg.current("digits_nightly", board.name).name == v1.name
+    assert _board_models(board)["current"]["version"] == v1.name  # the board kept serving v1
+
+    # rollback: v0 serves again, on the board (hash-verified) and in the registry
+    assert _odl("rollback", "digits_nightly", board.name) == 0
+    assert reg.current("digits_nightly", board.name).name == v0.name
+    models = _board_models(board)
+    assert models["current"]["version"] == v0.name and models["current"]["verified"]
+    assert models["previous"]["version"] == v1.name
+    assert len(reg.versions("digits_nightly", board.name)) == before + 3  # nothing recorded is lost
