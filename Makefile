@@ -11,7 +11,7 @@ QUIET := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || 
 STAMP := $(VENV)/.installed
 export ODL_HOME ?= $(CURDIR)/.odl
 
-.PHONY: demo down test install system-deps lint clean
+.PHONY: demo nightly down test install system-deps lint clean
 
 $(STAMP): pyproject.toml constraints.txt deploy/system-packages.txt
 	@command -v $(PY) >/dev/null || { echo "need $(PY) (Python 3.11)"; exit 1; }
@@ -37,6 +37,11 @@ lint: $(STAMP)
 # `prefect deployment run odl/full --watch`; everything stays up for the UI until `make down`
 demo: install
 	BIN=$(BIN) bash deploy/demo.sh up
+
+# the same stack, then three nights of recipes/digits_nightly.toml, a shard appended on the board
+# before each (warm start, new + replayed data, the promotion gate, rollout to the board)
+nightly: install
+	BIN=$(BIN) bash deploy/demo.sh nightly
 
 # stop worker, server and virtual board (by their recorded pids); data stays under $(ODL_HOME)
 down:

@@ -3,6 +3,9 @@
 #   up:   virtual board "vboard" -> Prefect server (SQLite under $ODL_HOME/prefect, telemetry off)
 #         -> work pool odl-pool -> deployment odl/full (deploy/prefect.yaml) -> process worker
 #         -> `prefect deployment run odl/full --watch` -> summary + UI address. Leaves it all running.
+#   nightly: the same stack, then three nights of recipes/digits_nightly.toml: each appends a shard to
+#         the board's dataset folder (odl data push) and runs odl/full (warm start, new + replayed data,
+#         the gate, rollout to the board).
 #   down: stops the worker, the server (by the pids under $ODL_HOME/run) and the board; keeps the data.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,10 +42,27 @@ case "${1:-up}" in
     echo "Prefect UI: http://127.0.0.1:$PORT  (Runs > the latest 'odl' run > Artifacts: report, progress, epochs)"
     echo "Everything keeps running; stop it with: make down"
     ;;
+  nightly)  # nightly continual learning: one shard appended on the board before each run
+    "$BIN/odl" board up --name "$BOARD"
+    "$BIN/odl" stack up --port "$PORT"
+    stack_env
+    "$BIN/python" -c "from tasks.recipe.load import load_recipe; from tasks import stages; \
+stages.prepare_data(load_recipe('recipes/digits_nightly.toml'))"
+    for shard in recipes/data/digits-nightly/shards/shard-000*.npz; do
+      echo "== the board application appends $(basename "$shard") =="
+      "$BIN/odl" data push "$BOARD" "$shard" --to datasets/digits || true  # already there: a rerun
+      "$BIN/prefect" --no-prompt deployment run odl/full --watch --watch-timeout 1800 \
+        --param "params={\"recipe\": \"recipes/digits_nightly.toml\", \"board\": \"$BOARD\"}" || true
+    done
+    echo
+    "$BIN/odl" registry digits_nightly "$BOARD"
+    "$BIN/odl" models digits_nightly "$BOARD"
+    echo "Undo the last promotion on the board and in the registry: $BIN/odl rollback digits_nightly $BOARD"
+    ;;
   down)
     "$BIN/odl" stack down
     "$BIN/odl" board down --name "$BOARD" || true
     ;;
   *)
-    echo "usage: $0 [up|down]" >&2; exit 2 ;;
+    echo "usage: $0 [up|nightly|down]" >&2; exit 2 ;;
 esac

@@ -14,6 +14,9 @@ from tests.flow.test_flow import (  # noqa: F401 - collected here with the fixtu
     test_rerun_is_judged_by_the_promotion_gate,
     test_run_forced_to_lose_keeps_current_and_reuses_cache,
 )
+from tests.flow.test_nightly import (  # noqa: F401
+    test_nightly_cycles_promote_reject_rollout_and_rollback,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.board]
 

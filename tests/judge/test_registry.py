@@ -64,7 +64,12 @@ def test_promote_then_reject_keeps_current_and_everything(tmp_path, model):
     assert v2.model.read_bytes() == b"model-bytes-2"
     assert json.loads((v2.path / "info.json").read_text())["flow_run_id"] == "run-2"
     entry = reg.entry("digits", "vboard")
-    assert sorted(p.name for p in entry.iterdir()) == ["current", "history.jsonl", "v0001", "v0002"]  # no temp leftovers
+    assert sorted(p.name for p in entry.iterdir()) == [
+        "current",
+        "history.jsonl",
+        "v0001",
+        "v0002",
+    ]  # no temp leftovers
 
 
 def test_a_version_is_never_overwritten(tmp_path, model):

@@ -1,0 +1,96 @@
+"""The host dies during a Prefect flow run while the board trains (issue 13, deliverable 6).
+
+A real Prefect server (its lease repossessor on) and ``odl flow`` processes on the local-transport
+board: the first flow process is SIGKILLed mid-training and its detached job trains on; the next
+run of the same inputs waits out the dead run's board slot (its lease lapses), reattaches to that
+job instead of training a second one beside it, and records its result. A run of other inputs
+ends such an orphan cleanly before its own (tests/nightly/test_orphans.py, without Prefect).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+PROJECT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def real_server(local_board_home):
+    """A Prefect server process (not the test harness: that one never revokes expired leases)."""
+    from flows import stack
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = stack.stack_env(port=port, home=local_board_home)
+    env["PREFECT_SERVER_SERVICES_REPOSSESSOR_LOOP_SECONDS"] = "2"
+    env.update(ODL_AGENT_STEP_DELAY_S="0.5", ODL_BOARD_LEASE_S="60")  # 60 s: Prefect's minimum lease
+    stack.start_server(env)
+    try:
+        yield env
+    finally:
+        stack.down(local_board_home)
+
+
+def _board_call(home: Path, fn_name: str, *args):
+    from tasks.board.inventory import load_inventory
+    from tasks.board.transport import connect
+    from tasks.nightly import board_ops
+
+    board = load_inventory(home / "inventory.toml")["here"]
+    conn = connect(board)
+    try:
+        return getattr(board_ops, fn_name)(conn, board, *args)
+    finally:
+        conn.close()
+
+
+def test_next_run_reattaches_to_the_job_a_killed_run_left(real_server, local_board_home):
+    from tasks.judge.registry import Registry
+
+    env, home = real_server, local_board_home
+    argv = [
+        sys.executable,
+        "-m",
+        "flows.cli",
+        "flow",
+        "recipes/digits.toml",
+        "--board",
+        "here",
+        "--epochs",
+        "20",
+    ]
+    with open(home / "killed-flow.log", "wb") as log:
+        child = subprocess.Popen(argv, cwd=PROJECT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)  # fmt: skip
+        deadline, orphan = time.monotonic() + 240, None
+        while orphan is None:
+            assert child.poll() is None, (home / "killed-flow.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the flow's job never started training"
+            time.sleep(0.5)
+            orphan = _board_call(home, "running_job")
+        time.sleep(3)
+        os.killpg(child.pid, signal.SIGKILL)  # the host goes away: nothing of the flow runs again
+        child.wait()
+    assert _board_call(home, "running_job") == orphan  # detached from its host, it trains on
+    reg = Registry(home / "registry")
+    before = len(reg.versions("digits", "here"))
+    done = subprocess.run(argv, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "reattaching to it instead of starting" in done.stdout + done.stderr
+    versions = reg.versions("digits", "here")
+    assert len(versions) == before + 1 and versions[-1].info["job_id"] == orphan  # its result, recorded
+    jobs = _board_call(home, "agent_json", "jobs")["jobs"]
+    same_inputs = [j["job_id"] for j in jobs if j["job_id"].startswith(orphan[: len("digits-") + 12])]
+    assert same_inputs == [orphan]  # no second job was made from these inputs
+    assert next(j for j in jobs if j["job_id"] == orphan)["state"] == "finished"

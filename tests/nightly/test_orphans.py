@@ -1,0 +1,86 @@
+"""Two jobs never train on one board: an orphan (its host died) is reattached when it was made
+from the same inputs, ended cleanly (cancelled, checkpointed) when not, or refused by a caller
+that holds no board slot (issue 13, deliverable 6). Local-transport board, real agent."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from tasks.errors import BoardError
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def here(local_board_home, monkeypatch):
+    from tasks.board.inventory import load_inventory
+
+    monkeypatch.setenv("ODL_AGENT_STEP_DELAY_S", "0.1")  # the local agent inherits it: a slow job
+    return load_inventory(local_board_home / "inventory.toml")["here"]
+
+
+def _start_orphan(board, spec, files) -> None:
+    """What a killed host leaves: a job started detached on the board, nobody following it."""
+    from tasks import stages
+    from tasks.board.jobs import create_job, start_job
+    from tasks.board.transport import connect
+
+    stages.deploy(board, spec, files)
+    conn = connect(board)
+    try:
+        create_job(conn, board, spec)
+        assert start_job(conn, board, spec.job_id) == "started"
+    finally:
+        conn.close()
+
+
+def _running(board):
+    from tasks.board.transport import connect
+    from tasks.nightly.board_ops import running_job
+
+    conn = connect(board)
+    try:
+        return running_job(conn, board)
+    finally:
+        conn.close()
+
+
+def _wait_running(board, job_id):
+    deadline = time.monotonic() + 60
+    while _running(board) != job_id:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+
+def test_same_inputs_reattach_other_inputs_end_it_or_are_refused(here, digits_job):
+    from tasks import stages
+    from tasks.board.jobs import job_status
+    from tasks.board.transport import connect
+
+    tag = str(int(time.time()))
+    orphan, files = digits_job(f"orphan-{tag}", epochs=3)
+    _start_orphan(here, orphan, files)
+    _wait_running(here, orphan.job_id)
+    # the same inputs under another run's job id: follow the orphan, do not train beside it
+    again = dataclasses.replace(orphan, job_id=f"again-{tag}")
+    training = stages.train(here, again, files)
+    assert training.job_id == orphan.job_id and training.result.status == "finished"
+
+    second, _ = digits_job(f"second-{tag}", epochs=3)
+    _start_orphan(here, second, files)
+    _wait_running(here, second.job_id)
+    other, _ = digits_job(f"other-{tag}", epochs=1)
+    with pytest.raises(BoardError, match=f"job {second.job_id} is training"):
+        stages.train(here, other, files)  # no board slot held (odl run): refused, orphan untouched
+    assert _running(here) == second.job_id
+    training = stages.train(here, other, files, end_orphans=True)  # the flow: ends it first
+    assert training.job_id == other.job_id and training.result.status == "finished"
+    conn = connect(here)
+    try:
+        ended = job_status(conn, here, second.job_id)
+    finally:
+        conn.close()
+    assert ended["state"] == "cancelled" and ended["step"] > 0  # stopped at a step, checkpointed
