@@ -107,7 +107,9 @@ def odl(params: OdlParams | None = None) -> Outcome:
     _, t["generate artifacts"] = pt.timed(pt.prepare_step, "artifacts", inp)
     _, t["validate recipe"] = pt.timed(pt.prepare_step, "validate", inp)
     prep = stages.prepared(inp)
-    warm, t["warm start"] = pt.timed(pt.warm_start, recipe, prep, board.name)
+    warm = None
+    if recipe.training.start_from == "current":
+        warm, t["warm start"] = pt.timed(pt.warm_start, recipe, prep, board.name)
     data = pt.board_data(recipe, board) if recipe.data.board_dataset else None
     extra = (warm.record["checkpoint_sha256"] if warm else "") + (_files_key(data) if data else "")
     spec, files = stages.job_spec(
@@ -140,7 +142,8 @@ def odl(params: OdlParams | None = None) -> Outcome:
     if promotion.decision.promote and recipe.promotion.rollout:
         _, t[f"rollout to {board.name}"] = pt.timed(pt.rollout, board, recipe.name, promotion.version)
         served = f"; serving on {board.name} (models/{recipe.name}/current.onnx)"
-    summary = publish(report_input(recipe, board.name, run_id, training, evaluation, promotion, t))
+    lineage = {**info, "rollout": served.removeprefix("; ")}
+    summary = publish(report_input(recipe, board.name, run_id, training, evaluation, promotion, t, lineage))
     test = evaluation.test
     outcome = Outcome(spec.job_id, run_dir, promotion.decision.promote, promotion.version, summary, test, t)
     # the runs list shows "Promoted" or "Not promoted" (a Completed state with that name) and why

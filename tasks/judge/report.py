@@ -17,7 +17,7 @@ from typing import Any
 from tasks.judge.charts import confusion_chart, data_url, line_chart
 from tasks.judge.registry import Decision
 from tasks.judge.report_detection import detection_md
-from tasks.judge.trend import trend_section
+from tasks.judge.trend import lineage_md, trend_section
 
 HEADLINE = [
     ("accuracy", "accuracy", "{:.4f}"),
@@ -55,6 +55,7 @@ class ReportInput:
     test_path: Path | None = None  # the test set file (a detector's example images are drawn from it)
     int8: dict[str, Any] | None = None  # the quantized candidate (tasks.judge.quantize), with its verdict
     trend: list[dict[str, Any]] = field(default_factory=list)  # tasks.judge.trend.trend_points
+    lineage: dict[str, Any] = field(default_factory=dict)  # start_from, board_data, rollout
 
 
 def report_key(recipe: str, board: str, kind: str = "report") -> str:
@@ -210,6 +211,7 @@ def render_report(inp: ReportInput) -> str:
         "",
         _decision_md(inp),
         *_gate_md(inp.decision),
+        *lineage_md(inp.lineage),
         *trend_section(inp.trend),
         "",
         f"## Before / after on the host test set `{inp.test_set}`",

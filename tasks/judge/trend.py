@@ -126,3 +126,21 @@ def trend_section(points: Sequence[dict[str, Any]]) -> list[str]:
     if not points:
         return []
     return trend_markdown(points, trend_chart(points, points[-1]["label"]))
+
+
+def lineage_md(lineage: dict[str, Any]) -> list[str]:
+    """Where the candidate started, the board files it trained on and where it now serves."""
+    start, data, served = lineage.get("start_from"), lineage.get("board_data"), lineage.get("rollout")
+    lines = []
+    if start and start.get("from") not in (None, "base"):
+        lines.append(f"- **Warm start** from `{start['from']}` (weights sha256 `{start['weights_sha256'][:12]}`, "
+                     f"{start['parameters']} parameters)")  # fmt: skip
+    elif start:
+        lines.append("- **Started** from the recipe's base weights")
+    if data:
+        new, old = ", ".join(data["new"]) or "none", ", ".join(data["replayed"]) or "none"
+        lines.append(f"- **Board data** `{data['path']}` ({data['select']}): {len(data['files'])} of "
+                     f"{data['folder_files']} files, {data['samples']} samples; new: {new}; replayed: {old}")  # fmt: skip
+    if served:
+        lines.append(f"- **Serving on the board**: {served}")
+    return ["", "## This run's lineage", *lines] if lines else []

@@ -42,6 +42,7 @@ def report_input(
     evaluation: stages.Evaluation,
     promotion: stages.Promotion,
     timings: dict[str, float],
+    lineage: dict[str, Any] | None = None,
 ) -> ReportInput:
     """Everything the report shows, from the stages' typed results (called after the promotion
     is recorded, so the registry's trend includes this run's version)."""
@@ -64,6 +65,7 @@ def report_input(
         timings=timings,
         training={k: result[k] for k in TRAINING_FIELDS if k in result},
         trend=trend(recipe.name, board),
+        lineage=lineage or {},
     )
 
 

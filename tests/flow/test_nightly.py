@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.flow.test_flow import _run
+from tests.flow.test_flow import _artifacts, _run
 
 pytestmark = pytest.mark.slow
 
@@ -58,9 +58,12 @@ def test_nightly_cycles_promote_reject_rollout_and_rollback(prefect_harness, flo
 
     def night(shard: str):
         assert _odl("data", "push", board.name, str(shards / shard), "--to", "datasets/digits") == 0
-        _, out = _run(board.name, recipe=str(RECIPE))
+        run_id, out = _run(board.name, recipe=str(RECIPE))
         version = next(v for v in reg.versions("digits_nightly", board.name) if v.name == out.version)
+        reports[version.name] = _artifacts(run_id)[f"odl-report-digits-nightly-{board.name}"].data
         return out, version
+
+    reports: dict[str, str] = {}
 
     # day 0: the first shard; nothing in service yet, so the run starts from the recipe's weights
     out0, v0 = night("shard-0001.npz")
@@ -81,6 +84,11 @@ def test_nightly_cycles_promote_reject_rollout_and_rollback(prefect_harness, flo
     assert v1.info["decision"]["significance"]["significant"]
     models = _board_models(board)
     assert models["current"]["version"] == v1.name and models["previous"]["version"] == v0.name
+    report = reports[v1.name]  # the run's lineage and the metric across versions, in the UI
+    assert f"**Warm start** from `{v0.name}`" in report
+    assert "new: shard-0002.npz; replayed: shard-0001.npz" in report
+    assert f"**Serving on the board**: serving on {board.name}" in report
+    assert "## Promoted metric across versions" in report and f"| {v1.name} | 0.8" in report
 
     # night 2: 100 more samples; the candidate grows from v1 but its gain is not significant
     out2, v2 = night("shard-0003.npz")
