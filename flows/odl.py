@@ -94,7 +94,7 @@ def ensure_board_limit(board: str) -> str:
 
 
 @flow(name="odl", log_prints=False)
-def odl(params: OdlParams | None = None) -> Outcome:
+def odl(params: OdlParams | None = None) -> Outcome | None:
     """Retrain a recipe's model on a board and promote it in the local registry if it is better."""
     p = params or OdlParams()
     run_id = str(flow_run.get_id() or f"local-{int(time.time())}")
@@ -111,6 +111,8 @@ def odl(params: OdlParams | None = None) -> Outcome:
     if recipe.training.start_from == "current":
         warm, t["warm start"] = pt.timed(pt.warm_start, recipe, prep, board.name)
     data = pt.board_data(recipe, board) if recipe.data.board_dataset else None
+    if isinstance(data, str):  # a night without new data on the board: nothing to retrain
+        return Completed(data=None, name="No new data", message=data[:500])
     extra = (warm.record["checkpoint_sha256"] if warm else "") + (_files_key(data) if data else "")
     spec, files = stages.job_spec(
         inp,

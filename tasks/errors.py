@@ -158,6 +158,11 @@ class DataError(PipelineError):
     exit_code = HostExit.DATA
 
 
+class NoNewData(DataError):
+    """The board's dataset folder holds nothing to retrain on (no file, or none new): a nightly
+    run ends as "No new data" rather than failing."""
+
+
 class BoardError(PipelineError):
     """An inventory entry or the virtual board is wrong or unusable."""
 

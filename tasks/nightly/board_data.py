@@ -5,7 +5,8 @@ shards or class folders of images, see device_agent/README.md). ``board_select``
 train on:
 
 * ``"all"``: every file there now;
-* ``"new+replay"``: the files no promoted version of this recipe and board has trained on, plus
+* ``"new+replay"``: the files the model in service has not learnt from (its own and its warm-start
+  ancestors' files, see :func:`seen_files`), plus
   a seeded draw of older files so that they make ``replay`` (a share in [0, 1)) of the samples:
   the model keeps seeing old data and does not forget it;
 * ``"v0003"``: exactly the files that version trained on (a run reproduced).
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from device_agent.protocol import DataFile, DataRef
-from tasks.errors import DataError, RegistryError
+from tasks.errors import DataError, NoNewData, RegistryError
 from tasks.judge.registry import Registry
 from tasks.recipe.schema import Recipe
 
@@ -37,12 +38,18 @@ class BoardData:
 
 
 def seen_files(reg: Registry, recipe: str, board: str) -> set[tuple[str, str]]:
-    """(name, sha256) of every file a promoted version of ``recipe`` on ``board`` trained on."""
+    """(name, sha256) of every file the model in service has learnt from: the files of the
+    current version and of each version it was warm-started from, back to the base weights (after
+    a rollback, what only the rolled-back version saw counts as new again)."""
+    by_name = {v.name: v for v in reg.versions(recipe, board)}
     seen: set[tuple[str, str]] = set()
-    for version in reg.versions(recipe, board):
-        if version.promoted:
-            for f in (version.info.get("board_data") or {}).get("files", []):
-                seen.add((f["name"], f["sha256"]))
+    version, visited = reg.current(recipe, board), set()
+    while version is not None and version.name not in visited:
+        visited.add(version.name)
+        for f in (version.info.get("board_data") or {}).get("files", []):
+            seen.add((f["name"], f["sha256"]))
+        parent = (version.info.get("start_from") or {}).get("from")
+        version = by_name.get(parent) if parent else None
     return seen
 
 
@@ -56,10 +63,10 @@ def select(
     new = [f for f in files if (f["name"], f["sha256"]) not in seen]
     old = [f for f in files if (f["name"], f["sha256"]) in seen]
     if not new:
-        raise DataError(
+        raise NoNewData(
             f'data.board_select = "new+replay": no new file in {listing["path"]} since the last '
-            f"promoted run ({len(files)} files, all trained on): the board application has added "
-            "nothing to retrain on"
+            f"promoted run ({len(files)} files, all learnt by the model in service): the board "
+            "application has added nothing to retrain on"
         )
     new_samples = sum(f["samples"] for f in new)
     target = math.ceil(new_samples * replay / (1.0 - replay)) if replay > 0 else 0

@@ -131,10 +131,15 @@ def promote(
 
 @task(name="board data", task_run_name="list data on {board.name}", **RETRY)
 def board_data(recipe: Recipe, board: Board) -> Any:
-    """List the board's dataset folder and pin the files this run trains on (None: host data)."""
+    """List the board's dataset folder and pin the files this run trains on (None: host data);
+    the reason as a string when there is nothing new to train on (the run ends "No new data")."""
+    from tasks.errors import NoNewData
     from tasks.stages import nightly
 
-    return nightly.board_data(recipe, board)
+    try:
+        return nightly.board_data(recipe, board)
+    except NoNewData as exc:
+        return str(exc)
 
 
 @task(name="warm start")

@@ -74,7 +74,7 @@ Recipe TOML layout (every table and key; unknown keys are errors)::
     # board_dataset = "datasets/digits"   #   or a folder on the board that grows (npz shards, or
                                           #   class folders of images); the job pins its files by sha256
     # board_format = "npz-shards"         #   npz-shards | image-folder
-    # board_select = "new+replay"         #   all | new+replay (files no promoted version trained on,
+    # board_select = "new+replay"         #   all | new+replay (files the model in service never saw,
                                           #   plus older ones) | "v0003" (that version's exact files)
     # replay = 0.3                        #   new+replay: share of older samples in the mix
     eval = "data/digits/eval.npz"         # optional; evaluated on the board each epoch

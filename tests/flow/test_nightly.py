@@ -90,6 +90,14 @@ def test_nightly_cycles_promote_reject_rollout_and_rollback(prefect_harness, flo
     assert f"**Serving on the board**: serving on {board.name}" in report
     assert "## Promoted metric across versions" in report and f"| {v1.name} | 0.8" in report
 
+    # a night when the board application added nothing: "No new data", not failed, nothing recorded
+    from flows.odl import OdlParams, odl
+
+    state = odl(OdlParams(board=board.name, recipe=str(RECIPE)), return_state=True)
+    assert state.is_completed() and state.name == "No new data", state.message
+    assert "no new file in" in state.message
+    assert len(reg.versions("digits_nightly", board.name)) == before + 2
+
     # night 2: 100 more samples; the candidate grows from v1 but its gain is not significant
     out2, v2 = night("shard-0003.npz")
     assert v2.info["start_from"]["from"] == v1.name
