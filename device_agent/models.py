@@ -2,7 +2,7 @@
 
 Layout (the contract with the board's inference application, see README.md)::
 
-    models/<recipe>/releases/<version>/   model.onnx, model.int8.onnx, priors.npy (when the
+    models/<recipe>/releases/<version>-<sha12>/  model.onnx, model.int8.onnx, priors.npy (when the
                                           version has them) and release.json (version, sha256s)
     models/<recipe>/current               symlink -> releases/<version> in service
     models/<recipe>/previous              symlink -> releases/<version> served before it
@@ -34,6 +34,7 @@ from device_agent.protocol import ExitCode, SpecError, file_sha256, valid_blob_n
 
 RECIPE_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 VERSION_RE = re.compile(r"^v\d{4,}$")
+RELEASE_RE = re.compile(r"^v\d{4,}-[0-9a-f]{12}$")  # <version>-<model sha256[:12]>
 RELEASE_FILES = ("model.onnx", "model.int8.onnx", "priors.npy")
 KEEP_RELEASES = 3  # current, previous and one more; older releases are removed
 HOOK_TIMEOUT_S = 60
@@ -65,15 +66,15 @@ def _swap_link(link: Path, target: str) -> None:
 
 
 def _stage(root: Path, folder: Path, version: str, files: dict[str, str]) -> Path:
-    """``releases/<version>`` holding the blobs ``files`` (name -> sha256), verified after copy."""
+    """``releases/<version>-<model sha12>`` holding the blobs ``files`` (name -> sha256), verified
+    after the copy. Named by content too: a host whose registry started over installs its own v0001
+    beside the old one, and a release is never rewritten in place (it may be the one in service)."""
     releases = folder / "releases"
     releases.mkdir(parents=True, exist_ok=True)
-    final = releases / version
+    final = releases / f"{version}-{files['model.onnx'][:12]}"
     have = _release(final)
     if have is not None and have.get("files") == files:
         return final  # already installed with the same bytes (a rollback to a kept release)
-    if have is not None:  # never rewrite a release in place: it may be the one in service
-        raise _bad(f"version: {version} is installed with other files {have.get('files')}; use a new version")
     staging = releases / f".staging-{version}-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
@@ -106,10 +107,10 @@ def install(root: Path, recipe: str, version: str, files: dict[str, str]) -> dic
             valid_blob_name(sha, name)
         except SpecError as exc:  # a command argument, not a job.json field
             raise _bad(str(exc)) from None
-    _stage(root, folder, version, files)
+    release = _stage(root, folder, version, files)
     current = folder / "current"
     before = os.readlink(current) if current.is_symlink() else None
-    target = f"releases/{version}"
+    target = f"releases/{release.name}"
     if before and before != target:
         _swap_link(folder / "previous", before)
     _swap_link(current, target)
@@ -130,7 +131,7 @@ def _prune(folder: Path) -> None:
         if (folder / n).is_symlink()
     }
     releases = sorted(
-        (p for p in (folder / "releases").iterdir() if VERSION_RE.match(p.name)),
+        (p for p in (folder / "releases").iterdir() if RELEASE_RE.match(p.name)),
         key=lambda p: (_release(p) or {}).get("installed_at", 0),
     )
     for old in releases[: max(0, len(releases) - KEEP_RELEASES)]:
