@@ -50,6 +50,7 @@ runs again.
 | 65 | `EVALUATION` | `EvaluationError` | host-side evaluation failed: check the test set and the retrieved model |
 | 66 | `REGISTRY` | `RegistryError` | the model registry refused the operation: check the recipe and board names and the registry folder |
 | 67 | `STACK` | `StackError` | the local Prefect stack could not start, deploy or stop: read the logs under $ODL_HOME/logs |
+| 68 | `NO_NEW_DATA` | `NoNewData` | the board's dataset folder holds nothing new to train on: let the board application add data (a flow run ends 'No new data' instead) |
 
 Other statuses: 0 success; 1 an error outside this tree (a bug prints its traceback; ``odl report``
 finds no report); 2 a command-line usage error; 130 interrupted (Ctrl-C).
@@ -85,6 +86,7 @@ class HostExit(enum.IntEnum):
     EVALUATION = 65
     REGISTRY = 66
     STACK = 67
+    NO_NEW_DATA = 68
 
 
 HOST_EXIT_HELP: dict[HostExit, str] = {
@@ -106,6 +108,7 @@ HOST_EXIT_HELP: dict[HostExit, str] = {
     HostExit.EVALUATION: "host-side evaluation failed: check the test set and the retrieved model",
     HostExit.REGISTRY: "the model registry refused the operation: check the recipe and board names and the registry folder",
     HostExit.STACK: "the local Prefect stack could not start, deploy or stop: read the logs under $ODL_HOME/logs",
+    HostExit.NO_NEW_DATA: "the board's dataset folder holds nothing new to train on: let the board application add data (a flow run ends 'No new data' instead)",
 }
 
 
@@ -161,6 +164,8 @@ class DataError(PipelineError):
 class NoNewData(DataError):
     """The board's dataset folder holds nothing to retrain on (no file, or none new): a nightly
     run ends as "No new data" rather than failing."""
+
+    exit_code = HostExit.NO_NEW_DATA
 
 
 class BoardError(PipelineError):
