@@ -123,7 +123,7 @@ def odl(params: OdlParams | None = None) -> Outcome | None:
     )
     run_dir = state_dir("runs", spec.job_id)
     # the slot's lease lapses when this process dies (SIGKILL), so a killed run frees the board
-    lease = float(os.environ.get("ODL_BOARD_LEASE_S", "300"))
+    lease = max(60.0, float(os.environ.get("ODL_BOARD_LEASE_S", "300")))  # Prefect's minimum is 60 s
     with concurrency(ensure_board_limit(board.name), occupy=1, strict=True, lease_duration=lease):
         _, t[f"deploy to {board.name}"] = pt.timed(pt.deploy, board, spec, files)
         progress_key = report_key(recipe.name, board.name, "progress")
