@@ -48,9 +48,23 @@ case "${1:-up}" in
     stack_env
     "$BIN/python" -c "from tasks.recipe.load import load_recipe; from tasks import stages; \
 stages.prepare_data(load_recipe('recipes/digits_nightly.toml'))"
+    # the virtual board outlives this host's registry (another clone, a removed .odl): a demo that
+    # starts with no digits_nightly version starts from an empty dataset folder on the board too
+    "$BIN/python" - "$BOARD" <<'PY'
+import posixpath, sys
+from tasks import stages
+from tasks.board.inventory import get_board
+from tasks.board.transport import connect
+board = get_board(sys.argv[1])
+if not stages.registry().versions("digits_nightly", board.name):
+    conn = connect(board)
+    conn.run(["rm", "-rf", posixpath.join(board.root, "datasets", "digits")])
+    conn.close()
+    print(f"board {board.name}: a fresh demo, datasets/digits emptied")
+PY
     for shard in recipes/data/digits-nightly/shards/shard-000*.npz; do
       echo "== the board application appends $(basename "$shard") =="
-      "$BIN/odl" data push "$BOARD" "$shard" --to datasets/digits || true  # already there: a rerun
+      "$BIN/odl" data push "$BOARD" "$shard" --to datasets/digits
       "$BIN/prefect" --no-prompt deployment run odl/full --watch --watch-timeout 1800 \
         --param "params={\"recipe\": \"recipes/digits_nightly.toml\", \"board\": \"$BOARD\"}" || true
     done

@@ -110,6 +110,7 @@ def _models(args: argparse.Namespace) -> int:
 def _push(args: argparse.Namespace) -> int:
     from tasks.board.transport import connect
     from tasks.errors import DataError
+    from tasks.hashing import file_sha256
 
     board = _board(args.board)
     folder = args.to.strip("/")
@@ -122,9 +123,18 @@ def _push(args: argparse.Namespace) -> int:
         for path in args.files:
             if not path.is_file():
                 raise DataError(f"{path}: no such file on the host")
+            dest = posixpath.join(target, path.name)
+            there = conn.run(["sha256sum", dest], check=False)
+            if there.code == 0:  # append only: an existing file is never rewritten
+                if there.stdout.split()[0] == file_sha256(path):
+                    print(f"board {board.name}: {folder}/{path.name} is already there (same sha256)")
+                    continue
+                raise DataError(
+                    f"board {board.name}: {folder}/{path.name} exists with other content; a dataset "
+                    "folder only grows: give the new file another name"
+                )
             tmp = posixpath.join(target, f".{path.name}.{secrets.token_hex(4)}.tmp")
-            conn.run(["sh", "-c", APPEND, "sh", tmp, posixpath.join(target, path.name)],
-                     input=path.read_bytes())  # fmt: skip
+            conn.run(["sh", "-c", APPEND, "sh", tmp, dest], input=path.read_bytes())
             print(f"board {board.name}: {folder}/{path.name} ({path.stat().st_size} bytes)")
     finally:
         conn.close()
