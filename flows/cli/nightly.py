@@ -98,11 +98,11 @@ def _models(args: argparse.Namespace) -> int:
 
     board = _board(args.board)
     current = registry().current(args.recipe, board.name)
-    with_conn = connect(board)
+    conn = connect(board)
     try:
-        answer = board_models(with_conn, board, args.recipe)
+        answer = board_models(conn, board, args.recipe)
     finally:
-        with_conn.close()
+        conn.close()
     _print({"board": answer, "registry_current": current.name if current else None})
     return 0
 

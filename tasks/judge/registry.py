@@ -62,6 +62,24 @@ class Version:
         """Whether this candidate was promoted when it was recorded."""
         return bool(self.info.get("promoted"))
 
+    def verified_files(self, names: tuple[str, ...], hint: str = "") -> dict[str, tuple[Path, str]]:
+        """Those of ``names`` the version holds, with their sha256, each equal to the one recorded
+        with it (RegistryError naming the file otherwise: the registry copy was modified)."""
+        recorded = self.info.get("files_sha256") or {}
+        out = {}
+        for name in names:
+            path = self.path / name
+            if not path.is_file():
+                continue
+            actual = file_sha256(path)
+            if recorded.get(name) and recorded[name] != actual:
+                raise RegistryError(
+                    f"{path}: sha256 {actual[:12]} differs from the {recorded[name][:12]} recorded with "
+                    f"{self.name}; the registry copy was modified: restore it{hint}"
+                )
+            out[name] = (path, actual)
+        return out
+
 
 def _write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
@@ -106,6 +124,13 @@ class Registry:
             (p.name for p in folder.iterdir() if VERSION_RE.match(p.name)), key=lambda n: int(n[1:])
         )
         return [self._load(folder / n) for n in names]
+
+    def version(self, recipe: str, board: str, name: str) -> Version:
+        """The recorded version ``name``; RegistryError when there is no such version."""
+        path = self.entry(recipe, board) / name
+        if not VERSION_RE.match(name) or not path.is_dir():
+            raise RegistryError(f"{recipe} on {board}: no version {name!r} in the registry")
+        return self._load(path)
 
     def current(self, recipe: str, board: str) -> Version | None:
         """The version in service, or None before the first promotion."""
@@ -187,14 +212,19 @@ class Registry:
         stack = self._stack(recipe, board)
         return self._load(self.entry(recipe, board) / stack[-2]) if len(stack) > 1 else None
 
-    def rollback(self, recipe: str, board: str) -> Version:
-        """Put the previous version back in service; RegistryError when there is none."""
+    def rollback_target(self, recipe: str, board: str) -> tuple[Version, Version]:
+        """(current, previous) for a rollback; RegistryError saying why there is nothing to roll back to."""
         current, previous = self.current(recipe, board), self.previous(recipe, board)
         if current is None or previous is None:
             raise RegistryError(
                 f"{recipe} on {board}: nothing to roll back to "
                 f"({'no version in service' if current is None else f'{current.name} is the first promoted'})"
             )
+        return current, previous
+
+    def rollback(self, recipe: str, board: str) -> Version:
+        """Put the previous version back in service; RegistryError when there is none."""
+        current, previous = self.rollback_target(recipe, board)
         self._set_current(recipe, board, previous.name, f"rollback from {current.name}")
         log.info("registry %s-%s: rolled back %s -> %s", recipe, board, current.name, previous.name)
         return previous

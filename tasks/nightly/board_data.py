@@ -84,11 +84,10 @@ def select(
 
 def pinned(reg: Registry, recipe: str, board: str, version: str, listing: dict[str, Any]) -> list[dict]:
     """The files ``version`` trained on, each still on the board with the same sha256."""
-    match = [v for v in reg.versions(recipe, board) if v.name == version]
-    if not match or not (match[0].info.get("board_data") or {}).get("files"):
-        raise RegistryError(f"data.board_select = {version!r}: no such version with board data files")
+    files = (reg.version(recipe, board, version).info.get("board_data") or {}).get("files")
+    if not files:
+        raise RegistryError(f"data.board_select = {version!r}: that version trained on no board data files")
     have = {(f["name"], f["sha256"]) for f in listing["files"]}
-    files = match[0].info["board_data"]["files"]
     gone = [f["name"] for f in files if (f["name"], f["sha256"]) not in have]
     if gone:
         raise DataError(f"data.board_select = {version!r}: {gone[0]} is no longer on the board as trained")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import posixpath
 import time
-from pathlib import Path
 from typing import Any
 
 from device_agent.protocol import ExitCode, JobSpec
@@ -15,7 +14,6 @@ from tasks.board.agent import agent_argv, last_json_line
 from tasks.board.inventory import Board
 from tasks.board.transport import Transport
 from tasks.errors import BoardError, DataError, RemoteCommandFailed, TransferError
-from tasks.hashing import file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -41,29 +39,14 @@ def list_dataset(conn: Transport, board: Board, path: str, fmt: str) -> dict[str
     return agent_json(conn, board, "dataset", path, "--format", fmt, timeout=600)
 
 
-def release_files(version: Any) -> dict[str, Path]:
-    """A registry version's files that a board release holds, each checked against the sha256
-    recorded with the version (a registry copy edited since is refused)."""
-    recorded = version.info.get("files_sha256") or {}
-    out = {}
-    for name in RELEASE_FILES:
-        path = version.path / name
-        if path.is_file():
-            actual = file_sha256(path)
-            if recorded.get(name) and recorded[name] != actual:
-                raise TransferError(f"{path}: sha256 differs from the one recorded with {version.name}")
-            out[name] = path
-    return out
-
-
 def install_version(conn: Transport, board: Board, recipe: str, version: Any) -> dict[str, Any]:
     """Upload a version's files as blobs, install them as the board's current release and read
     it back: every file's sha256 on the board must equal the registry's."""
     from tasks.board.blobs import upload_blobs
 
-    files = release_files(version)
-    hashes = {name: file_sha256(path) for name, path in files.items()}
-    upload_blobs(conn, board, {sha: files[name] for name, sha in hashes.items()})
+    files = version.verified_files(RELEASE_FILES)  # name -> (path, sha256 as recorded)
+    hashes = {name: sha for name, (_, sha) in files.items()}
+    upload_blobs(conn, board, {sha: path for path, sha in files.values()})
     args = [f"{name}={sha}" for name, sha in hashes.items()]
     answer = agent_json(conn, board, "install-model", recipe, version.name, *args)
     current = answer.get("current") or {}

@@ -57,19 +57,6 @@ def checkpoint_weights(checkpoint: Path) -> dict[str, np.ndarray]:
     return {name: np.array(param.data) for name, param in state.parameters}
 
 
-def verify_version_model(version: Any) -> str:
-    """The sha256 of a registry version's model, checked against the one recorded with it."""
-    actual = file_sha256(version.model)
-    recorded = version.info.get("model_sha256")
-    if recorded and recorded != actual:
-        raise RegistryError(
-            f"{version.model}: sha256 {actual[:12]} differs from the {recorded[:12]} recorded with "
-            f"{version.name}; the registry copy was modified: restore it, or set "
-            'training.start_from = "base"'
-        )
-    return actual
-
-
 def build_warm_checkpoint(base: Path, version: Any, out: Path) -> WarmStart:
     """Write ``out``: the prepared checkpoint ``base`` with ``version``'s weights put in it.
 
@@ -81,7 +68,9 @@ def build_warm_checkpoint(base: Path, version: Any, out: Path) -> WarmStart:
     from onnxruntime.training.api import CheckpointState
     from onnxruntime.training.onnxblock.checkpoint_utils import save_checkpoint
 
-    model_sha = verify_version_model(version)
+    _, model_sha = version.verified_files(("model.onnx",), ', or set training.start_from = "base"')[
+        "model.onnx"
+    ]
     weights = model_weights(version.model)
     state = CheckpointState.load_checkpoint(str(base))
     params = [(name, np.array(p.data), p.requires_grad) for name, p in state.parameters]

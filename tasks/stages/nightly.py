@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.board.inventory import Board
-from tasks.errors import RegistryError
 from tasks.judge.registry import Registry
 from tasks.nightly.board_data import BoardData
 from tasks.nightly.warm_start import WarmStart, build_warm_checkpoint
@@ -87,13 +86,11 @@ def rollout(board: Board, recipe: str, version: str, reg: Registry | None = None
     from tasks.board.transport import connect
     from tasks.nightly.board_ops import install_version
 
-    found = [v for v in (reg or registry()).versions(recipe, board.name) if v.name == version]
-    if not found:
-        raise RegistryError(f"{recipe} on {board.name}: no version {version} in the registry")
+    chosen = (reg or registry()).version(recipe, board.name, version)
     conn = connect(board)
     try:
         install_agent(conn, board)
-        answer = install_version(conn, board, recipe, found[0])
+        answer = install_version(conn, board, recipe, chosen)
     finally:
         conn.close()
     current, previous = answer["current"], answer.get("previous") or {}
@@ -106,10 +103,7 @@ def rollback(board: Board, recipe: str, reg: Registry | None = None) -> Installe
     """Serve the previous version again: on the board first, then in the registry (so a board
     that cannot be reached leaves both as they were)."""
     reg = reg or registry()
-    current, previous = reg.current(recipe, board.name), reg.previous(recipe, board.name)
-    if current is None or previous is None:
-        reg.rollback(recipe, board.name)  # raises the registry's "nothing to roll back to"
-    assert previous is not None
+    _, previous = reg.rollback_target(recipe, board.name)
     installed = rollout(board, recipe, previous.name, reg)
     reg.rollback(recipe, board.name)
     return installed

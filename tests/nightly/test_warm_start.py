@@ -110,3 +110,20 @@ def test_registry_rollback_walks_back_the_promotions(tmp_path):
     actions = [h["action"] for h in reg.history("digits", "vboard")]
     assert actions == ["promoted"] * 3 + ["rollback from v0004", "rollback from v0003"]
     assert reg.current("digits", "vboard").info["files_sha256"]["model.onnx"]
+
+
+def test_a_version_s_files_are_verified_against_what_was_recorded(tmp_path):
+    reg = Registry(tmp_path / "registry")
+    model, priors = tmp_path / "m.onnx", tmp_path / "priors.npy"
+    model.write_bytes(b"model")
+    priors.write_bytes(b"priors")
+    reg.record("digits", "vboard", model, {"accuracy": 0.5}, _decision(), extras={"priors.npy": priors})
+    version = reg.version("digits", "vboard", "v0001")
+    files = version.verified_files(("model.onnx", "model.int8.onnx", "priors.npy"))
+    assert sorted(files) == ["model.onnx", "priors.npy"]  # only what the version holds
+    assert files["priors.npy"][1] == version.info["files_sha256"]["priors.npy"]
+    (version.path / "priors.npy").write_bytes(b"edited")  # what a rollout would send is refused
+    with pytest.raises(RegistryError, match=r"priors\.npy: sha256 .* differs .* recorded with v0001"):
+        version.verified_files(("model.onnx", "priors.npy"))
+    with pytest.raises(RegistryError, match="no version 'v0009'"):
+        reg.version("digits", "vboard", "v0009")
