@@ -39,7 +39,7 @@ import re
 from typing import Any
 
 PROTOCOL_VERSION = 2
-AGENT_VERSION = "0.3.0"
+AGENT_VERSION = "0.4.0"
 VERSION_KEY = "protocol_version"  # the one spelling of the version on the wire
 V1_VERSION_KEYS = ("protocol", "v")  # protocol 1's spellings: read only to report the mismatch
 
@@ -58,7 +58,7 @@ TASKS = ("classification", "binary", "regression", "embedded")
 class ExitCode(enum.IntEnum):
     """Agent exit codes, grouped by cause. 1x: the request is wrong; 2x: artifact/runtime; 3x: environment.
 
-    The host's own exit codes (``tasks.errors.HostExit``) are 50-69, apart from these.
+    The host's own exit codes (``tasks.errors.HostExit``) are 50-79, apart from these.
     """
 
     OK = 0

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from device_agent.checkpoints import Progress, latest_checkpoint, write_state
 from device_agent.checks import check_dataset, model_io
 from device_agent.data import ImageFolderDataset, NpzDataset
@@ -162,11 +164,27 @@ def _finish(job: JobDir, spec: JobSpec, trainer: Trainer, progress: Progress, t0
         ) from exc
     os.replace(tmp, inference)
     write_state(sess.api, sess.state, job.checkpoints / "final")
+    trainable = _write_trainable(sess.state, job.path / "trainable.npz")
     outputs = {
         name: _file_ref(job, p)
-        for name, p in (("inference", inference), ("checkpoint", job.checkpoints / "final"))
+        for name, p in (
+            ("inference", inference),
+            ("checkpoint", job.checkpoints / "final"),
+            ("trainable", trainable),
+        )
     }
     return _result(spec, "finished", ExitCode.OK, progress, t0, outputs=outputs)
+
+
+def _write_trainable(state: Any, path: Path) -> Path:
+    """``trainable.npz``: the trained parameters only (name -> array), what a fleet averages; the
+    host fetches it instead of the whole checkpoint or model."""
+    arrays = {name: np.asarray(p.data) for name, p in state.parameters if p.requires_grad}
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(tmp, path)
+    return path
 
 
 def _file_ref(job: JobDir, path: Path) -> FileRef:

@@ -87,6 +87,41 @@ def digits_nightly(out_dir: Path) -> None:
         _save(out_dir / "shards" / name, sx, sy)
 
 
+FLEET_SIZES = (1, 2, 4, 8)
+FLEET_ALPHA = 0.5  # Dirichlet concentration of the label split: small = each board sees few classes
+
+
+def noniid_split(y: np.ndarray, boards: int, alpha: float = FLEET_ALPHA, seed: int = 0) -> list[np.ndarray]:
+    """Indices of ``y`` per board: each class is shared out by Dirichlet(``alpha``) proportions
+    (Hsu et al., 2019), the usual label-skewed federated split; every board gets >= 10 samples."""
+    rng = np.random.default_rng(seed)
+    while True:
+        parts: list[list[int]] = [[] for _ in range(boards)]
+        for c in np.unique(y):
+            idx = rng.permutation(np.flatnonzero(y == c))
+            cuts = (np.cumsum(rng.dirichlet([alpha] * boards)) * len(idx)).astype(int)[:-1]
+            for b, chunk in enumerate(np.split(idx, cuts)):
+                parts[b].extend(chunk.tolist())
+        if min(len(p) for p in parts) >= 10:
+            return [np.sort(np.array(p, dtype=np.int64)) for p in parts]
+
+
+def digits_fleet(out_dir: Path) -> None:
+    """A fleet's shifted digits: the base model of :func:`digits_shifted` (pretrained on clean
+    digits), a host test set of 197 shifted digits, and each board's own shifted digits split
+    non-IID (:func:`noniid_split`) for fleets of 1, 2, 4 and 8 boards:
+    ``boards-N/board-I.npz`` (the 1-board split holds all 700 samples: centralised training)."""
+    out_dir = Path(out_dir)
+    x, y = _digits()
+    xs, ys = shift_domain(x[900:], seed=11), y[900:]
+    pool_x, pool_y = xs[:700], ys[:700]
+    _save(out_dir / "test.npz", xs[700:], ys[700:])
+    for n in FLEET_SIZES:
+        for i, idx in enumerate(noniid_split(pool_y, n, seed=n)):
+            _save(out_dir / f"boards-{n}" / f"board-{i}.npz", pool_x[idx], pool_y[idx])
+    _sibling_models().pretrain_digits(x[:900], y[:900], out_dir / "base_weights.pt")
+
+
 def digits_two_head(out_dir: Path) -> None:
     """Shifted digits with an extra ``aux`` target (mean ink per image) for the two-head recipe."""
     out_dir = Path(out_dir)

@@ -19,6 +19,8 @@ Callers catch at the level they care about::
     │   └── TrainingFailed             the job ended as failed on the board (never retried)
     ├── EvaluationError                host-side evaluation failed
     ├── RegistryError                  the model registry refused an operation
+    ├── FleetError                     a fleet round lacked its quorum of boards
+    │   └── Straggler                  one board missed the round's deadline (the round goes on)
     └── StackError (flows.stack)       the local Prefect stack could not start, deploy or stop
 
 **Retry policy** (the one place that decides): :func:`should_retry` for host errors (only the
@@ -27,7 +29,7 @@ upload and the event follower; :func:`agent_exit_retryable` for a job that ended
 (every agent exit code but ``device_agent.protocol.NEVER_RETRY``) — used to decide whether a job
 runs again.
 
-**Exit codes** of ``odl`` (:class:`HostExit`), 50-69, apart from the agent's (0-49, see
+**Exit codes** of ``odl`` (:class:`HostExit`), 50-79, apart from the agent's (0-49, see
 ``device_agent/README.md``): each error class exits with its own code.
 
 | code | name | error | what to do |
@@ -51,6 +53,8 @@ runs again.
 | 66 | `REGISTRY` | `RegistryError` | the model registry refused the operation: check the recipe and board names and the registry folder |
 | 67 | `STACK` | `StackError` | the local Prefect stack could not start, deploy or stop: read the logs under $ODL_HOME/logs |
 | 68 | `NO_NEW_DATA` | `NoNewData` | the board's dataset folder holds nothing new to train on: let the board application add data (a flow run ends 'No new data' instead) |
+| 69 | `FLEET` | `FleetError` | fewer boards than the recipe's fleet.min_boards finished a round: bring boards back (odl board status), or lower min_boards / raise deadline_s |
+| 70 | `STRAGGLER` | `Straggler` | a board did not finish its part of a fleet round before fleet.deadline_s: check the board (odl board status), or raise deadline_s |
 
 Other statuses: 0 success; 1 an error outside this tree (a bug prints its traceback; ``odl report``
 finds no report); 2 a command-line usage error; 130 interrupted (Ctrl-C).
@@ -66,7 +70,7 @@ from device_agent.protocol import NEVER_RETRY
 
 @enum.unique
 class HostExit(enum.IntEnum):
-    """Exit codes of the host's ``odl`` command, one per error class (50-69; the agent's are 0-49)."""
+    """Exit codes of the host's ``odl`` command, one per error class (50-79; the agent's are 0-49)."""
 
     PIPELINE = 50
     RECIPE = 51
@@ -87,6 +91,8 @@ class HostExit(enum.IntEnum):
     REGISTRY = 66
     STACK = 67
     NO_NEW_DATA = 68
+    FLEET = 69
+    STRAGGLER = 70
 
 
 HOST_EXIT_HELP: dict[HostExit, str] = {
@@ -108,6 +114,8 @@ HOST_EXIT_HELP: dict[HostExit, str] = {
     HostExit.EVALUATION: "host-side evaluation failed: check the test set and the retrieved model",
     HostExit.REGISTRY: "the model registry refused the operation: check the recipe and board names and the registry folder",
     HostExit.STACK: "the local Prefect stack could not start, deploy or stop: read the logs under $ODL_HOME/logs",
+    HostExit.FLEET: "fewer boards than the recipe's fleet.min_boards finished a round: bring boards back (odl board status), or lower min_boards / raise deadline_s",
+    HostExit.STRAGGLER: "a board did not finish its part of a fleet round before fleet.deadline_s: check the board (odl board status), or raise deadline_s",
     HostExit.NO_NEW_DATA: "the board's dataset folder holds nothing new to train on: let the board application add data (a flow run ends 'No new data' instead)",
 }
 
@@ -242,6 +250,19 @@ class RegistryError(PipelineError):
     """The local model registry refused an operation."""
 
     exit_code = HostExit.REGISTRY
+
+
+class FleetError(PipelineError):
+    """A fleet round could not go on: fewer boards than its quorum finished (each board's cause named)."""
+
+    exit_code = HostExit.FLEET
+
+
+class Straggler(FleetError):
+    """A board did not finish its part of a round before the round's deadline (never retried: the
+    round goes on without it while the quorum holds)."""
+
+    exit_code = HostExit.STRAGGLER
 
 
 def should_retry(exc: BaseException) -> bool:

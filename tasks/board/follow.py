@@ -12,7 +12,7 @@ from device_agent.protocol import Event, JobResult, SpecError
 from tasks.board.inventory import Board
 from tasks.board.jobs import job_dir, job_status, read_result, start_job
 from tasks.board.transport import Transport, connect
-from tasks.errors import DeviceError, DeviceUnreachable, TrainingFailed, should_retry
+from tasks.errors import DeviceError, DeviceUnreachable, Straggler, TrainingFailed, should_retry
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,7 @@ def follow_job(
     *,
     poll_s: float = 0.25,
     max_outage_s: float = 300.0,
+    deadline: float | None = None,
 ) -> JobResult:
     """Follow ``events.jsonl`` from ``offset`` until the job ends; reconnects on a dropped link.
 
@@ -36,12 +37,16 @@ def follow_job(
     (:func:`tasks.errors.should_retry`: link down, transfer) is retried on a new connection with
     backoff; past ``max_outage_s`` of such failures in a row it raises DeviceUnreachable. Returns
     the JobResult; raises TrainingFailed for a failed or cancelled job (never retried).
+    ``deadline`` (a ``time.monotonic()`` instant, a fleet round's) raises Straggler once passed,
+    whether the job is slow or the board unreachable; the job is left to its owner to cancel.
     """
     follower = _Follower(board, job_id, offset, on_event)
     link, owned = conn, False
-    outage = _Outage(board, max_outage_s)
+    outage = _Outage(board, max_outage_s, deadline)
     try:
         while True:
+            if deadline is not None and time.monotonic() > deadline:
+                raise Straggler(f"board {board.name}: job {job_id} had not finished at the round's deadline")
             try:
                 result = follower.poll(link)
             except DeviceError as exc:
@@ -116,8 +121,8 @@ class _Follower:
 class _Outage:
     """Retryable failures in a row: the wait before each new try (0, 1, 2, 4 ... 10 s) and the limit."""
 
-    def __init__(self, board: Board, max_s: float) -> None:
-        self.board, self.max_s = board, max_s
+    def __init__(self, board: Board, max_s: float, deadline: float | None = None) -> None:
+        self.board, self.max_s, self.deadline = board, max_s, deadline
         self.since: float | None = None
         self.delay = 0.0
 
@@ -130,6 +135,8 @@ class _Outage:
             raise DeviceUnreachable(
                 f"board {self.board.name}: unreachable for {self.max_s:.0f} s: {exc}"
             ) from exc
+        if self.deadline is not None and now + self.delay > self.deadline:
+            raise Straggler(f"board {self.board.name}: unreachable at the round's deadline: {exc}") from exc
         time.sleep(self.delay)
         self.delay = min(max(2 * self.delay, 1.0), 10.0)
 

@@ -19,6 +19,11 @@ A board on this machine (tests, dry runs) names the local transport and needs on
     root = "/tmp/odl-local"
     python = "/var/tmp/odl-board-venv/bin/python"
 
+Boards that train together (a fleet) are named by a group; every member must be a board above::
+
+    [groups]
+    lab = ["mp2-a", "mp2-b", "mp2-c"]
+
 A board name is 1-20 characters of ``[a-z0-9-]`` starting with a letter or digit (it becomes a
 user, a network namespace and a folder of the virtual board): :data:`BOARD_NAME_PATTERN` is the
 one rule, used by the inventory, the command line and the flow's parameters.
@@ -109,28 +114,94 @@ def get_board(name: str, path: Path | None = None) -> Board:
 
 
 def save_board(board: Board, path: Path | None = None) -> Path:
-    """Add or replace ``board`` in the inventory (other boards are kept); atomic write."""
+    """Add or replace ``board`` in the inventory (other boards and the groups are kept); atomic write."""
     path = path or inventory_path()
     boards = load_inventory(path)
     boards[board.name] = board
+    return _write(path, boards, _raw_groups(path))
+
+
+def remove_board(name: str, path: Path | None = None) -> bool:
+    """Remove board ``name`` from the inventory (and from its groups); True when it was there."""
+    path = path or inventory_path()
+    boards = load_inventory(path)
+    if boards.pop(name, None) is None:
+        return False
+    groups = {g: [b for b in members if b != name] for g, members in _raw_groups(path).items()}
+    _write(path, boards, groups)
+    return True
+
+
+def load_groups(path: Path | None = None) -> dict[str, tuple[str, ...]]:
+    """The inventory's ``[groups]``: name -> member board names; BoardError naming a wrong entry."""
+    path = path or inventory_path()
+    boards = load_inventory(path)
+    groups: dict[str, tuple[str, ...]] = {}
+    for name, members in _raw_groups(path).items():
+        where = f"{path}: [groups] {name}"
+        valid_board_name(name)
+        if not isinstance(members, list) or not members or not all(isinstance(m, str) for m in members):
+            raise BoardError(f"{where}: expected a non-empty list of board names (got {members!r})")
+        if len(set(members)) != len(members):
+            raise BoardError(f"{where}: a board is listed twice ({members})")
+        unknown = [m for m in members if m not in boards]
+        if unknown:
+            raise BoardError(
+                f"{where}: board {unknown[0]!r} is not in the inventory (known boards: "
+                f"{', '.join(sorted(boards)) or 'none'})"
+            )
+        groups[name] = tuple(members)
+    return groups
+
+
+def get_group(name: str, path: Path | None = None) -> list[Board]:
+    """The boards of group ``name``; BoardError listing the known groups when absent."""
+    groups = load_groups(path)
+    if name not in groups:
+        known = ", ".join(sorted(groups)) or "none"
+        raise BoardError(
+            f"group {name!r} is not in {path or inventory_path()} [groups] (known groups: {known})"
+        )
+    boards = load_inventory(path)
+    return [boards[b] for b in groups[name]]
+
+
+def save_group(name: str, members: list[str], path: Path | None = None) -> Path:
+    """Set group ``name`` to ``members`` (boards of the inventory); atomic write."""
+    path = path or inventory_path()
+    valid_board_name(name)
+    boards = load_inventory(path)
+    unknown = [m for m in members if m not in boards]
+    if unknown or not members:
+        raise BoardError(f"group {name!r}: board {unknown[0] if unknown else None!r} is not in {path}")
+    groups = {**_raw_groups(path), name: list(members)}
+    return _write(path, boards, groups)
+
+
+def _raw_groups(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    try:
+        groups = tomllib.loads(path.read_text()).get("groups", {})
+    except tomllib.TOMLDecodeError as exc:
+        raise BoardError(f"{path}: not valid TOML ({exc})") from exc
+    if not isinstance(groups, dict):
+        raise BoardError(f"{path}: 'groups' must be a table of name = [board, ...]")
+    return groups
+
+
+def _write(path: Path, boards: dict[str, Board], groups: dict[str, Any]) -> Path:
     text = "# ODL board inventory (see deploy/inventory.example.toml)\n\n"
     text += "\n".join(b.to_toml() for _, b in sorted(boards.items()))
+    if groups:
+        text += "\n[groups]\n" + "".join(
+            f"{g} = [{', '.join(_toml_value(m) for m in members)}]\n" for g, members in sorted(groups.items())
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
     return path
-
-
-def remove_board(name: str, path: Path | None = None) -> bool:
-    """Remove board ``name`` from the inventory; True when it was there."""
-    path = path or inventory_path()
-    boards = load_inventory(path)
-    if boards.pop(name, None) is None:
-        return False
-    text = "# ODL board inventory (see deploy/inventory.example.toml)\n\n"
-    path.write_text(text + "\n".join(b.to_toml() for _, b in sorted(boards.items())))
-    return True
 
 
 def _parse_board(name: str, entry: Any, path: Path) -> Board:

@@ -31,15 +31,18 @@ def retrieve(
     out_dir: Path,
     board: Board | None = None,
     progress: ByteProgress | None = None,
+    only: tuple[str, ...] | None = None,
 ) -> dict[str, Path]:
     """Download the job's outputs into ``out_dir``; returns {output name: local path}.
 
     Pass a Board (a connection is opened and closed here), or an open transport plus ``board``.
+    ``only`` names the outputs to fetch (e.g. ``("trainable",)`` for a fleet round); a name the
+    result does not list is a TransferError.
     """
     if isinstance(conn_or_board, Board):
         conn = connect(conn_or_board)
         try:
-            return retrieve(conn, job_id, result, out_dir, conn_or_board, progress)
+            return retrieve(conn, job_id, result, out_dir, conn_or_board, progress, only)
         finally:
             conn.close()
     if board is None:
@@ -48,9 +51,16 @@ def retrieve(
     refuse_links(conn_or_board, board, jdir)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    missing = [n for n in only or () if n not in result.outputs]
+    if missing:
+        raise TransferError(
+            f"job {job_id}: result.json lists no {missing[0]!r} output (has {sorted(result.outputs)}); "
+            "the board's agent may predate it"
+        )
     got = {
         name: _fetch_verified(conn_or_board, jdir, ref.path, ref.sha256, out_dir, progress)
         for name, ref in result.outputs.items()
+        if only is None or name in only
     }
     for name in PLAIN_FILES:
         if conn_or_board.exists(posixpath.join(jdir, name)):

@@ -28,6 +28,7 @@ def drive_job(
     *,
     deployed: bool = False,
     end_orphans: bool = False,
+    deadline: float | None = None,
 ) -> tuple[UploadReport, JobResult]:
     """Install + upload + create + start + follow; reattaches when the job id is already on the board.
 
@@ -40,6 +41,7 @@ def drive_job(
     One job trains on a board at a time: when another is training, a job made from the same
     inputs (its run was killed) is followed instead of this one; any other is cancelled first
     when ``end_orphans`` (the caller holds the board's concurrency slot), else BoardError.
+    ``deadline`` (monotonic) is passed to :func:`follow_job` (a fleet round's).
     """
     jdir = job_dir(board, spec.job_id)
     if not deployed:
@@ -52,10 +54,10 @@ def drive_job(
 
         adopted = settle_orphan(conn, board, spec, end=end_orphans)
         if adopted != spec.job_id:  # the same training, started by a run that was killed
-            return report, follow_job(conn, board, adopted, 0, on_event)
+            return report, follow_job(conn, board, adopted, 0, on_event, deadline=deadline)
         if not deployed:
             report = upload_blobs(conn, board, files, progress)
         create_job(conn, board, spec)
     if resumable(read_result(conn, board, spec.job_id)):
         log.info("job %s %s on board %s", spec.job_id, start_job(conn, board, spec.job_id), board.name)
-    return report, follow_job(conn, board, spec.job_id, 0, on_event)
+    return report, follow_job(conn, board, spec.job_id, 0, on_event, deadline=deadline)

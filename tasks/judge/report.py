@@ -159,7 +159,7 @@ def _int8_md(inp: ReportInput) -> list[str]:
 INT8_COLUMN = "candidate int8"
 
 
-def _gate_md(d: Decision) -> list[str]:
+def gate_md(d: Decision) -> list[str]:
     """The promotion gate: the paired test of the gain and each guardrail's verdict."""
     out = []
     if d.significance is not None:
@@ -210,7 +210,7 @@ def render_report(inp: ReportInput) -> str:
         f"flow run `{inp.flow_run_id}`, board job `{inp.job_id}`",
         "",
         _decision_md(inp),
-        *_gate_md(inp.decision),
+        *gate_md(inp.decision),
         *lineage_md(inp.lineage),
         *trend_section(inp.trend),
         "",

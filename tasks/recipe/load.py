@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tasks.errors import RecipeError
 from tasks.recipe.data import DATA_KEYS, parse_data
-from tasks.recipe.optional import parse_detection, parse_head, parse_quantize
+from tasks.recipe.optional import FLEET_KEYS, parse_detection, parse_fleet, parse_head, parse_quantize
 from tasks.recipe.rules import ACCURACY_TASKS, check_consistency
 from tasks.recipe.schema import (
     BATCHNORM_MODES,
@@ -49,6 +49,7 @@ TOP_KEYS = {
     "detection",
     "head",
     "quantize",
+    "fleet",
 }
 MODEL_KEYS = {"torchvision", "callable", "onnx", "num_classes", "weights", "kwargs", "input_shape"}
 MODEL_KEYS |= {"input_names", "output_names", "cut_at"}
@@ -203,6 +204,7 @@ def parse_recipe(data: dict, source: Path) -> Recipe:
         quantize=parse_quantize(
             table("quantize", {"calibration", "method", "per_channel", "samples", "max_drop"}, False), base
         ),
+        fleet=parse_fleet(table("fleet", FLEET_KEYS, False)),
         raw=copy.deepcopy(data),
     )
     check_consistency(recipe, src)

@@ -1,4 +1,4 @@
-"""Parsing of the recipe's optional tables: ``[head]``, ``[quantize]`` and ``[detection]``.
+"""Parsing of the recipe's optional tables: ``[head]``, ``[quantize]``, ``[detection]``, ``[fleet]``.
 
 Each returns None for an absent (empty) table; every wrong field raises a RecipeError naming it.
 """
@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.recipe.schema import QUANT_METHODS, DetectionSpec, HeadSpec, QuantizeSpec
+from tasks.recipe.schema import (
+    FLEET_STRATEGIES,
+    QUANT_METHODS,
+    DetectionSpec,
+    FleetSpec,
+    HeadSpec,
+    QuantizeSpec,
+)
 from tasks.recipe.table import Table
 
 
@@ -61,4 +68,31 @@ def parse_detection(t: Table, base: Path) -> DetectionSpec | None:
         score_threshold=threshold,
         iou_threshold=iou,
         max_detections=int(t.number("max_detections", 100, 1, 10000, integer=True)),
+    )
+
+
+FLEET_KEYS = {"rounds", "min_boards", "deadline_s", "strategy", "server_lr", "momentum", "beta2", "tau"}
+
+
+def parse_fleet(t: Table) -> FleetSpec:
+    """``[fleet]`` (defaults when absent: 3 FedAvg rounds, quorum 1, 30 min per round)."""
+    strategy = t.get("strategy", str, "fedavg")
+    if strategy not in FLEET_STRATEGIES:
+        raise t.err("strategy", " or ".join(repr(s) for s in FLEET_STRATEGIES), strategy)
+    lr_default = 0.03 if strategy == "fedadam" else 1.0
+    server_lr = t.number("server_lr", lr_default, 0.0, 100.0)
+    if server_lr <= 0:
+        raise t.err("server_lr", "a number > 0", server_lr)
+    deadline = t.number("deadline_s", 1800.0, 0.0, 7 * 86400.0)
+    if deadline <= 0:
+        raise t.err("deadline_s", "seconds > 0", deadline)
+    return FleetSpec(
+        rounds=int(t.number("rounds", 3, 1, 1000, integer=True)),
+        min_boards=int(t.number("min_boards", 1, 1, 10000, integer=True)),
+        deadline_s=float(deadline),
+        strategy=strategy,
+        server_lr=float(server_lr),
+        momentum=float(t.number("momentum", 0.9, 0.0, 0.999999)),
+        beta2=float(t.number("beta2", 0.99, 0.0, 0.999999)),
+        tau=float(t.number("tau", 1e-3, 1e-12, 10.0)),
     )

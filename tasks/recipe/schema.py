@@ -231,6 +231,23 @@ class DetectionSpec:
     max_detections: int = 100
 
 
+FLEET_STRATEGIES = ("fedavg", "fedavgm", "fedadam")
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    """``[fleet]``: federated rounds over a group of boards (flow ``odl-fleet``)."""
+
+    rounds: int = 3
+    min_boards: int = 1  # quorum: fewer boards finishing a round fail the run
+    deadline_s: float = 1800.0  # a board not done this long after its round started is cut
+    strategy: str = "fedavg"  # one of FLEET_STRATEGIES
+    server_lr: float = 1.0  # step on the aggregate: 1.0 = plain FedAvg
+    momentum: float = 0.9  # fedavgm: server momentum; fedadam: beta1
+    beta2: float = 0.99  # fedadam
+    tau: float = 1e-3  # fedadam: adaptivity (the epsilon of Adam)
+
+
 @dataclass(frozen=True)
 class PromotionSpec:
     metric: str = "accuracy"
@@ -256,6 +273,7 @@ class Recipe:
     detection: DetectionSpec | None = None
     head: HeadSpec | None = None
     quantize: QuantizeSpec | None = None
+    fleet: FleetSpec = field(default_factory=FleetSpec)
     raw: dict[str, Any] = field(default_factory=dict)  # the parsed TOML, for hashing and reports
 
     @property

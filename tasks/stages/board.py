@@ -100,6 +100,7 @@ def train(
     on_event: EventCallback | None = None,
     conn: Transport | None = None,
     end_orphans: bool = False,
+    deadline: float | None = None,
 ) -> Training:
     """Create, start and follow the job on a deployed board; reattaches when it already exists.
 
@@ -107,6 +108,7 @@ def train(
     its last checkpoint. Raises TrainingFailed when the job fails or is cancelled. Another job
     training on the board is reattached when made from the same inputs (its run was killed: the
     Training then names that job), else ended when ``end_orphans``, else refused (BoardError).
+    Past ``deadline`` (a ``time.monotonic()`` instant) it raises Straggler.
     """
     from tasks.board.jobs import job_dir
     from tasks.board.run import drive_job
@@ -120,7 +122,9 @@ def train(
             on_event(event)
 
     with _link(board, conn) as link:
-        _, result = drive_job(link, board, spec, files, record, deployed=True, end_orphans=end_orphans)
+        _, result = drive_job(
+            link, board, spec, files, record, deployed=True, end_orphans=end_orphans, deadline=deadline
+        )
     return Training(board.name, result.job_id, result, tuple(events))
 
 
@@ -131,10 +135,12 @@ def retrieve(
     *,
     progress: ByteProgress | None = None,
     conn: Transport | None = None,
+    only: tuple[str, ...] | None = None,
 ) -> Retrieved:
-    """Download the job's outputs into ``out_dir``, each checked against its sha256."""
+    """Download the job's outputs into ``out_dir`` (or the ``only`` ones), each checked against its
+    sha256."""
     from tasks.board.retrieve import retrieve as download
 
     with _link(board, conn) as link:
-        files = download(link, training.job_id, training.result, Path(out_dir), board, progress)
+        files = download(link, training.job_id, training.result, Path(out_dir), board, progress, only)
     return Retrieved(training.job_id, Path(out_dir), files)

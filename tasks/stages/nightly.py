@@ -80,13 +80,16 @@ class Installed:
     answer: dict[str, Any]
 
 
-def rollout(board: Board, recipe: str, version: str, reg: Registry | None = None) -> Installed:
-    """Install registry ``version`` as the board's ``models/<recipe>/current`` (hash-verified)."""
+def rollout(
+    board: Board, recipe: str, version: str, reg: Registry | None = None, registry_key: str | None = None
+) -> Installed:
+    """Install registry ``version`` as the board's ``models/<recipe>/current`` (hash-verified);
+    ``registry_key`` names the registry entry when it is not the board's (a fleet's group)."""
     from tasks.board.agent import install_agent
     from tasks.board.transport import connect
     from tasks.nightly.board_ops import install_version
 
-    chosen = (reg or registry()).version(recipe, board.name, version)
+    chosen = (reg or registry()).version(recipe, registry_key or board.name, version)
     conn = connect(board)
     try:
         install_agent(conn, board)

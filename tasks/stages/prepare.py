@@ -57,9 +57,10 @@ def prepare_data(recipe: Recipe) -> None:
 
 
 def recipe_build_hash(recipe: Recipe) -> str:
-    """sha256 of the canonical recipe without what builds nothing: ``[promotion]`` (it judges) and
-    ``training.start_from`` (the warm checkpoint is made per run, from the registry)."""
-    raw = {k: v for k, v in recipe.raw.items() if k != "promotion"}
+    """sha256 of the canonical recipe without what builds nothing: ``[promotion]`` (it judges),
+    ``[fleet]`` (it schedules rounds) and ``training.start_from`` (the warm checkpoint is made per
+    run, from the registry)."""
+    raw = {k: v for k, v in recipe.raw.items() if k not in ("promotion", "fleet")}
     if isinstance(raw.get("training"), dict) and "start_from" in raw["training"]:
         raw["training"] = {k: v for k, v in raw["training"].items() if k != "start_from"}
     return hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()

@@ -1,0 +1,154 @@
+"""Flow ``odl-fleet`` (deployment ``odl/fleet``): federated averaging rounds over a group of boards.
+
+Each round fans out one Prefect task per board (a thread each; the board's concurrency slot
+``board-<name>`` still holds one job per board), waits for them, and goes on with the boards that
+finished: a board that fails or misses the round's deadline is reported, and the round fails only
+below the quorum ``fleet.min_boards``. The aggregate after the last round is judged like any
+candidate (the gate, the registry under the group's name) and, if promoted, installed on the
+boards that took part in the last round.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from prefect import flow
+from prefect.futures import wait
+from prefect.runtime import flow_run
+from prefect.states import Completed
+from prefect.task_runners import ThreadPoolTaskRunner
+from pydantic import BaseModel, Field
+
+from tasks import stages
+from tasks.board.inventory import BOARD_NAME_PATTERN, get_group
+from tasks.errors import FleetError
+from tasks.fleet.rounds import FleetRun
+from tasks.prefect import fleet as ft
+from tasks.prefect import tasks as pt
+from tasks.recipe.load import load_recipe
+
+log = logging.getLogger(__name__)
+
+
+class FleetParams(BaseModel):
+    """Parameters of a fleet run (the form the Prefect UI shows for deployment ``odl/fleet``)."""
+
+    recipe: str = Field("recipes/digits_fleet.toml", description="recipe TOML (relative to the project root)")
+    group: str = Field(
+        "lab", pattern=BOARD_NAME_PATTERN, description="board group of the inventory's [groups]"
+    )
+    rounds: int | None = Field(None, ge=1, le=1000, description="override [fleet].rounds")
+    min_boards: int | None = Field(None, ge=1, description="override [fleet].min_boards (the quorum)")
+    deadline_s: float | None = Field(None, gt=0, description="override [fleet].deadline_s (per round)")
+    strategy: Literal["fedavg", "fedavgm", "fedadam"] | None = Field(
+        None, description="override [fleet].strategy"
+    )
+    epochs: int | None = Field(
+        None, ge=1, le=10000, description="override [training].epochs (local, per round)"
+    )
+    lr: float | None = Field(None, gt=0, lt=10, description="override [optimizer].lr")
+    overrides: dict[str, Any] = Field(default_factory=dict, description="more dotted-key recipe overrides")
+
+    def recipe_overrides(self) -> dict[str, Any]:
+        named = {
+            "fleet.rounds": self.rounds,
+            "fleet.min_boards": self.min_boards,
+            "fleet.deadline_s": self.deadline_s,
+            "fleet.strategy": self.strategy,
+            "training.epochs": self.epochs,
+            "optimizer.lr": self.lr,
+        }
+        return {**self.overrides, **{k: v for k, v in named.items() if v is not None}}
+
+
+@dataclass(frozen=True)
+class FleetOutcome:
+    """What a fleet run did: the round records, the verdict and the registry version."""
+
+    summary: dict[str, Any]
+    promoted: bool
+    version: str
+    reason: str
+
+
+@flow(name="odl-fleet", log_prints=False, task_runner=ThreadPoolTaskRunner(max_workers=16))
+def odl_fleet(params: FleetParams | None = None) -> FleetOutcome | None:
+    """Federated rounds over a board group; the final aggregate goes through the promotion gate."""
+    from pathlib import Path
+
+    p = params or FleetParams()
+    run_id = str(flow_run.get_id() or f"local-{int(time.time())}")
+    recipe = load_recipe(Path(p.recipe).expanduser().resolve(), p.recipe_overrides())
+    boards = get_group(p.group)
+    pt.prepare_data(recipe)
+    inp = stages.inputs(recipe)
+    for step in ("export", "artifacts", "validate"):
+        pt.prepare_step(step, inp)
+    prep = stages.prepared(inp)
+    warm = pt.warm_start(recipe, prep, p.group) if recipe.training.start_from == "current" else None
+    fleet = FleetRun.start_run(
+        inp, prep, p.group, boards, run_id, warm.checkpoint if warm else None, warm.record if warm else None
+    )
+    for r in range(1, recipe.fleet.rounds + 1):
+        ckpt = fleet.round_checkpoint(r)
+        deadline = time.time() + recipe.fleet.deadline_s
+        out = {b.name: fleet.folder / f"round-{r:03d}" / b.name for b in boards}
+        futures = {
+            b.name: ft.board_round.submit(b, inp, prep, ckpt, run_id, r, deadline, out[b.name])
+            for b in boards
+        }
+        wait(list(futures.values()), timeout=recipe.fleet.deadline_s + 120)
+        results = {name: _outcome(f) for name, f in futures.items()}
+        try:
+            ft.close_round(fleet, r, results)
+        finally:
+            ft.publish_fleet(fleet.summary())
+    candidate = fleet.final_model()
+    reference = stages.choose_reference(recipe.name, p.group)
+    evaluation = pt.evaluate(recipe, prep, candidate, reference)
+    last = fleet.rounds[-1]["took_part"]
+    info = {"flow_run_id": run_id, "input_key": inp.key, "fleet": fleet.summary(), "start_from": fleet.start}
+    promotion = pt.promote(recipe, p.group, evaluation, candidate, prep, info)
+    decision = promotion.decision
+    served = ""
+    if decision.promote and recipe.promotion.rollout:
+        for b in boards:
+            if b.name in last:
+                ft.rollout(b, recipe.name, promotion.version, p.group)
+        served = f"; serving on {', '.join(last)}"
+    verdict = _verdict(promotion, evaluation, served)
+    from tasks.judge.report import gate_md
+
+    ft.publish_fleet(fleet.summary(), verdict, gate_md(decision))
+    outcome = FleetOutcome(fleet.summary(), decision.promote, promotion.version, decision.reason)
+    name = "Promoted" if decision.promote else "Not promoted"
+    message = f"{promotion.version}: {decision.reason}"[: 480 - len(served)] + served
+    return Completed(data=outcome, name=name, message=message)
+
+
+def _outcome(future: Any) -> Any:
+    """A board task's BoardUpdate, or the exception it ended with (None while still running)."""
+    if not future.state.is_final():
+        return None
+    try:
+        return future.result()
+    except Exception as exc:  # noqa: BLE001 - the round records why each board is missing
+        return exc
+
+
+def _verdict(promotion: Any, evaluation: Any, served: str) -> str:
+    test = evaluation.test
+    ref = evaluation.reference
+    cand, refm = test["candidate"], test[ref.column]
+    head = "**Promoted**" if promotion.decision.promote else "**Not promoted**"
+    return (
+        f"{head}: the final aggregate `{promotion.version}` scores accuracy {cand.get('accuracy', 0):.4f} "
+        f"against {ref.name}'s {refm.get('accuracy', 0):.4f} on the host test set. "
+        f"{promotion.decision.reason}{served}."
+    )
+
+
+__all__ = ["FleetError", "FleetOutcome", "FleetParams", "odl_fleet"]

@@ -1,0 +1,246 @@
+"""One federated run over a group of boards, as plain functions the flow ``odl-fleet`` composes.
+
+    fleet = FleetRun.start(inp, prep, group, boards, run_id, start_checkpoint)
+    for r in 1..rounds:
+        ckpt = fleet.round_checkpoint(r)                 # the global weights as a job checkpoint
+        updates = {b: board_round(b, inp, prep, ckpt, fleet.job_id(r), deadline, folder)}  # in parallel
+        fleet.close_round(r, updates)                    # quorum, aggregate, host evaluation, record
+    fleet.final_model()                                  # the aggregate as an inference model
+
+A board's part of a round lists its dataset folder, deploys (the round's checkpoint is the only new
+blob after the first round), trains there on its own data, and sends back ``trainable.npz`` only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tasks import stages
+from tasks.board.inventory import Board
+from tasks.errors import FleetError, RecipeError, Straggler
+from tasks.fleet.aggregate import ServerState, Weights, aggregate
+from tasks.fleet.weights import inference_model, nbytes, read_update, trainable_weights, write_checkpoint
+from tasks.hashing import file_sha256
+from tasks.paths import state_dir
+from tasks.prepare import Prepared
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BoardUpdate:
+    """One board's part of a round: what it trained on and the tensors it sent back."""
+
+    board: str
+    job_id: str
+    samples: int
+    update: Path  # trainable.npz on the host
+    metrics: dict[str, float]  # the job's final metrics (train_loss, eval_loss, eval_accuracy ...)
+    bytes_down: int  # blobs uploaded to the board for this round
+    bytes_up: int  # trainable.npz
+    seconds: float
+    files: int  # dataset files trained on
+
+
+def check_fleet(recipe: Any, boards: list[Board]) -> None:
+    """A fleet needs board-side data and a reachable quorum: RecipeError naming the field."""
+    if recipe.data.board_dataset is None:
+        raise RecipeError(
+            "data.board_dataset", "the folder on each board holding its own data (a fleet trains there)"
+        )
+    if recipe.fleet.min_boards > len(boards):
+        raise RecipeError(
+            "fleet.min_boards", f"at most the group's {len(boards)} boards", recipe.fleet.min_boards
+        )
+
+
+def board_round(
+    board: Board,
+    inp: stages.Inputs,
+    prep: Prepared,
+    checkpoint: Path,
+    run_id: str,
+    deadline: float,
+    out_dir: Path,
+    on_event: Callable[[Any], None] | None = None,
+) -> BoardUpdate:
+    """Train one round on ``board`` from ``checkpoint`` on the board's own data; fetch only its
+    trained tensors. Past ``deadline`` (monotonic) it raises Straggler and cancels the job there."""
+    from tasks.stages import nightly
+
+    t0 = time.monotonic()
+    data = nightly.board_data(inp.recipe, board)
+    assert data is not None  # check_fleet: the recipe names a board dataset
+    extra = file_sha256(checkpoint) + "".join(f["sha256"] for f in data.record["files"])
+    spec, files = stages.job_spec(
+        inp, prep, stages.job_id(inp, run_id, extra), checkpoint=checkpoint, train_data=data.ref
+    )
+    deployed = stages.deploy(board, spec, files)
+    try:
+        training = stages.train(board, spec, files, on_event=on_event, end_orphans=True, deadline=deadline)
+    except Straggler:
+        _cancel(board, spec.job_id)
+        raise
+    got = stages.retrieve(board, training, out_dir, only=("trainable",))
+    update = got.files["trainable"]
+    return BoardUpdate(
+        board=board.name,
+        job_id=spec.job_id,
+        samples=int(data.record["samples"]),
+        update=update,
+        metrics=dict(training.result.metrics),
+        bytes_down=deployed.bytes_sent,
+        bytes_up=update.stat().st_size,
+        seconds=round(time.monotonic() - t0, 3),
+        files=len(data.record["files"]),
+    )
+
+
+def _cancel(board: Board, job_id: str) -> None:
+    """Ask the board to stop a straggler's job (best effort: the board may be unreachable; the
+    next round's job ends it anyway, as an orphan)."""
+    from tasks.board.jobs import job_dir
+    from tasks.board.transport import connect
+    from tasks.nightly.board_ops import agent_json
+
+    with contextlib.suppress(Exception):
+        conn = connect(board)
+        try:
+            agent_json(conn, board, "cancel", job_dir(board, job_id))
+        finally:
+            conn.close()
+
+
+@dataclass
+class FleetRun:
+    """The host's side of a federated run: global weights, server state and the round records."""
+
+    inp: stages.Inputs
+    prep: Prepared
+    group: str
+    boards: list[str]
+    run_id: str
+    folder: Path
+    weights: Weights
+    server: ServerState = field(default_factory=ServerState)
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    start: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def start_run(
+        cls, inp: stages.Inputs, prep: Prepared, group: str, boards: list[Board], run_id: str,
+        start_checkpoint: Path | None = None, start: dict[str, Any] | None = None,
+    ) -> FleetRun:  # fmt: skip
+        """A run whose round 1 starts from ``start_checkpoint`` (a warm start) or the prepared one."""
+        check_fleet(inp.recipe, boards)
+        tag = "".join(c for c in run_id if c.isalnum())[:12]
+        folder = state_dir("fleet", f"{inp.recipe.name}-{group}-{tag}")
+        weights = trainable_weights(start_checkpoint or prep.artifacts_dir / "checkpoint")
+        fleet = cls(inp, prep, group, [b.name for b in boards], run_id, folder, weights)
+        fleet.start = start or {"from": "base"}
+        return fleet
+
+    @property
+    def spec(self) -> Any:
+        return self.inp.recipe.fleet
+
+    def round_checkpoint(self, r: int) -> Path:
+        """The current global weights written into the prepared checkpoint (round ``r``'s start)."""
+        base = self.prep.artifacts_dir / "checkpoint"
+        return write_checkpoint(base, self.weights, self.folder / f"round-{r:03d}" / "global.ckpt")
+
+    def close_round(self, r: int, results: dict[str, BoardUpdate | BaseException]) -> dict[str, Any]:
+        """Check the quorum, aggregate the updates, evaluate on the host test set and record the
+        round; FleetError (after recording) when fewer than ``min_boards`` boards finished."""
+        t0 = time.monotonic()
+        rdir = self.folder / f"round-{r:03d}"
+        boards: dict[str, dict[str, Any]] = {}
+        updates: list[tuple[Weights, int]] = []
+        for name in self.boards:
+            res = results.get(name)
+            if isinstance(res, BoardUpdate):
+                try:
+                    w = read_update(res.update, self.weights, name)
+                except FleetError as exc:
+                    boards[name] = {"status": "rejected", "error": str(exc), **_board_row(res)}
+                    continue
+                updates.append((w, res.samples))
+                local = self._host_metrics(w, rdir / f"{name}.ckpt")
+                boards[name] = {"status": "ok", **_board_row(res), "host": local}
+            else:
+                late = isinstance(res, Straggler)
+                boards[name] = {"status": "late" if late else "failed", "error": _why(res)}
+        record: dict[str, Any] = {"round": r, "boards": boards, "min_boards": self.spec.min_boards}
+        record["took_part"] = [b for b, row in boards.items() if row["status"] == "ok"]
+        record["bytes_down"] = sum(row.get("bytes_down", 0) for row in boards.values())
+        record["bytes_up"] = sum(row.get("bytes_up", 0) for row in boards.values())
+        record["tensor_bytes"] = nbytes(self.weights)
+        if len(updates) < self.spec.min_boards:
+            record["aggregate"] = None
+            self._save(record)
+            missing = {
+                b: row.get("error", row["status"]) for b, row in boards.items() if row["status"] != "ok"
+            }
+            raise FleetError(
+                f"round {r}: {len(updates)} of {len(self.boards)} boards finished, the quorum is "
+                f"{self.spec.min_boards} (fleet.min_boards); "
+                + "; ".join(f"{b}: {why}" for b, why in missing.items())
+            )
+        self.weights = aggregate(self.weights, updates, self.spec, self.server)
+        record["samples"] = sum(n for _, n in updates)
+        record["aggregate"] = self._host_metrics(self.weights, rdir / "aggregate.ckpt")
+        record["host_seconds"] = round(time.monotonic() - t0, 3)
+        self._save(record)
+        return record
+
+    def final_model(self) -> Path:
+        """The aggregate after the last round, as an inference model (the candidate)."""
+        ckpt = write_checkpoint(
+            self.prep.artifacts_dir / "checkpoint", self.weights, self.folder / "final.ckpt"
+        )
+        return inference_model(self.prep, ckpt, self.folder / "inference.onnx")
+
+    def _host_metrics(self, weights: Weights, ckpt: Path) -> dict[str, Any]:
+        from tasks.judge.evaluate import evaluate_cached
+        from tasks.judge.losses import host_loss
+
+        recipe = self.inp.recipe
+        write_checkpoint(self.prep.artifacts_dir / "checkpoint", weights, ckpt)
+        model = inference_model(self.prep, ckpt, ckpt.with_suffix(".onnx"))
+        cache = state_dir("cache", "evaluations")
+        m = evaluate_cached(model, recipe.data.test, recipe.task, cache, host_loss(recipe, self.prep))
+        return {k: m[k] for k in ("accuracy", "loss", "loss_kind", "samples") if k in m}
+
+    def _save(self, record: dict[str, Any]) -> None:
+        self.rounds.append(record)
+        (self.folder / "rounds.json").write_text(json.dumps(self.summary(), indent=2, default=str))
+
+    def summary(self) -> dict[str, Any]:
+        """Everything the report shows: the run, its start and every round's record."""
+        return {
+            "recipe": self.inp.recipe.name,
+            "group": self.group,
+            "boards": self.boards,
+            "run_id": self.run_id,
+            "strategy": asdict(self.spec),
+            "start": self.start,
+            "rounds": self.rounds,
+        }
+
+
+def _board_row(res: BoardUpdate) -> dict[str, Any]:
+    row = {k: v for k, v in asdict(res).items() if k not in ("board", "update")}
+    return row
+
+
+def _why(exc: BaseException | None) -> str:
+    if exc is None:
+        return "no result (the round's wait ended first)"
+    return f"{type(exc).__name__}: {exc}"[:400]
