@@ -131,6 +131,7 @@ def odl_fleet(params: FleetParams | None = None) -> FleetOutcome | None:
 
 def _outcome(future: Any) -> Any:
     """A board task's BoardUpdate, or the exception it ended with (None while still running)."""
+    future.wait(timeout=0)  # records the final state of a done future (its .state reads the API)
     if not future.state.is_final():
         return None
     try:

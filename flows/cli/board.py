@@ -15,6 +15,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--mem-mb", type=int, help="RAM the agent may use (ODL_AGENT_FAKE_MEM_MB)")
     up.add_argument("--cpus", type=int, help="pin the board to this many CPUs (taskset)")
     up.add_argument("--loopback", action="store_true", help="listen on 127.0.0.1 instead of a netns")
+    up.add_argument(
+        "--cpu-quota", type=float, metavar="CPUS", help="cap the board's total CPU time (cgroup), e.g. 0.5"
+    )
+    up.add_argument(
+        "--env", action="append", metavar="NAME=VALUE", help="set in the board's sessions (repeatable)"
+    )
     up.set_defaults(func=_up)
     down = bsub.add_parser("down", help="stop a virtual board (keeps its user and data)")
     down.add_argument("--name", default="vboard")
@@ -31,9 +37,23 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
+    from tasks.errors import BoardError
     from tasks.vboard.lifecycle import board_up
 
-    b = board_up(args.name, mem_mb=args.mem_mb, cpus=args.cpus, netns=not args.loopback)
+    env = {}
+    for item in args.env or []:
+        key, sep, val = item.partition("=")
+        if not sep or not key:
+            raise BoardError(f"--env {item!r}: expected NAME=VALUE")
+        env[key] = val
+    b = board_up(
+        args.name,
+        mem_mb=args.mem_mb,
+        cpus=args.cpus,
+        netns=not args.loopback,
+        cpu_quota=args.cpu_quota,
+        env=env,
+    )
     print(
         f"board {b.name} up: ssh -i {b.key} -o UserKnownHostsFile={b.known_hosts} -p {b.port} {b.user}@{b.host}"
     )

@@ -53,16 +53,21 @@ def board_up(
     cpus: int | None = None,
     netns: bool = True,
     venv: Path | None = None,
+    cpu_quota: float | None = None,
+    env: dict[str, str] | None = None,
 ) -> Board:
     """Bring up (or confirm) virtual board ``name``; returns its inventory entry.
 
     ``mem_mb`` caps the RAM the agent sees (``ODL_AGENT_FAKE_MEM_MB``), ``cpus`` pins sshd and
-    everything it starts to that many CPUs, ``venv`` shares an existing board venv (default:
+    everything it starts to that many CPUs, ``cpu_quota`` caps their total CPU time in a cgroup
+    (e.g. 0.25 CPU: N boards sharing a host's cores as N real boards would not), ``env`` is set in
+    every SSH session (e.g. ``{"ODL_AGENT_STEP_DELAY_S": "0.2"}`` for a slow board), ``venv`` shares an existing board venv (default:
     ``~odl-NAME/venv``).
     """
     bdir = board_dir(name)
     state = load_state(bdir)
-    if sshd_alive(bdir) and state.get("mem_mb") == mem_mb and state.get("cpus") == cpus:
+    same = (state.get("mem_mb"), state.get("cpus"), state.get("cpu_quota"), state.get("env") or {})
+    if sshd_alive(bdir) and same == (mem_mb, cpus, cpu_quota, env or {}):
         log.info("virtual board %s already up at %s:%s", name, state["host"], state["port"])
         return _board_entry(name, state)
     board_down(name)
@@ -76,12 +81,18 @@ def board_up(
     state = network(name, netns) | {
         "mem_mb": mem_mb,
         "cpus": cpus,
+        "cpu_quota": cpu_quota,
+        "env": dict(env or {}),
         "user": user,
         "home": str(home),
         "python": python,
     }
     write_sshd_config(bdir, state, host_key)
     start_sshd(bdir, state)
+    if cpu_quota:
+        from tasks.vboard.cgroup import limit_cpu
+
+        limit_cpu(name, cpu_quota, int((bdir / "sshd.pid").read_text().split()[0]))
     pin_host_key(state["host"], state["port"], host_key.with_suffix(".pub"))
     (bdir / "state.json").write_text(json.dumps(state, indent=2))
     board = _board_entry(name, state)
@@ -105,6 +116,10 @@ def board_down(name: str, *, purge: bool = False) -> dict[str, Any]:
         unpin_host_key(state.get("host"), state.get("port"))
         remove_board(name)
         shutil.rmtree(bdir, ignore_errors=True)
+    if state.get("cpu_quota") and (purge or stopped):
+        from tasks.vboard import cgroup
+
+        cgroup.remove(name)
     return {"name": name, "stopped_sshd": stopped, "purged": purge}
 
 

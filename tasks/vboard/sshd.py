@@ -115,8 +115,16 @@ def write_sshd_config(bdir: Path, state: dict[str, Any], host_key: Path) -> None
         "MaxSessions 32",
         "MaxStartups 32:30:64",
     ]
+    env = dict(state.get("env") or {})
     if state.get("mem_mb"):
-        lines.append(f"SetEnv ODL_AGENT_FAKE_MEM_MB={int(state['mem_mb'])}")
+        env["ODL_AGENT_FAKE_MEM_MB"] = str(int(state["mem_mb"]))
+    for key, val in env.items():
+        if not key.replace("_", "").isalnum() or any(c in str(val) for c in " \t\n\"'"):
+            raise BoardError(
+                f"virtual board env: {key}={val!r}: expected NAME=VALUE without spaces or quotes"
+            )
+    if env:  # one line: sshd keeps the first SetEnv line only
+        lines.append("SetEnv " + " ".join(f"{k}={v}" for k, v in sorted(env.items())))
     (bdir / "sshd_config").write_text("\n".join(lines) + "\n")
 
 
