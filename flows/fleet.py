@@ -93,6 +93,7 @@ def odl_fleet(params: FleetParams | None = None) -> FleetOutcome | None:
         inp, prep, p.group, boards, run_id, warm.checkpoint if warm else None, warm.record if warm else None
     )
     for r in range(1, recipe.fleet.rounds + 1):
+        started = time.monotonic()
         ckpt = fleet.round_checkpoint(r)
         deadline = time.time() + recipe.fleet.deadline_s
         out = {b.name: fleet.folder / f"round-{r:03d}" / b.name for b in boards}
@@ -103,7 +104,7 @@ def odl_fleet(params: FleetParams | None = None) -> FleetOutcome | None:
         wait(list(futures.values()), timeout=recipe.fleet.deadline_s + 120)
         results = {name: _outcome(f) for name, f in futures.items()}
         try:
-            ft.close_round(fleet, r, results)
+            ft.close_round(fleet, r, results, started)
         finally:
             ft.publish_fleet(fleet.summary())
     candidate = fleet.final_model()

@@ -1,6 +1,9 @@
-"""The local Prefect stack of the demo: server (embedded SQLite), process work pool, deployment, worker.
+"""The local Prefect stack of the demo: server, process work pool, deployments, process worker(s).
 
-State lives under the ODL state folder: ``$ODL_HOME/prefect`` (PREFECT_HOME: database, results),
+The database is embedded SQLite (default) or a private PostgreSQL cluster (flows.postgres); ``up``
+records the choice in ``$ODL_HOME/stack.json`` for later ``stack_env`` calls (status, deploy, down, CLI).
+
+State lives under the ODL state folder: ``$ODL_HOME/prefect`` (PREFECT_HOME: SQLite database, results),
 ``$ODL_HOME/run/*.pid`` (processes this module started), ``$ODL_HOME/logs/*.log``. Processes are
 started in their own session and stopped by the pids recorded here, never by name.
 """
@@ -10,7 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,7 +29,7 @@ log = logging.getLogger(__name__)
 
 POOL = "odl-pool"
 PREFECT_FILE = PROJECT_ROOT / "deploy" / "prefect.yaml"
-SERVICES = ("worker", "prefect-server")  # stop order
+DATABASES = ("sqlite", "postgres")
 
 
 class StackError(PipelineError):
@@ -46,17 +51,38 @@ def local_timezone() -> str:
     return "UTC"
 
 
-def stack_env(port: int = 4200, home: Path | None = None) -> dict[str, str]:
-    """Environment for every process of the stack (server, CLI, worker and its flow runs)."""
+def stack_config(home: Path | None = None) -> dict:
+    """What ``up`` last used for ``home`` (``$ODL_HOME/stack.json``): db, pg_port, host; {} before."""
+    path = (Path(home) if home else odl_home()) / "stack.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def stack_env(
+    port: int = 4200,
+    home: Path | None = None,
+    db: str | None = None,
+    pg_port: int | None = None,
+    host: str | None = None,
+) -> dict[str, str]:
+    """Environment for every process of the stack (server, CLI, worker and its flow runs).
+
+    ``db``, ``pg_port`` and ``host`` (the address the server listens on) default to what ``up`` last
+    used for ``home`` (:func:`stack_config`), else sqlite, 5433 and 127.0.0.1."""
     home = Path(home) if home else odl_home()
+    config = stack_config(home)
+    db = db or config.get("db", "sqlite")
+    if db not in DATABASES:
+        raise StackError(f"unknown database {db!r} for the Prefect server: one of {', '.join(DATABASES)}")
+    host = host or config.get("host", "127.0.0.1")
     env = dict(os.environ)
     env.update(
         ODL_HOME=str(home),
         ODL_PROJECT_ROOT=str(PROJECT_ROOT),
         ODL_TIMEZONE=local_timezone(),
+        ODL_STACK_DB=db,
         PREFECT_HOME=str(home / "prefect"),
-        PREFECT_API_URL=f"http://127.0.0.1:{port}/api",
-        PREFECT_SERVER_API_HOST="127.0.0.1",
+        PREFECT_API_URL=f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/api",
+        PREFECT_SERVER_API_HOST=host,
         PREFECT_SERVER_API_PORT=str(port),
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
         DO_NOT_TRACK="1",
@@ -66,6 +92,14 @@ def stack_env(port: int = 4200, home: Path | None = None) -> dict[str, str]:
         PYTHONUNBUFFERED="1",
     )
     env.pop("PREFECT_PROFILES_PATH", None)
+    if db == "postgres":
+        from flows import postgres
+
+        env["ODL_PG_PORT"] = str(pg_port or config.get("pg_port") or postgres.DEFAULT_PORT)
+        env.pop("PREFECT_SERVER_DATABASE_CONNECTION_URL", None)  # it would win over the one below
+        url = postgres.connection_url(home, int(env["ODL_PG_PORT"]))  # None until up creates the cluster
+        if url:
+            env["PREFECT_API_DATABASE_CONNECTION_URL"] = url
     return env
 
 
@@ -80,7 +114,7 @@ def _pidfile(home: Path, service: str) -> Path:
 
 
 def running_pid(home: Path, service: str) -> int | None:
-    """The pid recorded for a service if that process is still alive and is a prefect process."""
+    """The pid recorded for a service if that process is still alive and is a prefect (postgres) process."""
     pidfile = _pidfile(home, service)
     if not pidfile.is_file():
         return None
@@ -93,7 +127,8 @@ def running_pid(home: Path, service: str) -> int | None:
     if state in ("Z", "X"):
         return None
     # an empty cmdline is a child still between fork and exec; any other command is a reused pid
-    return pid if not cmdline or b"prefect" in cmdline else None
+    marker = b"postgres" if service == "postgres" else b"prefect"
+    return pid if not cmdline or marker in cmdline else None
 
 
 def _spawn(env: dict[str, str], service: str, argv: list[str]) -> int:
@@ -134,7 +169,7 @@ def start_server(env: dict[str, str], timeout: float = 120.0) -> int:
             "server",
             "start",
             "--host",
-            "127.0.0.1",
+            env["PREFECT_SERVER_API_HOST"],
             "--port",
             env["PREFECT_SERVER_API_PORT"],
         ]
@@ -169,19 +204,57 @@ def deploy(env: dict[str, str], prefect_file: Path = PREFECT_FILE, pool: str = P
     prefect_cli(env, "deploy", "--all", "--prefect-file", str(prefect_file))
 
 
-def start_worker(env: dict[str, str], pool: str = POOL) -> int:
-    """Start a process worker on ``pool`` in the background (unless one is recorded and alive)."""
-    pid = running_pid(Path(env["ODL_HOME"]), "worker")
+def worker_service(n: int) -> str:
+    """The service name of the n-th worker (1-based): ``worker``, ``worker-2``, ..."""
+    return "worker" if n == 1 else f"worker-{n}"
+
+
+def worker_name(service: str) -> str:
+    """The name the worker registers on the pool: ``<host>-worker``, ``<host>-worker-2``, ..."""
+    return f"{socket.gethostname()}-{service}"
+
+
+def worker_services(home: Path) -> list[str]:
+    """``worker`` and every other worker service with a pidfile, in order."""
+    pidfiles = (home / "run").glob("worker*.pid")
+    found = {"worker"} | {p.stem for p in pidfiles if re.fullmatch(r"worker(-\d+)?", p.stem)}
+    return sorted(found, key=lambda s: int(s.partition("-")[2] or 1))
+
+
+def start_worker(env: dict[str, str], pool: str = POOL, service: str = "worker") -> int:
+    """Start a process worker on ``pool`` in the background (unless one is recorded and alive).
+    Neither it nor its flow runs get the database URL (they talk to the API only)."""
+    pid = running_pid(Path(env["ODL_HOME"]), service)
     if pid is None:
-        pid = _spawn(env, "worker", [_bin("prefect"), "worker", "start", "--pool", pool, "--type", "process"])
+        argv = [_bin("prefect"), "worker", "start", "--pool", pool, "--type", "process"]
+        wenv = {k: v for k, v in env.items() if not k.endswith("_DATABASE_CONNECTION_URL")}
+        pid = _spawn(wenv, service, [*argv, "--name", worker_name(service)])
     return pid
 
 
-def up(env: dict[str, str]) -> dict[str, int]:
-    """Server, work pool, deployment and worker: everything ``prefect deployment run odl/full`` needs."""
-    pids = {"prefect-server": start_server(env)}
+def up(env: dict[str, str], workers: int = 1) -> dict[str, int]:
+    """[PostgreSQL,] server, work pool, deployments and ``workers`` process workers (stopping any beyond
+    that number): everything ``prefect deployment run odl/full`` needs. Records the database choice."""
+    home = Path(env["ODL_HOME"])
+    db, was = env.get("ODL_STACK_DB", "sqlite"), stack_config(home).get("db", "sqlite")
+    if db != was and (running_pid(home, "prefect-server") or running_pid(home, "postgres")):
+        raise StackError(f"the stack of {home} runs on {was}: `odl stack down` first to switch to {db}")
+    pg_port = int(env.get("ODL_PG_PORT") or 0) or None
+    home.mkdir(parents=True, exist_ok=True)
+    config = {"db": db, "host": env["PREFECT_SERVER_API_HOST"], "pg_port": pg_port}
+    (home / "stack.json").write_text(json.dumps(config) + "\n")  # first: down stops what starts here
+    pids = {}
+    if db == "postgres":
+        from flows import postgres
+
+        pids["postgres"] = postgres.start(home, pg_port)
+        env["PREFECT_API_DATABASE_CONNECTION_URL"] = postgres.connection_url(home, pg_port)
+    pids["prefect-server"] = start_server(env)
     deploy(env)
-    pids["worker"] = start_worker(env)
+    for n in range(1, workers + 1):
+        pids[worker_service(n)] = start_worker(env, service=worker_service(n))
+    for extra in worker_services(home)[max(workers, 1) :]:
+        _stop_one(home, extra, 10.0)
     return pids
 
 
@@ -207,12 +280,20 @@ def _stop_one(home: Path, service: str, timeout: float) -> bool:
 
 
 def down(home: Path | None = None, timeout: float = 10.0) -> list[str]:
-    """Stop the worker and the server started by :func:`up` (by their recorded pids); keeps the data."""
+    """Stop the workers, the server and PostgreSQL started by :func:`up` (recorded pids); keeps the data."""
     home = Path(home) if home else odl_home()
-    return [s for s in SERVICES if _stop_one(home, s, timeout)]
+    stopped = [s for s in [*worker_services(home), "prefect-server"] if _stop_one(home, s, timeout)]
+    if (home / "run" / "postgres.pid").is_file() or (home / "postgres").exists():
+        from flows import postgres
+
+        stopped += ["postgres"] if postgres.stop(home) else []
+    return stopped
 
 
 def status(home: Path | None = None) -> dict[str, int | None]:
-    """The recorded pid of each service if it is alive, else None."""
+    """The recorded pid of each service (every worker, the server, PostgreSQL if used) if alive, else None."""
     home = Path(home) if home else odl_home()
-    return {s: running_pid(home, s) for s in SERVICES}
+    services = [*worker_services(home), "prefect-server"]
+    if stack_config(home).get("db") == "postgres" or (home / "run" / "postgres.pid").is_file():
+        services.append("postgres")
+    return {s: running_pid(home, s) for s in services}

@@ -15,6 +15,7 @@ pytest_plugins = [
     "tests.fixtures_agent",
     "tests.fixtures_board",
     "tests.fixtures_flow",
+    "tests.fixtures_postgres",
 ]
 
 E2E = Path(__file__).parent / "e2e"

@@ -13,9 +13,15 @@ from tasks.paths import odl_home
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the flow-area subcommands to the ``odl`` parser."""
-    stack = sub.add_parser("stack", help="local Prefect server + work pool + deployment + worker")
+    stack = sub.add_parser("stack", help="local Prefect server + work pool + deployment + worker(s)")
     stack.add_argument("action", choices=["up", "down", "status", "deploy"])
     stack.add_argument("--port", type=int, default=4200, help="server port (default 4200)")
+    stack.add_argument("--db", choices=["sqlite", "postgres"],
+                       help="up: the server's database (default: the one up last used here, else sqlite)")  # fmt: skip
+    stack.add_argument("--workers", type=int, default=1, help="up: process workers on odl-pool (default 1)")
+    stack.add_argument("--pg-port", type=int, help="up: PostgreSQL port (default: as last time, else 5433)")
+    stack.add_argument("--host", help="up: address the server listens on (default: as last time, else "
+                       "127.0.0.1; a private address for workers on other hosts, see deploy/MULTIHOST.md)")  # fmt: skip
     stack.set_defaults(func=_stack)
 
     run = sub.add_parser(
@@ -62,21 +68,36 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _stack(args: argparse.Namespace) -> int:
     from flows import stack
 
-    env = stack.stack_env(port=args.port)
     if args.action == "up":
-        pids = stack.up(env)
-        print(f"prefect server pid {pids['prefect-server']}, worker pid {pids['worker']}")
+        if args.workers < 1:
+            raise stack.StackError(f"--workers {args.workers}: at least one worker")
+        env = stack.stack_env(port=args.port, db=args.db, pg_port=args.pg_port, host=args.host)
+        pids = stack.up(env, workers=args.workers)
+        print(", ".join(f"{name} pid {pid}" for name, pid in pids.items()) + f"; database {_database(env)}")
         print(f"UI: {env['PREFECT_API_URL'].removesuffix('/api')}   (stop with: odl stack down)")
-    elif args.action == "deploy":
+        return 0
+    env = stack.stack_env(port=args.port)  # the database and address up last used for this ODL_HOME
+    if args.action == "deploy":
         stack.deploy(env)
         print("deployed deploy/prefect.yaml (odl/full)")
     elif args.action == "down":
         stopped = stack.down()
         print("stopped: " + (", ".join(stopped) or "nothing was running"))
     else:
+        print(f"database: {_database(env)}")
         for name, pid in stack.status().items():
             print(f"{name}: {'running, pid ' + str(pid) if pid else 'not running'}")
     return 0
+
+
+def _database(env: dict[str, str]) -> str:
+    """The stack's database backend, for ``odl stack up`` and ``odl stack status``."""
+    if env["ODL_STACK_DB"] == "sqlite":
+        return f"sqlite ({env['PREFECT_HOME']}/prefect.db)"
+    from flows import postgres
+
+    cluster = postgres.cluster_dir(Path(env["ODL_HOME"]))
+    return f"postgres (PostgreSQL on 127.0.0.1:{env['ODL_PG_PORT']}, cluster {cluster})"
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -141,6 +162,10 @@ def _prefect_api() -> str:
     if stack.api_healthy(env):
         os.environ["PREFECT_API_URL"] = env["PREFECT_API_URL"]
         return f"the local stack's server ({env['PREFECT_API_URL'].removesuffix('/api')})"
+    db_url = env.get("PREFECT_API_DATABASE_CONNECTION_URL")
+    if db_url and stack.running_pid(Path(env["ODL_HOME"]), "postgres"):  # the stack's PostgreSQL
+        os.environ.setdefault("PREFECT_API_DATABASE_CONNECTION_URL", db_url)
+        return f"a temporary Prefect server (database: {_database(env)}; `odl stack up` for the UI)"
     return f"a temporary Prefect server (database in {env['PREFECT_HOME']}; `odl stack up` for the UI)"
 
 

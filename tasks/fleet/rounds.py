@@ -45,7 +45,8 @@ class BoardUpdate:
     metrics: dict[str, float]  # the job's final metrics (train_loss, eval_loss, eval_accuracy ...)
     bytes_down: int  # blobs uploaded to the board for this round
     bytes_up: int  # trainable.npz
-    seconds: float
+    seconds: float  # the whole part: list, deploy, train, fetch
+    train_s: float  # the job's own time on the board (result.json duration_s)
     files: int  # dataset files trained on
 
 
@@ -99,6 +100,7 @@ def board_round(
         bytes_down=deployed.bytes_sent,
         bytes_up=update.stat().st_size,
         seconds=round(time.monotonic() - t0, 3),
+        train_s=float(training.result.duration_s),
         files=len(data.record["files"]),
     )
 
@@ -156,7 +158,9 @@ class FleetRun:
         base = self.prep.artifacts_dir / "checkpoint"
         return write_checkpoint(base, self.weights, self.folder / f"round-{r:03d}" / "global.ckpt")
 
-    def close_round(self, r: int, results: dict[str, BoardUpdate | BaseException]) -> dict[str, Any]:
+    def close_round(
+        self, r: int, results: dict[str, BoardUpdate | BaseException | None], started: float | None = None
+    ) -> dict[str, Any]:
         """Check the quorum, aggregate the updates, evaluate on the host test set and record the
         round; FleetError (after recording) when fewer than ``min_boards`` boards finished."""
         t0 = time.monotonic()
@@ -197,6 +201,8 @@ class FleetRun:
         record["samples"] = sum(n for _, n in updates)
         record["aggregate"] = self._host_metrics(self.weights, rdir / "aggregate.ckpt")
         record["host_seconds"] = round(time.monotonic() - t0, 3)
+        if started is not None:  # the round's wall time, from its fan-out to its aggregate
+            record["wall_s"] = round(time.monotonic() - started, 3)
         self._save(record)
         return record
 

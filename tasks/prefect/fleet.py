@@ -63,9 +63,9 @@ def board_round(
 
 
 @task(name="aggregate", task_run_name="aggregate round {r}", cache_policy=NO_CACHE)
-def close_round(fleet: rounds.FleetRun, r: int, results: dict[str, Any]) -> dict[str, Any]:
+def close_round(fleet: rounds.FleetRun, r: int, results: dict[str, Any], started: float) -> dict[str, Any]:
     """Quorum, aggregation and host evaluation of round ``r`` (FleetError without a quorum)."""
-    return fleet.close_round(r, results)
+    return fleet.close_round(r, results, started)
 
 
 def publish_fleet(summary: dict[str, Any], verdict: str = "", gate: list[str] | None = None) -> str:
