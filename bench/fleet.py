@@ -11,7 +11,7 @@ over labels, recipes/datasets.py:noniid_split) unless --split says otherwise:
 * federated: the aggregate after --rounds FedAvg rounds of --epochs local epochs;
 * local: each board alone, rounds x epochs epochs on its own data;
 * centralised: one board holding all 700 samples, rounds x epochs epochs.
-Every figure comes from the flow ``odl-fleet`` itself (a Prefect test API in process).
+Every figure comes from the fleet flow itself (flows/fleet.py) (a Prefect test API in process).
 
     .venv/bin/python bench/fleet.py                  # N = 1, 2, 4, 8; ~15 min
     .venv/bin/python bench/fleet.py --quick          # N = 1, 2; 1 round (a smoke run)

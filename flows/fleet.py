@@ -1,4 +1,8 @@
-"""Flow ``odl-fleet`` (deployment ``odl/fleet``): federated averaging rounds over a group of boards.
+"""The fleet flow (deployment ``odl/fleet``): federated averaging rounds over a group of boards.
+
+Prefect names a deployment ``<flow name>/<deployment name>``, so for ``prefect deployment run
+odl/fleet`` this flow is registered under the pipeline's flow name ``odl`` (beside ``odl/full``);
+its runs are named ``fleet-<group>-...`` so the runs list tells them apart.
 
 Each round fans out one Prefect task per board (a thread each; the board's concurrency slot
 ``board-<name>`` still holds one job per board), waits for them, and goes on with the boards that
@@ -74,7 +78,20 @@ class FleetOutcome:
     reason: str
 
 
-@flow(name="odl-fleet", log_prints=False, task_runner=ThreadPoolTaskRunner(max_workers=16))
+def _run_name() -> str:
+    from prefect.runtime import flow_run as fr
+
+    params = (fr.parameters or {}).get("params")
+    group = params.get("group") if isinstance(params, dict) else getattr(params, "group", None)
+    return f"fleet-{group or 'lab'}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+@flow(
+    name="odl",
+    flow_run_name=_run_name,
+    log_prints=False,
+    task_runner=ThreadPoolTaskRunner(max_workers=16),
+)
 def odl_fleet(params: FleetParams | None = None) -> FleetOutcome | None:
     """Federated rounds over a board group; the final aggregate goes through the promotion gate."""
     from pathlib import Path

@@ -1,4 +1,4 @@
-"""One federated run over a group of boards, as plain functions the flow ``odl-fleet`` composes.
+"""One federated run over a group of boards, as plain functions the fleet flow (``odl/fleet``) composes.
 
     fleet = FleetRun.start(inp, prep, group, boards, run_id, start_checkpoint)
     for r in 1..rounds:

@@ -236,7 +236,7 @@ FLEET_STRATEGIES = ("fedavg", "fedavgm", "fedadam")
 
 @dataclass(frozen=True)
 class FleetSpec:
-    """``[fleet]``: federated rounds over a group of boards (flow ``odl-fleet``)."""
+    """``[fleet]``: federated rounds over a group of boards (the fleet flow, deployment ``odl/fleet``)."""
 
     rounds: int = 3
     min_boards: int = 1  # quorum: fewer boards finishing a round fail the run

@@ -1,4 +1,4 @@
-"""Flow ``odl-fleet`` in process (Prefect test API, local-transport boards): rounds over a group,
+"""The fleet flow (flows/fleet.py) in process (Prefect test API, local-transport boards): rounds over a group,
 the aggregate is the sample-weighted mean of what the boards sent back, a board without data is
 reported while the quorum holds, and a round below the quorum fails the run naming each board.
 tests/e2e/test_fleet_vboard.py runs it on virtual boards through deployment odl/fleet."""
