@@ -11,7 +11,7 @@ QUIET := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || 
 STAMP := $(VENV)/.installed
 export ODL_HOME ?= $(CURDIR)/.odl
 
-.PHONY: demo nightly down test install system-deps lint clean
+.PHONY: demo nightly fleet down test install system-deps lint clean
 
 $(STAMP): pyproject.toml constraints.txt deploy/system-packages.txt
 	@command -v $(PY) >/dev/null || { echo "need $(PY) (Python 3.11)"; exit 1; }
@@ -42,6 +42,11 @@ demo: install
 # before each (warm start, new + replayed data, the promotion gate, rollout to the board)
 nightly: install
 	BIN=$(BIN) bash deploy/demo.sh nightly
+
+# the same stack, four virtual boards (group "lab") with non-IID shares of the digits, and
+# `prefect deployment run odl/fleet`: three FedAvg rounds, the aggregate judged and rolled out
+fleet: install
+	BIN=$(BIN) bash deploy/demo.sh fleet
 
 # stop worker, server and virtual board (by their recorded pids); data stays under $(ODL_HOME)
 down:

@@ -6,6 +6,8 @@
 #   nightly: the same stack, then three nights of recipes/digits_nightly.toml: each appends a shard to
 #         the board's dataset folder (odl data push) and runs odl/full (warm start, new + replayed data,
 #         the gate, rollout to the board).
+#   fleet: four virtual boards lab1..lab4 (0.5 CPU each), each with its own non-IID share of the digits,
+#         group "lab", then `prefect deployment run odl/fleet`: three FedAvg rounds, the gate, rollout.
 #   down: stops the worker, the server (by the pids under $ODL_HOME/run) and the board; keeps the data.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +15,7 @@ BIN=${BIN:-.venv/bin}
 export ODL_HOME=${ODL_HOME:-$PWD/.odl}
 PORT=${ODL_PREFECT_PORT:-4200}
 BOARD=${ODL_BOARD:-vboard}
+FLEET_PREFIX=${ODL_FLEET_PREFIX:-lab}   # the fleet demo's boards: lab1 .. lab4
 
 stack_env() {  # the environment flows.stack gives every process of the stack
   eval "$("$BIN/python" - "$PORT" <<'PY'
@@ -73,10 +76,51 @@ PY
     "$BIN/odl" models digits_nightly "$BOARD"
     echo "Undo the last promotion on the board and in the registry: $BIN/odl rollback digits_nightly $BOARD"
     ;;
+  fleet)  # four boards, each with its own non-IID share of the digits, three FedAvg rounds
+    "$BIN/python" -c "from tasks.recipe.load import load_recipe; from tasks import stages; \
+stages.prepare_data(load_recipe('recipes/digits_fleet.toml'))"
+    for i in 0 1 2 3; do
+      b="${FLEET_PREFIX}$((i + 1))"
+      # 0.5 CPU each (a kernel quota): four boards share this machine's cores as four real ones would not
+      "$BIN/odl" board up --name "$b" --cpu-quota 0.5
+      "$BIN/python" - "$b" <<'PY'
+import posixpath, sys
+from tasks.board.inventory import get_board
+from tasks.board.transport import connect
+board = get_board(sys.argv[1])
+conn = connect(board)  # a fresh demo: the board's own data is exactly its share of the split
+conn.run(["rm", "-rf", posixpath.join(board.root, "datasets", "digits")])
+conn.close()
+PY
+      "$BIN/odl" data push "$b" "recipes/data/digits-fleet/boards-4/board-$i.npz" --to datasets/digits
+    done
+    "$BIN/odl" board group lab "${FLEET_PREFIX}1" "${FLEET_PREFIX}2" "${FLEET_PREFIX}3" "${FLEET_PREFIX}4"
+    "$BIN/odl" stack up --port "$PORT"
+    stack_env
+    "$BIN/prefect" --no-prompt deployment run odl/fleet --watch --watch-timeout 1800 \
+      --param 'params={"recipe": "recipes/digits_fleet.toml", "group": "lab"}' || true
+    echo
+    "$BIN/python" - <<'PY'
+import json, os
+from pathlib import Path
+runs = sorted(Path(os.environ["ODL_HOME"], "fleet").glob("digits_fleet-lab-*/rounds.json"), key=os.path.getmtime)
+for rec in json.loads(runs[-1].read_text())["rounds"]:
+    boards = ", ".join(f"{b} {r['host']['accuracy']:.3f}" if r["status"] == "ok" else f"{b} {r['status']}"
+                       for b, r in rec["boards"].items())
+    agg = rec["aggregate"]["accuracy"] if rec["aggregate"] else float("nan")
+    print(f"round {rec['round']}: aggregate {agg:.4f} | each board's own update: {boards} | "
+          f"{rec['bytes_up']} B up, {rec['bytes_down']} B down")
+PY
+    "$BIN/odl" registry digits_fleet lab
+    echo "Prefect UI: http://127.0.0.1:$PORT  (Runs > the latest fleet-lab run > Artifacts: the fleet report)"
+    ;;
   down)
     "$BIN/odl" stack down
     "$BIN/odl" board down --name "$BOARD" || true
+    for i in 1 2 3 4; do
+      [ -d "$ODL_HOME/boards/${FLEET_PREFIX}$i" ] && { "$BIN/odl" board down --name "${FLEET_PREFIX}$i" || true; }
+    done
     ;;
   *)
-    echo "usage: $0 [up|nightly|down]" >&2; exit 2 ;;
+    echo "usage: $0 [up|nightly|fleet|down]" >&2; exit 2 ;;
 esac

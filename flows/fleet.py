@@ -137,7 +137,7 @@ def odl_fleet(params: FleetParams | None = None) -> FleetOutcome | None:
             if b.name in last:
                 ft.rollout(b, recipe.name, promotion.version, p.group)
         served = f"; serving on {', '.join(last)}"
-    verdict = _verdict(promotion, evaluation, served)
+    verdict = _verdict(promotion, served)
     from tasks.judge.report import gate_md
 
     ft.publish_fleet(fleet.summary(), verdict, gate_md(decision))
@@ -158,16 +158,9 @@ def _outcome(future: Any) -> Any:
         return exc
 
 
-def _verdict(promotion: Any, evaluation: Any, served: str) -> str:
-    test = evaluation.test
-    ref = evaluation.reference
-    cand, refm = test["candidate"], test[ref.column]
+def _verdict(promotion: Any, served: str) -> str:
     head = "**Promoted**" if promotion.decision.promote else "**Not promoted**"
-    return (
-        f"{head}: the final aggregate `{promotion.version}` scores accuracy {cand.get('accuracy', 0):.4f} "
-        f"against {ref.name}'s {refm.get('accuracy', 0):.4f} on the host test set. "
-        f"{promotion.decision.reason}{served}."
-    )
+    return f"{head}: the final aggregate, recorded as `{promotion.version}`: {promotion.decision.reason}{served}."
 
 
 __all__ = ["FleetError", "FleetOutcome", "FleetParams", "odl_fleet"]

@@ -29,7 +29,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     status = bsub.add_parser("status", help="is the virtual board running, and where")
     status.add_argument("--name", default="vboard")
     status.set_defaults(func=_status)
-    lst = bsub.add_parser("list", help="the boards of the inventory")
+    grp = bsub.add_parser("group", help="set an inventory group (a fleet): odl board group lab b1 b2 b3")
+    grp.add_argument("group")
+    grp.add_argument("boards", nargs="+")
+    grp.set_defaults(func=_group)
+    lst = bsub.add_parser("list", help="the boards and groups of the inventory")
     lst.set_defaults(func=_list)
     info = bsub.add_parser("info", help="install/upgrade the agent on a board and print its 'info'")
     info.add_argument("name", nargs="?", default="vboard")
@@ -76,12 +80,21 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from tasks.board.inventory import inventory_path, load_inventory
+    from tasks.board.inventory import inventory_path, load_groups, load_inventory
 
     boards = load_inventory()
     print(f"# {inventory_path()}")
     for b in boards.values():
         print(f"{b.name:16s} {b.user}@{b.host}:{b.port}  root={b.root}  ort={b.ort_version}")
+    for name, members in load_groups().items():
+        print(f"group {name:10s} {', '.join(members)}")
+    return 0
+
+
+def _group(args: argparse.Namespace) -> int:
+    from tasks.board.inventory import save_group
+
+    print(f"group {args.group} = {', '.join(args.boards)} ({save_group(args.group, args.boards)})")
     return 0
 
 

@@ -30,7 +30,7 @@ def round_table(rec: dict[str, Any]) -> list[str]:
         f"### Round {rec['round']}: {len(rec['took_part'])} of {len(rec['boards'])} boards "
         f"(quorum {rec['min_boards']})",
         "",
-        "| board | status | samples | train loss | board eval acc | its update on host test | up | down | s |",
+        "| board | status | samples | train loss | train acc (its own data) | its update on host test | up | down | s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for board, row in rec["boards"].items():
@@ -41,7 +41,7 @@ def round_table(rec: dict[str, Any]) -> list[str]:
         m = row.get("metrics", {})
         out.append(
             f"| {board} | took part | {row['samples']} | {m.get('train_loss', float('nan')):.4f} | "
-            f"{_pct(m, 'eval_accuracy')} | {_pct(row.get('host'))} | {_kb(row['bytes_up'])} | "
+            f"{_pct(m, 'train_accuracy')} | {_pct(row.get('host'))} | {_kb(row['bytes_up'])} | "
             f"{_kb(row['bytes_down'])} | {row['seconds']:.1f} |"
         )
     agg = rec.get("aggregate")
