@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field
 from tasks import stages
 from tasks.board.inventory import BOARD_NAME_PATTERN, get_group
 from tasks.errors import FleetError
-from tasks.fleet.rounds import FleetRun
+from tasks.fleet.rounds import FleetRun, check_fleet
 from tasks.prefect import fleet as ft
 from tasks.prefect import tasks as pt
 from tasks.recipe.load import load_recipe
@@ -100,6 +100,7 @@ def odl_fleet(params: FleetParams | None = None) -> FleetOutcome | None:
     run_id = str(flow_run.get_id() or f"local-{int(time.time())}")
     recipe = load_recipe(Path(p.recipe).expanduser().resolve(), p.recipe_overrides())
     boards = get_group(p.group)
+    check_fleet(recipe, boards)  # bad input stops here, before anything is built or sent
     pt.prepare_data(recipe)
     inp = stages.inputs(recipe)
     for step in ("export", "artifacts", "validate"):
