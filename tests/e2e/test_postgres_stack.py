@@ -113,7 +113,7 @@ def test_fleet_deployment_runs_two_rounds_and_survives_a_board_down_mid_round(po
     with odl_home_env(home):
         boards = [
             board_up(a, venv=BOARD_VENV),
-            board_up(b, venv=BOARD_VENV, env={"ODL_AGENT_STEP_DELAY_S": "0.4"}),
+            board_up(b, venv=BOARD_VENV, env={"ODL_AGENT_STEP_DELAY_S": "0.8"}),
         ]
         try:
             for i, board in enumerate(boards):  # each board's own data, as its application would write it
@@ -124,7 +124,7 @@ def test_fleet_deployment_runs_two_rounds_and_survives_a_board_down_mid_round(po
                 finally:
                     conn.close()
             save_group("duo", [a, b])
-            params = {"group": "duo", "rounds": 2, "min_boards": 1, "deadline_s": 30, "epochs": 2}
+            params = {"group": "duo", "rounds": 2, "min_boards": 1, "deadline_s": 25, "epochs": 1}
             out = prefect_cli(
                 env, "deployment", "run", "odl/fleet", "--param", f"params={json.dumps(params)}"
             )

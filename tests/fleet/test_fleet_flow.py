@@ -46,7 +46,7 @@ def test_rounds_average_what_the_boards_sent_and_go_on_without_a_failed_board(pr
     from flows.fleet import FleetParams, odl_fleet
     from tasks.fleet.weights import trainable_weights
 
-    state = odl_fleet(FleetParams(group="trio", rounds=2, min_boards=2, epochs=2), return_state=True)
+    state = odl_fleet(FleetParams(group="trio", rounds=2, min_boards=2, epochs=1), return_state=True)
     assert state.is_completed(), state.message
     out = state.result()
     rounds = out.summary["rounds"]
