@@ -140,6 +140,8 @@ def load_groups(path: Path | None = None) -> dict[str, tuple[str, ...]]:
     for name, members in _raw_groups(path).items():
         where = f"{path}: [groups] {name}"
         valid_board_name(name)
+        if name in boards:  # the registry keys a fleet's versions by its group name
+            raise BoardError(f"{where}: a group cannot share a board's name")
         if not isinstance(members, list) or not members or not all(isinstance(m, str) for m in members):
             raise BoardError(f"{where}: expected a non-empty list of board names (got {members!r})")
         if len(set(members)) != len(members):

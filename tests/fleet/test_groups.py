@@ -34,6 +34,7 @@ def test_groups_survive_board_edits_and_lose_removed_members(tmp_path):
         ('lab = ["b1", "b1"]', "listed twice"),
         ("lab = []", "non-empty list of board names"),
         ('"Bad Name" = ["b1"]', "board name"),
+        ('b1 = ["b1", "b2"]', "cannot share a board's name"),
     ],
 )
 def test_wrong_groups_are_refused_naming_the_entry(tmp_path, text, match):
