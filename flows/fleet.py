@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from prefect import flow
@@ -28,7 +29,6 @@ from pydantic import BaseModel, Field
 
 from tasks import stages
 from tasks.board.inventory import BOARD_NAME_PATTERN, get_group
-from tasks.errors import FleetError
 from tasks.fleet.rounds import FleetRun, check_fleet
 from tasks.prefect import fleet as ft
 from tasks.prefect import tasks as pt
@@ -94,8 +94,6 @@ def _run_name() -> str:
 )
 def odl_fleet(params: FleetParams | None = None) -> FleetOutcome | None:
     """Federated rounds over a board group; the final aggregate goes through the promotion gate."""
-    from pathlib import Path
-
     p = params or FleetParams()
     run_id = str(flow_run.get_id() or f"local-{int(time.time())}")
     recipe = load_recipe(Path(p.recipe).expanduser().resolve(), p.recipe_overrides())
@@ -164,4 +162,4 @@ def _verdict(promotion: Any, served: str) -> str:
     return f"{head}: the final aggregate, recorded as `{promotion.version}`: {promotion.decision.reason}{served}."
 
 
-__all__ = ["FleetError", "FleetOutcome", "FleetParams", "odl_fleet"]
+__all__ = ["FleetOutcome", "FleetParams", "odl_fleet"]

@@ -1,11 +1,11 @@
 """One federated run over a group of boards, as plain functions the fleet flow (``odl/fleet``) composes.
 
-    fleet = FleetRun.start(inp, prep, group, boards, run_id, start_checkpoint)
+    fleet = FleetRun.start_run(inp, prep, group, boards, run_id, start_checkpoint)
     for r in 1..rounds:
         ckpt = fleet.round_checkpoint(r)                 # the global weights as a job checkpoint
-        updates = {b: board_round(b, inp, prep, ckpt, fleet.job_id(r), deadline, folder)}  # in parallel
-        fleet.close_round(r, updates)                    # quorum, aggregate, host evaluation, record
-    fleet.final_model()                                  # the aggregate as an inference model
+        results = {b: board_round(b, inp, prep, ckpt, run_id, deadline, out_dir)}  # in parallel
+        fleet.close_round(r, results)                    # quorum, aggregate, host evaluation, record
+    fleet.final_model()                                  # the last aggregate's inference model
 
 A board's part of a round lists its dataset folder, deploys (the round's checkpoint is the only new
 blob after the first round), trains there on its own data, and sends back ``trainable.npz`` only.
@@ -24,9 +24,10 @@ from typing import Any
 
 from tasks import stages
 from tasks.board.inventory import Board
+from tasks.checkpoint import checkpoint_weights, write_checkpoint
 from tasks.errors import FleetError, RecipeError, Straggler
 from tasks.fleet.aggregate import ServerState, Weights, aggregate
-from tasks.fleet.weights import inference_model, nbytes, read_update, trainable_weights, write_checkpoint
+from tasks.fleet.weights import nbytes, read_update
 from tasks.hashing import file_sha256
 from tasks.paths import state_dir
 from tasks.prepare import Prepared
@@ -144,7 +145,9 @@ class FleetRun:
         check_fleet(inp.recipe, boards)
         tag = "".join(c for c in run_id if c.isalnum())[:12]
         folder = state_dir("fleet", f"{inp.recipe.name}-{group}-{tag}")
-        weights = trainable_weights(start_checkpoint or prep.artifacts_dir / "checkpoint")
+        weights = checkpoint_weights(
+            start_checkpoint or prep.artifacts_dir / "checkpoint", trainable_only=True
+        )
         fleet = cls(inp, prep, group, [b.name for b in boards], run_id, folder, weights)
         fleet.start = start or {"from": "base"}
         return fleet
@@ -207,19 +210,22 @@ class FleetRun:
         return record
 
     def final_model(self) -> Path:
-        """The aggregate after the last round, as an inference model (the candidate)."""
-        ckpt = write_checkpoint(
-            self.prep.artifacts_dir / "checkpoint", self.weights, self.folder / "final.ckpt"
-        )
-        return inference_model(self.prep, ckpt, self.folder / "inference.onnx")
+        """The aggregate after the last round, as an inference model (the candidate): the one the
+        last round's host evaluation exported."""
+        if not self.rounds or self.rounds[-1].get("aggregate") is None:
+            raise FleetError("no round produced an aggregate")
+        return self.folder / f"round-{self.rounds[-1]['round']:03d}" / "aggregate.onnx"
 
     def _host_metrics(self, weights: Weights, ckpt: Path) -> dict[str, Any]:
+        """Write ``weights`` as ``ckpt``, export ``ckpt``'s inference model beside it (``.onnx``) and
+        evaluate it on the host test set."""
         from tasks.judge.evaluate import evaluate_cached
         from tasks.judge.losses import host_loss
+        from tasks.stages.judge import inference_of
 
         recipe = self.inp.recipe
         write_checkpoint(self.prep.artifacts_dir / "checkpoint", weights, ckpt)
-        model = inference_model(self.prep, ckpt, ckpt.with_suffix(".onnx"))
+        model = inference_of(self.prep, ckpt, ckpt.with_suffix(".onnx"))
         cache = state_dir("cache", "evaluations")
         m = evaluate_cached(model, recipe.data.test, recipe.task, cache, host_loss(recipe, self.prep))
         return {k: m[k] for k in ("accuracy", "loss", "loss_kind", "samples") if k in m}
@@ -242,8 +248,7 @@ class FleetRun:
 
 
 def _board_row(res: BoardUpdate) -> dict[str, Any]:
-    row = {k: v for k, v in asdict(res).items() if k not in ("board", "update")}
-    return row
+    return {k: v for k, v in asdict(res).items() if k not in ("board", "update")}
 
 
 def _why(exc: BaseException | None) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from tasks.checkpoint import checkpoint_weights, write_checkpoint
 from tasks.errors import RegistryError
 from tasks.hashing import file_sha256
 
@@ -49,14 +50,6 @@ def model_weights(model: Path) -> dict[str, np.ndarray]:
     return {init.name: numpy_helper.to_array(init) for init in graph.initializer}
 
 
-def checkpoint_weights(checkpoint: Path) -> dict[str, np.ndarray]:
-    """Every parameter (trainable and frozen) of an ORT training checkpoint by name."""
-    from onnxruntime.training.api import CheckpointState
-
-    state = CheckpointState.load_checkpoint(str(checkpoint))
-    return {name: np.array(param.data) for name, param in state.parameters}
-
-
 def build_warm_checkpoint(base: Path, version: Any, out: Path) -> WarmStart:
     """Write ``out``: the prepared checkpoint ``base`` with ``version``'s weights put in it.
 
@@ -64,20 +57,13 @@ def build_warm_checkpoint(base: Path, version: Any, out: Path) -> WarmStart:
     dtype (else the recipe's model changed since that version: RegistryError naming the
     parameter); nothing else is touched (properties, and no optimizer state: a fresh optimizer).
     """
-    from onnx import numpy_helper
-    from onnxruntime.training.api import CheckpointState
-    from onnxruntime.training.onnxblock.checkpoint_utils import save_checkpoint
-
     _, model_sha = version.verified_files(("model.onnx",), ', or set training.start_from = "base"')[
         "model.onnx"
     ]
     weights = model_weights(version.model)
-    state = CheckpointState.load_checkpoint(str(base))
-    params = [(name, np.array(p.data), p.requires_grad) for name, p in state.parameters]
-    names = [name for name, _, _ in params]
+    params = checkpoint_weights(base)
     taken: dict[str, np.ndarray] = {}
-    split: tuple[list, list] = ([], [])  # (trainable, frozen) as the prepared checkpoint has them
-    for name, have, trainable in params:
+    for name, have in params.items():
         new = weights.get(name)
         if new is None or new.shape != have.shape or new.dtype != have.dtype:
             got = "absent" if new is None else f"{new.dtype}{list(new.shape)}"
@@ -87,24 +73,13 @@ def build_warm_checkpoint(base: Path, version: Any, out: Path) -> WarmStart:
                 'model changed since that version: set training.start_from = "base" for this run'
             )
         taken[name] = new
-        split[0 if trainable else 1].append(numpy_helper.from_array(new, name))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    save_checkpoint(split, tmp)  # ORT's own writer (setting a loaded state's parameters crashes 1.19)
-    tmp.replace(out)
+    write_checkpoint(base, taken, out, every=True)  # read back and compared tensor by tensor
     expected = weights_sha256(taken)
-    written = weights_sha256(checkpoint_weights(out))
-    if written != expected:
-        out.unlink(missing_ok=True)
-        raise RegistryError(
-            f"warm start from {version.name}: the written checkpoint's weights hash {written[:12]} "
-            f"differs from the model's {expected[:12]}"
-        )
     record = {
         "from": version.name,
         "model_sha256": model_sha,
         "weights_sha256": expected,
-        "parameters": len(names),
+        "parameters": len(params),
         "checkpoint_sha256": file_sha256(out),
     }
     return WarmStart(out, record)

@@ -70,15 +70,21 @@ def choose_reference(recipe: str, board: str, reg: Registry | None = None) -> Re
 
 def base_model(prep: Prepared) -> Path:
     """The untrained checkpoint exported as an inference model (``base_inference.onnx``)."""
+    return inference_of(prep, prep.artifacts_dir / "checkpoint", prep.out_dir / "base_inference.onnx")
+
+
+def inference_of(prep: Prepared, checkpoint: Path, out: Path) -> Path:
+    """A checkpoint of the prepared artifacts exported as an inference model, exactly as the
+    board exports after training."""
     from tasks.judge.evaluate import base_inference_model
 
     arts = prep.artifacts_dir
     return base_inference_model(
         arts / "training_model.onnx",
         arts / "eval_model.onnx",
-        arts / "checkpoint",
+        checkpoint,
         prep.manifest["inference_output_names"],
-        prep.out_dir / "base_inference.onnx",
+        out,
     )
 
 

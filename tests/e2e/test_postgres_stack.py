@@ -8,24 +8,14 @@ from __future__ import annotations
 import json
 import re
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.prefect_api import post as _api
+
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 PING_FILE = Path(__file__).with_name("pg_prefect.yaml")
-
-
-def _api(env, path, body=None):
-    req = urllib.request.Request(
-        env["PREFECT_API_URL"] + path,
-        data=json.dumps(body or {}).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        return json.loads(resp.read())
 
 
 def _sql(env, sql: str) -> str:

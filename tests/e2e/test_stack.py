@@ -8,26 +8,15 @@ import re
 import shutil
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tasks.paths import PROJECT_ROOT
+from tests.e2e.prefect_api import post as _api
 
 pytestmark = [pytest.mark.slow, pytest.mark.board]
 SCREENSHOTS = PROJECT_ROOT / "tests" / "artifacts"
-
-
-def _api(env, path, body=None):
-    req = urllib.request.Request(
-        env["PREFECT_API_URL"] + path,
-        data=json.dumps(body or {}).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        return json.loads(resp.read())
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,6 @@ def _weights(path: Path) -> dict[str, np.ndarray]:
 
 def test_rounds_average_what_the_boards_sent_and_go_on_without_a_failed_board(prefect_harness, fleet_group):
     from flows.fleet import FleetParams, odl_fleet
-    from tasks.fleet.weights import trainable_weights
 
     state = odl_fleet(FleetParams(group="trio", rounds=2, min_boards=2, epochs=1), return_state=True)
     assert state.is_completed(), state.message
@@ -64,7 +63,7 @@ def test_rounds_average_what_the_boards_sent_and_go_on_without_a_failed_board(pr
             for b in ("f0", "f1")
         ]
         total = sum(n for _, n in ups)
-        agg = trainable_weights(run / f"round-{r:03d}" / "aggregate.ckpt")
+        agg = _trainable(run / f"round-{r:03d}" / "aggregate.ckpt")
         for name, w in agg.items():
             mean = sum(u[name].astype(np.float64) * n / total for u, n in ups)
             assert np.allclose(w, mean, atol=1e-6), name
@@ -74,8 +73,8 @@ def test_rounds_average_what_the_boards_sent_and_go_on_without_a_failed_board(pr
         assert all(tensor_bytes <= rec["boards"][b]["bytes_up"] < tensor_bytes + 4096 for b in ("f0", "f1"))
         assert rec["aggregate"]["samples"] == 197
     # round 2 starts from round 1's aggregate: the round-2 checkpoint holds exactly those weights
-    agg1 = trainable_weights(run / "round-001" / "aggregate.ckpt")
-    start2 = trainable_weights(run / "round-002" / "global.ckpt")
+    agg1 = _trainable(run / "round-001" / "aggregate.ckpt")
+    start2 = _trainable(run / "round-002" / "global.ckpt")
     assert all(np.array_equal(agg1[k], start2[k]) for k in agg1)
     assert (
         rounds[1]["bytes_down"] < rounds[0]["bytes_down"]
@@ -95,3 +94,9 @@ def test_a_round_below_the_quorum_fails_the_run_naming_each_missing_board(prefec
         state.result()
     report = (state_dir("reports", "digits_fleet-trio") / "fleet.md").read_text()
     assert "No aggregate: the quorum was not reached" in report
+
+
+def _trainable(ckpt: Path) -> dict[str, np.ndarray]:
+    from tasks.checkpoint import checkpoint_weights
+
+    return checkpoint_weights(ckpt, trainable_only=True)
