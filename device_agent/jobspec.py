@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from device_agent.prefix_spec import PrefixSpec
 from device_agent.protocol import (
     ARTIFACT_KEYS,
     PROTOCOL_VERSION,
@@ -178,7 +179,7 @@ class TrainParams:
 
 
 JOB_KEYS = {VERSION_KEY, "job_id", "recipe_name", "artifacts", "train_data", "eval_data", "train", "task",
-            "output_names", "feeds", "memory_estimate_mb", "num_classes"}  # fmt: skip
+            "output_names", "feeds", "memory_estimate_mb", "num_classes", "prefix"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,7 @@ class JobSpec:
     memory_estimate_mb: float = 0.0
     recipe_name: str = ""
     num_classes: int = 0  # classification: labels must be < num_classes (0 = take it from the model)
+    prefix: PrefixSpec | None = None  # frozen-prefix caching: the artifacts train the suffix
     protocol_version: int = PROTOCOL_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -212,7 +214,7 @@ class JobSpec:
             "feeds": dict(self.feeds),
             "memory_estimate_mb": self.memory_estimate_mb,
             "num_classes": self.num_classes,
-        }
+        } | ({"prefix": self.prefix.to_dict()} if self.prefix else {})
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
@@ -258,6 +260,7 @@ class JobSpec:
             memory_estimate_mb=float(mem),
             recipe_name=get_field(d, "recipe_name", str, "", ""),
             num_classes=num_classes,
+            prefix=PrefixSpec.from_dict(d["prefix"]) if d.get("prefix") is not None else None,
             protocol_version=version,
         )
 

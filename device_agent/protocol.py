@@ -39,7 +39,7 @@ import re
 from typing import Any
 
 PROTOCOL_VERSION = 2
-AGENT_VERSION = "0.4.0"
+AGENT_VERSION = "0.5.0"
 VERSION_KEY = "protocol_version"  # the one spelling of the version on the wire
 V1_VERSION_KEYS = ("protocol", "v")  # protocol 1's spellings: read only to report the mismatch
 
@@ -50,7 +50,7 @@ BLOB_TMP_PREFIX = ".tmp-"
 BLOB_TMP_RE = re.compile(r"^\.tmp-[0-9a-f]{64}-[0-9a-f]{8,32}$")
 STALE_TMP_S = 600  # an upload untouched this long was cut off: ``blobs`` removes it
 ARTIFACT_KEYS = ("training_model", "eval_model", "optimizer_model", "checkpoint")
-EVENT_TYPES = ("started", "step", "epoch", "eval", "checkpoint", "finished", "failed", "cancelled")
+EVENT_TYPES = ("started", "step", "epoch", "eval", "checkpoint", "cache", "finished", "failed", "cancelled")
 TASKS = ("classification", "binary", "regression", "embedded")
 
 
@@ -238,12 +238,13 @@ def check_version(d: dict[str, Any], where: str) -> int:
 # The wire types import the names above from this module, so they are re-exported only now.
 from device_agent.jobspec import BlobRef, DataFile, DataRef, JobSpec, TrainParams  # noqa: E402
 from device_agent.messages import BlobListing, BoardInfo, Event, FileRef, JobResult  # noqa: E402
+from device_agent.prefix_spec import PrefixSpec  # noqa: E402
 
 __all__ = [
     "AGENT_VERSION", "ARTIFACT_KEYS", "BLOBS_DIR", "BLOB_TMP_PREFIX", "BLOB_TMP_RE", "EVENT_TYPES",
     "EXIT_HELP", "JOB_ID_RE", "NEVER_RETRY", "PROTOCOL_VERSION", "SHA256_RE", "STALE_TMP_S", "TASKS",
     "V1_VERSION_KEYS", "VERSION_KEY", "BlobListing", "BlobRef", "BoardInfo", "DataFile", "DataRef", "Event",
-    "ExitCode", "FileRef", "JobResult", "JobSpec", "SpecError", "TrainParams", "blob_tmp_name",
+    "ExitCode", "FileRef", "JobResult", "JobSpec", "PrefixSpec", "SpecError", "TrainParams", "blob_tmp_name",
     "check_version", "file_sha256", "get_field", "parse_json", "read_version", "reject_unknown", "typed_fields",
     "valid_blob_name", "valid_job_id",
 ]  # fmt: skip

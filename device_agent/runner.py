@@ -87,7 +87,7 @@ class OpenJob:
     num_classes: int | None
 
 
-def open_job(job: JobDir, spec: JobSpec) -> OpenJob:
+def open_job(job: JobDir, spec: JobSpec, events: EventLog | None = None) -> OpenJob:
     """Verify blobs and resources, load the artifacts (or the last checkpoint), check the data."""
     paths = verify_inputs(job, spec)
     check_resources(job, spec)
@@ -102,22 +102,60 @@ def open_job(job: JobDir, spec: JobSpec) -> OpenJob:
     names = list(module.input_names())
     inputs, classes = model_io(str(paths["eval_model"]), names)
     classes = spec.num_classes or classes
-    train_ds = _dataset(spec.train_data, paths["train_data"], names, inputs, spec, "train_data")
+    prefix = None
+    data_names, data_inputs = names, inputs
+    if spec.prefix is not None:  # the data feeds the prefix; the module reads its output instead
+        prefix, data_inputs = _prefix_inputs(paths["prefix_model"], spec, inputs)
+        data_names = [i.name for i in data_inputs]
+    train_ds = _dataset(spec.train_data, paths["train_data"], data_names, data_inputs, spec, "train_data")
     eval_ds = None
     if spec.eval_data is not None:
-        eval_ds = _dataset(spec.eval_data, paths["eval_data"], names, inputs, spec, "eval_data")
+        eval_ds = _dataset(spec.eval_data, paths["eval_data"], data_names, data_inputs, spec, "eval_data")
     for shard in getattr(train_ds, "shards", ()):  # every shard checked in full, then the whole
-        check_dataset(shard, inputs, spec.task, classes, shard.field)
-    check_dataset(train_ds, inputs, spec.task, classes, "train_data")
+        check_dataset(shard, data_inputs, spec.task, classes, shard.field)
+    check_dataset(train_ds, data_inputs, spec.task, classes, "train_data")
     if eval_ds is not None:
-        check_dataset(eval_ds, inputs, spec.task, classes, "eval_data")
+        check_dataset(eval_ds, data_inputs, spec.task, classes, "eval_data")
+    if prefix is not None:
+        train_ds, eval_ds = _cached(job, spec, prefix, names, train_ds, eval_ds, events)
     progress = Progress.from_properties(state.properties) if resume else Progress()
     session = Session(api, state, module, optimizer, inputs)
     return OpenJob(session, train_ds, eval_ds, progress, resume is not None, classes)
 
 
+def _prefix_inputs(path: Path, spec: JobSpec, inputs: list) -> tuple[Any, list]:
+    """The prefix session, and the inputs the data must hold: the prefix's, then the module's others."""
+    from device_agent.data import InputSpec
+    from device_agent.prefix_cache import _np_dtype, open_prefix
+
+    assert spec.prefix is not None
+    sess = open_prefix(path, spec.prefix)
+    first = [
+        InputSpec(i.name, tuple(d if isinstance(d, int) else None for d in i.shape), _np_dtype(i.type))
+        for i in sess.get_inputs()
+    ]
+    return sess, first + [i for i in inputs if i.name != spec.prefix.output]
+
+
+def _cached(job: JobDir, spec: JobSpec, sess: Any, names: list[str], train_ds: Any, eval_ds: Any,
+            events: EventLog | None) -> tuple[Any, Any]:  # fmt: skip
+    from device_agent.prefix_cache import RAM_SHARE, PrefixCache
+    from device_agent.sysinfo import meminfo_mb
+
+    assert spec.prefix is not None
+    rest = [n for n in names if n != spec.prefix.output]
+    budget = RAM_SHARE * max(0.0, meminfo_mb()["available_mb"] - spec.memory_estimate_mb)
+    kw = {"batch": spec.train.batch_size, "events": events}
+    train = PrefixCache(train_ds, sess, spec.prefix, rest, budget_mb=0.8 * budget, spill=job.path / "prefix-train.npy",
+                        field="train_data", **kw)  # fmt: skip
+    if eval_ds is not None:
+        eval_ds = PrefixCache(eval_ds, sess, spec.prefix, rest, budget_mb=0.2 * budget,
+                              spill=job.path / "prefix-eval.npy", field="eval_data", **kw)  # fmt: skip
+    return train, eval_ds
+
+
 def _prepare(job: JobDir, spec: JobSpec, events: EventLog) -> tuple[Trainer, Progress]:
-    opened = open_job(job, spec)
+    opened = open_job(job, spec, events)
     progress = opened.progress
     trainer = Trainer(job, spec, opened.session, opened.train_ds, opened.eval_ds, events)
     events.emit("started", resumed_from_step=progress.step if opened.resumed else None, total_steps=trainer.total,

@@ -24,6 +24,7 @@ from tasks.prepare.batchnorm import batchnorm_after_trainable, fix_batchnorm
 from tasks.prepare.export import check_onnx, feed_keys, load_onnx, quiet_stderr
 from tasks.prepare.fixups import apply_all
 from tasks.prepare.messages import generate_failure
+from tasks.prepare.split_artifacts import generate_split
 from tasks.prepare.trainable import float_params, resolve_trainable
 from tasks.recipe.load import recipe_hash
 from tasks.recipe.schema import Recipe
@@ -198,12 +199,15 @@ def generate(recipe: Recipe, model_onnx: Path, out_dir: Path, *, bn_fix: bool = 
     counts = float_params(model)
     frozen = [n for n in counts if n not in set(trainable)]
     loss, loss_name = build_loss(recipe, model)
+    fixed_model = onnx.ModelProto()
+    fixed_model.CopyFrom(model)  # generate_artifacts may change the proto it is given
     _run_generate(model, trainable, frozen, loss, recipe, out_dir / "artifacts")
     for key in ("training_model", "eval_model", "optimizer_model"):
         check_board_loadable(onnx.load(str(out_dir / ARTIFACT_FILES[key])), f"generated {key}")
     manifest = _manifest(recipe, model, out_dir, trainable, frozen, counts, loss_name)
     manifest["fixups"] = fixed.counts
     manifest["batchnorm"] = recipe.trainable.batchnorm
+    manifest["prefix_cache"] = generate_split(recipe, fixed_model, trainable, out_dir)
     stale_bn = batchnorm_after_trainable(model, trainable)
     if stale_bn:
         manifest["warnings"].append(

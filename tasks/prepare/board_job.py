@@ -14,6 +14,7 @@ from device_agent.protocol import (
     BlobRef,
     DataRef,
     JobSpec,
+    PrefixSpec,
     SpecError,
     TrainParams,
     file_sha256,
@@ -67,7 +68,12 @@ def build_job_spec(
     except SpecError as exc:
         raise RecipeError("job_id", exc.expected, job_id) from exc
     files: dict[str, Path] = {}
-    artifacts = {key: _artifact_blob(prepared, key, files) for key in ARTIFACT_KEYS}
+    split = prepared.manifest.get("prefix_cache") or {}
+    entries = split.get("files") if split.get("enabled") else None
+    artifacts = {key: _artifact_blob(prepared, key, files, entries) for key in ARTIFACT_KEYS}
+    prefix = _prefix(recipe, prepared, split, files) if entries else None
+    if checkpoint is not None and entries:  # the full graph's weights, for the suffix's graphs
+        checkpoint = suffix_checkpoint(checkpoint, prepared.out_dir / entries["checkpoint"]["path"])
     if checkpoint is not None:  # a warm start: the same graphs, other starting weights
         sha = file_sha256(checkpoint)
         files[sha] = Path(checkpoint)
@@ -93,8 +99,35 @@ def build_job_spec(
         memory_estimate_mb=float((prepared.validation or {}).get("board_peak_estimate_mb", 0.0)),
         recipe_name=recipe.name,
         num_classes=(recipe.model.num_classes or 0) if recipe.task == "classification" else 0,
+        prefix=prefix,
     )
     return spec, files
+
+
+def _prefix(recipe: Recipe, prepared: Prepared, split: dict, files: dict[str, Path]) -> PrefixSpec:
+    """The job's ``prefix``: the forward-only model before the cut, and how to keep its outputs."""
+    model = _artifact_blob(prepared, "prefix_model", files, split["files"])
+    return PrefixSpec(
+        model,
+        tuple(split["prefix_inputs"]),
+        split["cut"],
+        dtype=recipe.training.cache_dtype,
+        store=recipe.training.cache_store,
+    )
+
+
+def suffix_checkpoint(full: Path, suffix_base: Path) -> Path:
+    """``full``'s weights (a warm start's or a fleet round's checkpoint of the whole graph) in a
+    checkpoint of the suffix's graphs, written beside it."""
+    from tasks.checkpoint import checkpoint_weights, write_checkpoint
+
+    weights = checkpoint_weights(full)
+    wanted = checkpoint_weights(suffix_base)
+    missing = sorted(set(wanted) - set(weights))
+    if missing:
+        raise ArtifactError(f"{full}: has no parameter {missing[0]!r} that the split artifacts train")
+    out = Path(full).with_name(Path(full).name + ".suffix")
+    return write_checkpoint(suffix_base, {n: weights[n] for n in wanted}, out, every=True)
 
 
 def _output_names(recipe: Recipe) -> list[str]:
@@ -102,8 +135,10 @@ def _output_names(recipe: Recipe) -> list[str]:
     return names[1:] if recipe.loss.kind == "embedded" else names
 
 
-def _artifact_blob(prepared: Prepared, key: str, files: dict[str, Path]) -> BlobRef:
-    entry = prepared.manifest.get("files", {}).get(key)
+def _artifact_blob(
+    prepared: Prepared, key: str, files: dict[str, Path], entries: dict | None = None
+) -> BlobRef:
+    entry = (entries or prepared.manifest.get("files", {})).get(key)
     if not entry:
         raise ArtifactError(f"{prepared.manifest_path}: no files.{key} entry; run prepare again")
     path = prepared.out_dir / entry["path"]

@@ -20,7 +20,10 @@ from tasks.recipe.rules import ACCURACY_TASKS, check_consistency
 from tasks.recipe.schema import (
     BATCHNORM_MODES,
     BUILTIN_LOSSES,
+    CACHE_DTYPES,
+    CACHE_STORES,
     OPTIMIZERS,
+    PREFIX_CACHE,
     STRATEGIES,
     TASKS,
     LossSpec,
@@ -154,6 +157,9 @@ def _parse_training(t: Table) -> TrainingSpec:
         log_every=t.number("log_every", 1, 1, 10**9, integer=True),
         seed=t.number("seed", 0, 0, 2**32 - 1, integer=True),
         start_from=_choice(t, "start_from", START_FROM),
+        prefix_cache=_choice(t, "prefix_cache", PREFIX_CACHE),
+        cache_dtype=_choice(t, "cache_dtype", CACHE_DTYPES),
+        cache_store=_choice(t, "cache_store", CACHE_STORES),
     )
 
 

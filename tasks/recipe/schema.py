@@ -65,6 +65,13 @@ Recipe TOML layout (every table and key; unknown keys are errors)::
     seed = 0
     start_from = "base"                   # base | current: the weights of the model in service
                                           #   for this recipe and board (warm start)
+    prefix_cache = "auto"                 # auto: when every trainable parameter follows one tensor
+                                          #   and the part before it is deterministic, the board runs
+                                          #   that frozen prefix once per sample and trains the rest
+                                          #   on its cached outputs (same results) | off
+    cache_dtype = "float32"               # float32 (exact) | float16 (half the memory)
+    cache_store = "auto"                  # auto (RAM when it fits half the free RAM, else disk) |
+                                          #   ram | disk
 
     [data]
     make = "datasets:digits_shifted"      # optional module:callable(out_dir: Path) that writes
@@ -128,6 +135,9 @@ from typing import Any
 BUILTIN_LOSSES = ("mse", "cross-entropy", "bce-with-logits", "l1")
 STRATEGIES = ("classifier", "last-conv+classifier", "all", "freeze_net", "freeze_basenet")
 BATCHNORM_MODES = ("frozen", "batch-stats")
+PREFIX_CACHE = ("auto", "off")
+CACHE_DTYPES = ("float32", "float16")
+CACHE_STORES = ("auto", "ram", "disk")
 OPTIMIZERS = ("adamw", "sgd")
 TASKS = ("classification", "binary", "regression", "embedded")
 
@@ -183,6 +193,9 @@ class TrainingSpec:
     log_every: int = 1
     seed: int = 0
     start_from: str = "base"  # "base": the recipe's weights; "current": the registry's model in service
+    prefix_cache: str = "auto"  # one of PREFIX_CACHE: "auto" splits at the frozen prefix when it can
+    cache_dtype: str = "float32"  # one of CACHE_DTYPES: how the board keeps the prefix's outputs
+    cache_store: str = "auto"  # one of CACHE_STORES: RAM, the board's disk, or RAM when it fits
 
 
 @dataclass(frozen=True)

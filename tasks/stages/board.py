@@ -42,6 +42,7 @@ class Training:
     job_id: str
     result: JobResult
     events: tuple[Event, ...] = ()
+    prefix_model: Path | None = None  # frozen-prefix caching: the board trained the suffix only
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,8 @@ def train(
         _, result = drive_job(
             link, board, spec, files, record, deployed=True, end_orphans=end_orphans, deadline=deadline
         )
-    return Training(board.name, result.job_id, result, tuple(events))
+    prefix = files.get(spec.prefix.model.sha256) if spec.prefix is not None else None
+    return Training(board.name, result.job_id, result, tuple(events), prefix)
 
 
 def retrieve(
@@ -138,9 +140,16 @@ def retrieve(
     only: tuple[str, ...] | None = None,
 ) -> Retrieved:
     """Download the job's outputs into ``out_dir`` (or the ``only`` ones), each checked against its
-    sha256."""
+    sha256. When the board trained the suffix of a split model, its inference model is joined to
+    the prefix here: ``inference`` is the whole model, ``inference_suffix`` what the board wrote."""
     from tasks.board.retrieve import retrieve as download
 
     with _link(board, conn) as link:
         files = download(link, training.job_id, training.result, Path(out_dir), board, progress, only)
+    if training.prefix_model is not None and "inference" in files:
+        from tasks.prepare.prefix import stitch
+
+        suffix = files["inference"].replace(files["inference"].with_name("inference_suffix.onnx"))
+        files["inference_suffix"] = suffix
+        files["inference"] = stitch(training.prefix_model, suffix, Path(out_dir) / "inference.onnx")
     return Retrieved(training.job_id, Path(out_dir), files)
