@@ -1,4 +1,4 @@
-"""``odl board up | down | status | list | info``: virtual boards and the board inventory."""
+"""``odl board up | down | status | list | info | check``: virtual boards and the board inventory."""
 
 from __future__ import annotations
 
@@ -38,6 +38,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     info = bsub.add_parser("info", help="install/upgrade the agent on a board and print its 'info'")
     info.add_argument("name", nargs="?", default="vboard")
     info.set_defaults(func=_info)
+    check = bsub.add_parser(
+        "check", help="is a board ready? SSH, host key, python, numpy, ORT, agent, RAM, disk, clock"
+    )
+    check.add_argument("name", nargs="?", default="vboard")
+    check.add_argument("--json", action="store_true", help="print the items as a JSON list")
+    check.set_defaults(func=_check)
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -110,3 +116,10 @@ def _info(args: argparse.Namespace) -> int:
     finally:
         conn.close()
     return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from tasks.board.check import print_check
+    from tasks.board.inventory import get_board
+
+    return print_check(get_board(args.name), as_json=args.json)

@@ -174,6 +174,8 @@ def stitch(prefix_path: Path, suffix_path: Path, out: Path) -> Path:
         m.opset_import.extend(onnx.helper.make_opsetid(d, v) for d, v in opsets.items())
     try:
         merged = compose.merge_models(prefix, suffix, io_map=[(cut, cut)])
+        del merged.opset_import[:]  # merge_models lists each domain once per model
+        merged.opset_import.extend(onnx.helper.make_opsetid(d, v) for d, v in opsets.items())
         onnx.checker.check_model(merged)
     except Exception as exc:  # noqa: BLE001 - onnx raises ValueError, ValidationError ...
         raise ArtifactError(

@@ -121,3 +121,6 @@ def test_split_training_equals_full_graph_training(tmp_path, local_board):
     assert [i.name for i in whole.get_inputs()] == ["input"]
     np.testing.assert_allclose(whole.run(None, {"input": x})[0], full.run(None, {"input": x})[0], atol=1e-5)
     assert got_on.files["inference_suffix"].exists()
+    whole_model = onnx.load(str(got_on.inference))
+    domains = [o.domain for o in whole_model.opset_import]
+    assert len(domains) == len(set(domains)), domains  # one entry per domain (the int8 quantizer needs it)
