@@ -32,6 +32,7 @@ from device_agent.jobdir import (
     read_result,
 )
 from device_agent.protocol import EXIT_HELP, NEVER_RETRY, ExitCode
+from device_agent.supervise import cmd_supervise
 
 log = logging.getLogger("device_agent")
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent
@@ -93,7 +94,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     emit({
         "ok": True, "job_id": spec.job_id, "exit_code": 0, "train_samples": len(opened.train_ds),
         "eval_samples": len(opened.eval_ds) if opened.eval_ds is not None else 0,
-        "inputs": {i.name: [d if d is not None else "N" for d in i.shape] for i in opened.session.inputs},
+        "inputs": {i.name: [d if d is not None else "N" for d in i.shape] for i in opened.data_inputs},
         "num_classes": opened.num_classes, "resume_from_step": opened.progress.step if opened.resumed else None,
     })  # fmt: skip
     return ExitCode.OK
@@ -128,7 +129,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    """Start ``run`` detached (new session, stdio redirected); returns at once."""
+    """Start the job detached (``supervise`` running ``run``; new session, stdio redirected); returns at once."""
     job = _job(args)
     spec = load_spec(job)
     done = read_result(job)
@@ -147,7 +148,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     env = dict(
         os.environ, **{LOCK_FD_ENV: str(fd), BOARD_LOCK_FD_ENV: str(board_fd), "PYTHONPATH": _pythonpath()}
     )
-    argv = [sys.executable, "-m", "device_agent", "--root", str(args.root), "run", str(job.path)]
+    argv = [sys.executable, "-m", "device_agent", "--root", str(args.root), "supervise", str(job.path)]
     with open(os.devnull, "rb") as devnull, open(job.path / "agent.stderr", "ab") as err:
         child = subprocess.Popen(argv, stdin=devnull, stdout=subprocess.DEVNULL, stderr=err, env=env,
                                  pass_fds=(fd, board_fd), start_new_session=True, cwd=str(job.path))  # fmt: skip
@@ -226,7 +227,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 COMMANDS = {"info": cmd_info, "blobs": cmd_blobs, "put-blob": cmd_put_blob, "validate": cmd_validate,
             "run": cmd_run, "start": cmd_start, "status": cmd_status, "cancel": cmd_cancel,
-            **board_cmds.COMMANDS}  # fmt: skip
+            "supervise": cmd_supervise, **board_cmds.COMMANDS}  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -243,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     put = sub.add_parser("put-blob", help=(cmd_put_blob.__doc__ or "").split("\n")[0])
     put.add_argument("tmp", help="the upload: ROOT/blobs/.tmp-SHA256-HEX")
     put.add_argument("sha256", help="the hash it must have (its name in ROOT/blobs)")
-    for name in ("validate", "run", "start", "status", "cancel"):
+    for name in ("validate", "run", "start", "status", "cancel", "supervise"):
         sub.add_parser(name, help=(COMMANDS[name].__doc__ or "").split("\n")[0]).add_argument("jobdir")
     board_cmds.add_parsers(sub)
     return parser

@@ -78,6 +78,7 @@ class ExitCode(enum.IntEnum):
     NO_TRAINING_API = 33  # onnxruntime without the training API
     BUSY = 34  # the job is already running in another process
     BOARD_BUSY = 35  # another job is training on this board (one at a time)
+    OUT_OF_MEMORY = 36  # the kernel killed the job for memory (its peak exceeded the RAM it may use)
 
 
 EXIT_HELP: dict[int, str] = {
@@ -98,6 +99,7 @@ EXIT_HELP: dict[int, str] = {
     ExitCode.NO_TRAINING_API: "onnxruntime on this board has no training API",
     ExitCode.BUSY: "the job is already running",
     ExitCode.BOARD_BUSY: "another job is training on this board: wait for it, or cancel it",
+    ExitCode.OUT_OF_MEMORY: "the kernel killed the job for memory; last checkpoint kept; never retried as is",
 }
 
 # Causes that running again cannot fix: a job that failed so keeps its result (the agent's
@@ -109,6 +111,7 @@ NEVER_RETRY = frozenset(
         ExitCode.DATA_MISMATCH,
         ExitCode.INVALID_ARGUMENT,
         ExitCode.DIVERGED,
+        ExitCode.OUT_OF_MEMORY,
     }
 )
 

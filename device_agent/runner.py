@@ -85,6 +85,7 @@ class OpenJob:
     progress: Progress
     resumed: bool
     num_classes: int | None
+    data_inputs: list  # what the data must hold: the model's inputs (a split job: the prefix's)
 
 
 def open_job(job: JobDir, spec: JobSpec, events: EventLog | None = None) -> OpenJob:
@@ -120,7 +121,7 @@ def open_job(job: JobDir, spec: JobSpec, events: EventLog | None = None) -> Open
         train_ds, eval_ds = _cached(job, spec, prefix, names, train_ds, eval_ds, events)
     progress = Progress.from_properties(state.properties) if resume else Progress()
     session = Session(api, state, module, optimizer, inputs)
-    return OpenJob(session, train_ds, eval_ds, progress, resume is not None, classes)
+    return OpenJob(session, train_ds, eval_ds, progress, resume is not None, classes, data_inputs)
 
 
 def _prefix_inputs(path: Path, spec: JobSpec, inputs: list) -> tuple[Any, list]:

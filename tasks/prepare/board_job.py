@@ -71,8 +71,8 @@ def build_job_spec(
     split = prepared.manifest.get("prefix_cache") or {}
     entries = split.get("files") if split.get("enabled") else None
     artifacts = {key: _artifact_blob(prepared, key, files, entries) for key in ARTIFACT_KEYS}
-    prefix = _prefix(recipe, prepared, split, files) if entries else None
-    if checkpoint is not None and entries:  # the full graph's weights, for the suffix's graphs
+    prefix = _prefix(recipe, prepared, split, files) if entries is not None else None
+    if checkpoint is not None and entries is not None:  # the full graph's weights, for the suffix's graphs
         checkpoint = suffix_checkpoint(checkpoint, prepared.out_dir / entries["checkpoint"]["path"])
     if checkpoint is not None:  # a warm start: the same graphs, other starting weights
         sha = file_sha256(checkpoint)
@@ -138,9 +138,10 @@ def _output_names(recipe: Recipe) -> list[str]:
 def _artifact_blob(
     prepared: Prepared, key: str, files: dict[str, Path], entries: dict | None = None
 ) -> BlobRef:
-    entry = (entries or prepared.manifest.get("files", {})).get(key)
+    entry = (entries if entries is not None else prepared.manifest.get("files", {})).get(key)
     if not entry:
-        raise ArtifactError(f"{prepared.manifest_path}: no files.{key} entry; run prepare again")
+        where = "prefix_cache.files" if entries is not None else "files"
+        raise ArtifactError(f"{prepared.manifest_path}: no {where}.{key} entry; run prepare again")
     path = prepared.out_dir / entry["path"]
     if not path.is_file() or path.stat().st_size != entry["size"]:
         raise ArtifactError(f"artifact {key}: {path} is missing or its size differs from the manifest")

@@ -25,8 +25,10 @@ def logits_job(digits_recipe, prepared_digits):
     return make
 
 
-def test_eval_accuracy_matches_exported_model_on_host(agent_board, logits_job, digits_recipe):
+def test_eval_accuracy_matches_exported_model_on_host(agent_board, logits_job, digits_recipe, tmp_path):
     import onnxruntime
+
+    from tasks.prepare.prefix import stitch
 
     spec, files = logits_job("acc", epochs=4)
     jdir = agent_board.install(spec, files)
@@ -37,7 +39,10 @@ def test_eval_accuracy_matches_exported_model_on_host(agent_board, logits_job, d
     assert {"train_loss", "train_accuracy", "eval_loss", "eval_accuracy"} <= res["metrics"].keys()
     with np.load(digits_recipe.data.eval) as data:
         x, y = data["x"], data["y"]
-    sess = onnxruntime.InferenceSession(str(jdir / "inference.onnx"), providers=["CPUExecutionProvider"])
+    model = jdir / "inference.onnx"
+    if spec.prefix is not None:  # the board trained the suffix: the host joins the prefix back
+        model = stitch(files[spec.prefix.model.sha256], model, tmp_path / "whole.onnx")
+    sess = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     logits = sess.run(None, {sess.get_inputs()[0].name: x.astype(np.float32)})[0]
     assert res["metrics"]["eval_accuracy"] == pytest.approx(float((logits.argmax(1) == y).mean()), abs=1e-9)
     assert res["history"][-1]["eval_loss"] < res["history"][0]["eval_loss"]

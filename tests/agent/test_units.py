@@ -84,9 +84,12 @@ def test_build_job_spec_errors(digits_recipe, prepared_digits):
 
     with pytest.raises(RecipeError, match="job_id"):
         build_job_spec(digits_recipe, prepared_digits, "../evil")
-    broken = replace(prepared_digits, manifest={**prepared_digits.manifest, "files": {}})
-    with pytest.raises(ArtifactError, match="files.training_model"):
-        build_job_spec(digits_recipe, broken, "ok")
+    for manifest in (
+        {**prepared_digits.manifest, "files": {}, "prefix_cache": {"enabled": False}},
+        {**prepared_digits.manifest, "prefix_cache": {"enabled": True, "files": {}}},
+    ):
+        with pytest.raises(ArtifactError, match="files.training_model"):
+            build_job_spec(digits_recipe, replace(prepared_digits, manifest=manifest), "ok")
     bad = replace(digits_recipe, training=replace(digits_recipe.training, batch_size=0))
     with pytest.raises(RecipeError, match="training.batch_size"):
         build_job_spec(bad, prepared_digits, "ok")
