@@ -75,16 +75,25 @@ print(json.dumps({"samples_per_s": steps * bs / dt, "seconds": dt, "peak_rss_mb"
 """
 
 
-def agent_job(recipe_file: str, steps: int) -> tuple[Any, dict[str, Path], Path, Any]:
-    """Prepare the recipe (cached) and build a one-epoch job of ``steps`` steps on tiled data."""
+def prepared_recipe(recipe_file: str, prefix_cache: str) -> tuple[Any, Any]:
+    """The recipe with ``training.prefix_cache`` set, prepared (cached per setting)."""
     from tasks.prepare import prepare
-    from tasks.prepare.board_job import build_job_spec
     from tasks.recipe.load import load_recipe
 
     recipe = load_recipe(PROJECT_ROOT / "recipes" / recipe_file)
+    recipe = replace(recipe, training=replace(recipe.training, prefix_cache=prefix_cache))
     if recipe.loss.kind != "cross-entropy":
         raise SystemExit(f"{recipe_file}: the torch loop here only knows cross-entropy")
-    prepared = prepare(recipe, state_dir("cache", "bench", f"train-{recipe.name}"), validate=False)
+    out = state_dir("cache", "bench", f"train-{recipe.name}-{prefix_cache}")
+    return recipe, prepare(recipe, out, validate=False)
+
+
+def agent_job(recipe_file: str, steps: int) -> tuple[Any, dict[str, Path], Path, Any]:
+    """A one-epoch job of ``steps`` steps on tiled data, the full graph at every step (no prefix
+    cache: one epoch is what the torch loop is compared with)."""
+    from tasks.prepare.board_job import build_job_spec
+
+    recipe, prepared = prepared_recipe(recipe_file, "off")
     spec, files = build_job_spec(recipe, prepared, f"bench-train-{recipe.name}", max_steps=steps)
     root = state_dir("cache", "bench", "train-root")
     train = tiled_npz(recipe.data.train, steps * spec.train.batch_size, root)
@@ -136,6 +145,59 @@ def bench_recipe(recipe_file: str, steps: int, python: Path) -> dict[str, Any]:
     }  # fmt: skip
 
 
+CACHE_COLUMNS = [("mode", "mobilenet_v2"), ("epoch1_s", "epoch 1 s"), ("later_samples_per_s", "epochs 2+ s/s"),
+                 ("speedup", "vs full graph"), ("peak_rss_mb", "peak MB")]  # fmt: skip
+
+
+def cache_run(python: Path, recipe_file: str, mode: str, rows: int, epochs: int) -> dict[str, Any]:
+    """``epochs`` epochs over ``rows`` samples with ``training.prefix_cache = mode``: the first
+    epoch's seconds, the mean samples/s of the later ones (from the epoch events), peak RSS."""
+    import statistics
+
+    from device_agent.events import read_events
+    from tasks.prepare.board_job import build_job_spec
+
+    recipe, prepared = prepared_recipe(recipe_file, mode)
+    spec, files = build_job_spec(recipe, prepared, f"bench-cache-{recipe.name}-{mode}")
+    root = state_dir("cache", "bench", "train-root")
+    train = tiled_npz(recipe.data.train, rows, root)
+    files[train.blob.sha256] = root / "blobs" / train.blob.sha256
+    params = replace(spec.train, epochs=epochs, checkpoint_every=0, log_every=1, max_steps=0)
+    jdir = install_job(root, replace(spec, train_data=train, eval_data=None, train=params), files)
+    result = run_agent(python, root, jdir)
+    events = read_events(jdir / "events.jsonl")
+    ends = [next(e["ts"] for e in events if e["type"] == "started")]
+    ends += [e["ts"] for e in events if e["type"] == "epoch"]
+    rates = [rows / (b - a) for a, b in zip(ends, ends[1:], strict=False)]
+    cache = [e["data"] for e in events if e["type"] == "cache"]
+    return {"mode": f"agent, prefix cache {mode}", "epoch1_s": round(ends[1] - ends[0], 2),
+            "later_samples_per_s": round(statistics.mean(rates[1:]), 1), "peak_rss_mb": result["peak_rss_mb"],
+            "cache": cache[0] if cache else None, "cut": prepared.manifest["prefix_cache"].get("cut")}  # fmt: skip
+
+
+def bench_cache(python: Path, rows: int, epochs: int) -> list[dict[str, Any]]:
+    """mobilenet_v2 last-conv+classifier at 224x224: the full graph at every step vs the frozen
+    prefix run once per sample (epoch 1) and the suffix trained on its cached outputs, and the
+    torch loop (full graph; no cache) beside them."""
+    full = cache_run(python, "mobilenet_v2.toml", "off", rows, epochs)
+    cached = cache_run(python, "mobilenet_v2.toml", "auto", rows, epochs)
+    recipe, prepared = prepared_recipe("mobilenet_v2.toml", "off")
+    root = state_dir("cache", "bench", "train-root")
+    data = tiled_npz(recipe.data.train, rows, root)
+    bs = recipe.training.batch_size
+    args = {"recipe": str(PROJECT_ROOT / "recipes" / "mobilenet_v2.toml"), "trainable": prepared.manifest["trainable"],
+            "train": str(root / "blobs" / data.blob.sha256), "x": "x", "y": "y", "batch_size": bs,
+            "steps": rows // bs, "seed": recipe.training.seed, "threads": physical_cores()}  # fmt: skip
+    torch_ = json_run([sys.executable, "-c", TORCH_LOOP, json.dumps(args)])
+    torch_row = {"mode": "torch loop (full graph)", "epoch1_s": round(rows / torch_["samples_per_s"], 2),
+                 "later_samples_per_s": round(torch_["samples_per_s"], 1),
+                 "peak_rss_mb": round(torch_["peak_rss_mb"], 1)}  # fmt: skip
+    rows_out = [full, cached, torch_row]
+    for row in rows_out:
+        row["speedup"] = round(row["later_samples_per_s"] / full["later_samples_per_s"], 2)
+    return rows_out
+
+
 def main() -> int:
     """Run the recipes, print the table, write bench/results/train.json."""
     from tasks.vboard.venv import ensure_board_venv
@@ -143,12 +205,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="digits only, 100 steps")
     parser.add_argument("--out", type=Path, help="result file (default bench/results/train.json)")
+    parser.add_argument("--cache-rows", type=int, default=128, help="samples of the prefix-cache comparison")
+    parser.add_argument("--cache-epochs", type=int, default=3, help="its epochs (the first fills the cache)")
     args = parser.parse_args()
     python = ensure_board_venv(BOARD_VENV)
     plan = [("digits.toml", 100)] if args.quick else [("digits.toml", 600), ("mobilenet_v2.toml", 32)]
     rows = [bench_recipe(recipe, steps, python) for recipe, steps in plan]
-    path = write_results("train", {"rows": rows, "quick": args.quick, "repeats": REPEATS}, args.out)
+    cache = [] if args.quick else bench_cache(python, args.cache_rows, args.cache_epochs)
+    results = {"rows": rows, "prefix_cache": cache, "quick": args.quick, "repeats": REPEATS}
+    path = write_results("train", results, args.out)
     print(table(rows, COLUMNS))
+    if cache:
+        print(
+            f"\nfrozen-prefix caching: {args.cache_rows} samples, {args.cache_epochs} epochs, cut at {cache[1]['cut']}"
+        )
+        print(table(cache, CACHE_COLUMNS))
     print(f"threads: {rows[0]['threads']} (ORT default intra-op = physical cores; torch.set_num_threads)")
     print(f"figures: {path}")
     return 0
