@@ -1,12 +1,18 @@
 """Transfer benchmark: the project's SSH transport beside ``scp`` on the same board.
 
-Prints upload and download MB/s of a 200 MB file (median of --repeat runs, interleaved with scp
-so machine load hits both alike), their ratio (target >= 0.9), and the time of a deployment of
-the same file as a content-addressed blob: first upload vs an unchanged re-deploy (connect +
-agent check + blob listing, 0 bytes sent). Figures go to bench/results/transfer.json.
+Prints upload and download MB/s of a file (median of --repeat runs, interleaved with scp so machine
+load hits both alike), their ratio (target >= 0.9), the round trip of a no-op remote command, and
+the time of a deployment of the same file as a content-addressed blob: first upload vs an unchanged
+re-deploy (connect + agent check + blob listing, 0 bytes sent). Figures go to
+bench/results/transfer.json.
+
+The temporary virtual board sits behind a shaped link, by default the slow field link of issue 15
+(``--link "rate=10mbit,delay=50ms,loss=1%"``: 10 Mbit/s and 50 ms each way, 1% of packets lost);
+``--link none`` measures the bare veth pair (then the file is 200 MB; over a rate, ~5 s of it).
 
     .venv/bin/python bench/transfer.py                 # brings up (and purges) a virtual board
-    .venv/bin/python bench/transfer.py --board mp2-lab # a board of the inventory
+    .venv/bin/python bench/transfer.py --link none     # the same without shaping
+    .venv/bin/python bench/transfer.py --board mp2-lab # a board of the inventory (no shaping)
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from tasks.board.transport import connect  # noqa: E402
 from tasks.hashing import file_sha256  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "transfer.json"
+DEFAULT_LINK = "rate=10mbit,delay=50ms,loss=1%"
 
 
 def scp_argv(board: Board, src: str, dst: str) -> list[str]:
@@ -70,6 +77,15 @@ def measure(board: Board, src: Path, repeat: int) -> dict[str, list[float]]:
     return times
 
 
+def round_trip_ms(board: Board, repeat: int = 5) -> float:
+    """Milliseconds of the quickest no-op remote command (``true``) on one open connection."""
+    conn = connect(board)
+    try:
+        return round(1000 * min(timed(lambda: conn.run(["true"])) for _ in range(repeat)), 1)
+    finally:
+        conn.close()
+
+
 def redeploy(board: Board, src: Path) -> dict[str, float]:
     """First deployment of ``src`` as a blob vs an unchanged re-deploy (new connection each time)."""
     files = {file_sha256(src): src}
@@ -101,9 +117,17 @@ def main() -> int:
     """Run the benchmark, print the figures and write bench/results/transfer.json."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--board", help="inventory board (default: a temporary virtual board)")
-    ap.add_argument("--mb", type=int, default=200)
+    ap.add_argument("--link", default=DEFAULT_LINK, metavar="SPEC",
+                    help=f"the virtual board's link (default {DEFAULT_LINK!r}; 'none': unshaped)")  # fmt: skip
+    ap.add_argument("--mb", type=int, help="file size (default: 200, or ~5 s of the link's rate)")
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
+    args.link = None if args.board or args.link.lower() in ("", "none") else args.link
+    if args.mb is None:
+        from tasks.vboard.link import parse_link
+
+        rate = parse_link(args.link).rate_bps if args.link else None
+        args.mb = max(1, round(rate / 8 * 5 / 2**20)) if rate else 200
     with tempfile.TemporaryDirectory(prefix="odl-bench-") as tmp:
         src = Path(tmp) / "payload.bin"
         with open(src, "wb") as f:
@@ -125,9 +149,10 @@ def run_on_virtual_board(tmp: Path, src: Path, args: argparse.Namespace) -> dict
 
     os.environ["ODL_HOME"] = str(tmp / "home")
     name = f"bench{os.getpid() % 100000}"
-    board = board_up(name, venv=Path(os.environ.get("ODL_TEST_BOARD_VENV", "/var/tmp/odl-test-board-venv")))
+    venv = Path(os.environ.get("ODL_TEST_BOARD_VENV", "/var/tmp/odl-test-board-venv"))
+    board = board_up(name, venv=venv, link=args.link)
     try:
-        return run(board, src, args) | {"board": "virtual (netns sshd)"}
+        return run(board, src, args) | {"board": "virtual (netns sshd)", "link": args.link or "none"}
     finally:
         board_down(name, purge=True)
 
@@ -136,9 +161,10 @@ def run(board: Board, src: Path, args: argparse.Namespace) -> dict:
     """All figures for one board."""
     mb = src.stat().st_size / 1e6
     t = {k: statistics.median(v) for k, v in measure(board, src, args.repeat).items()}
-    rate = {k: round(mb / v, 1) for k, v in t.items()}
+    rate = {k: round(mb / v, 2) for k, v in t.items()}
     return {
         "file_mb": round(mb, 1), "repeat": args.repeat, "mb_per_s": rate,
+        "mbit_per_s": {k: round(v * 8, 2) for k, v in rate.items()}, "round_trip_ms": round_trip_ms(board),
         "upload_ratio": round(rate["ours_put"] / rate["scp_put"], 3),
         "download_ratio": round(rate["ours_get"] / rate["scp_get"], 3),
         "target_ratio": 0.9, "load_avg_1m": round(os.getloadavg()[0], 2), **redeploy(board, src),

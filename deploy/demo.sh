@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one-command demo (called by `make demo` after `make install`; `deploy/demo.sh down` for `make down`).
-#   up:   virtual board "vboard" -> Prefect server (SQLite under $ODL_HOME/prefect, telemetry off)
+#   up:   virtual board "vboard" (profile stm32mp25) -> Prefect server (SQLite under $ODL_HOME/prefect, telemetry off)
 #         -> work pool odl-pool -> deployment odl/full (deploy/prefect.yaml) -> process worker
 #         -> `prefect deployment run odl/full --watch` -> summary + UI address. Leaves it all running.
 #   nightly: the same stack, then three nights of recipes/digits_nightly.toml: each appends a shard to
@@ -31,7 +31,8 @@ PY
 
 case "${1:-up}" in
   up)
-    "$BIN/odl" board up --name "$BOARD"
+    # an STM32MP25 in RAM (4 GB cap), CPUs (2) and speed (0.25 CPU: two Cortex-A35), kernel-enforced
+    "$BIN/odl" board up --name "$BOARD" --profile stm32mp25
     "$BIN/odl" stack up --port "$PORT"
     stack_env
     start=$(date +%s)
@@ -46,7 +47,7 @@ case "${1:-up}" in
     echo "Everything keeps running; stop it with: make down"
     ;;
   nightly)  # nightly continual learning: one shard appended on the board before each run
-    "$BIN/odl" board up --name "$BOARD"
+    "$BIN/odl" board up --name "$BOARD" --profile stm32mp25
     "$BIN/odl" stack up --port "$PORT"
     stack_env
     "$BIN/python" -c "from tasks.recipe.load import load_recipe; from tasks import stages; \
@@ -81,8 +82,9 @@ PY
 stages.prepare_data(load_recipe('recipes/digits_fleet.toml'))"
     for i in 0 1 2 3; do
       b="${FLEET_PREFIX}$((i + 1))"
-      # 0.5 CPU each (a kernel quota): four boards share this machine's cores as four real ones would not
-      "$BIN/odl" board up --name "$b" --cpu-quota 0.5
+      # an STM32MP25 each (4 GB RAM cap, 2 CPUs) but 0.5 CPU (a kernel quota) instead of the profile's
+      # 0.25, so the four boards share this machine's two cores and the demo stays short
+      "$BIN/odl" board up --name "$b" --profile stm32mp25 --cpu-quota 0.5
       "$BIN/python" - "$b" <<'PY'
 import posixpath, sys
 from tasks.board.inventory import get_board

@@ -156,12 +156,15 @@ class BoardInfo:
     training_api: bool
     training_api_error: str  # "" when the training API loads
     mem_total_mb: float
-    mem_available_mb: float  # MemAvailable (or ODL_AGENT_FAKE_MEM_MB)
+    mem_available_mb: float  # MemAvailable, or less under a cgroup memory limit (its headroom)
     disk_free_mb: float  # on the filesystem of the agent root
     root: str
     cpu_count: int
     machine: str
     torch_loaded: bool
+    # The cgroup memory limit the kernel enforces on the agent (MB), None without one. Optional:
+    # an agent of an earlier release does not send it, and a host that does not know it ignores it.
+    mem_limit_mb: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -171,8 +174,8 @@ class BoardInfo:
         if not isinstance(d, dict):
             raise SpecError("info", "a JSON object", d)
         info = cls(**typed_fields(cls, d, "info"))
-        for name in ("mem_total_mb", "mem_available_mb", "disk_free_mb"):
-            if getattr(info, name) < 0:
+        for name in ("mem_total_mb", "mem_available_mb", "disk_free_mb", "mem_limit_mb"):
+            if (getattr(info, name) or 0) < 0:
                 raise SpecError(f"info.{name}", "a number >= 0", getattr(info, name))
         if info.cpu_count < 1:
             raise SpecError("info.cpu_count", "an integer >= 1", info.cpu_count)

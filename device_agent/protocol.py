@@ -203,7 +203,13 @@ def typed_fields(cls: Any, d: dict[str, Any], where: str) -> dict[str, Any]:
     """The values of dataclass ``cls``'s int/float/bool/str fields read and type-checked from ``d``."""
     import dataclasses
 
-    types: dict[str, Any] = {"int": int, "float": (int, float), "bool": bool, "str": str}
+    types: dict[str, Any] = {
+        "int": int,
+        "float": (int, float),
+        "bool": bool,
+        "str": str,
+        "float | None": (int, float),
+    }  # None only where the default is None
     vals: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         default = f.default if f.default is not dataclasses.MISSING else ...

@@ -67,7 +67,7 @@ class AgentBoard:
     def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 120) -> AgentRun:
         """``python -m device_agent --root ROOT ARGS`` in the board venv."""
         full_env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), **(env or {})}
-        for key in ("ODL_AGENT_FAKE_MEM_MB", "ODL_AGENT_STEP_DELAY_S"):
+        for key in ("ODL_AGENT_STEP_DELAY_S",):
             if env is None or key not in env:
                 full_env.pop(key, None)
         proc = subprocess.run(

@@ -7,6 +7,7 @@ real virtual board (private sshd, own user, own netns; root only).
 ``virtual_board`` yields the :class:`tasks.board.inventory.Board` of a board brought up for this test
 session (unique name per session, purged at the end); ``virtual_board_home`` is the ODL_HOME that
 holds its inventory, keys and pinned known_hosts (set ``ODL_HOME`` to it to use the board by name).
+``shaped_virtual_board`` is another such board behind a slow, lossy link (``SHAPED_LINK``).
 """
 
 from __future__ import annotations
@@ -54,6 +55,35 @@ def virtual_board(virtual_board_home: Path) -> Iterator:
     with odl_home_env(virtual_board_home):
         board = board_up(name, venv=BOARD_VENV)
     try:
+        yield board
+    finally:
+        with odl_home_env(virtual_board_home):
+            board_down(name, purge=True)
+
+
+# The issue's slow link: 10 Mbit/s each way, 50 ms each way, 1% of the packets lost (tasks.vboard.link)
+SHAPED_LINK = "rate=10mbit,delay=50ms,loss=1%"
+
+
+@pytest.fixture(scope="session")
+def shaped_virtual_board(virtual_board_home: Path) -> Iterator:
+    """A second virtual board for the session, reached over ``SHAPED_LINK`` (through its delay proxy),
+    with the agent installed (~10 s over this link: the agent goes file by file, ~3 round trips each)."""
+    from tasks.board.agent import install_agent
+    from tasks.board.transport import connect
+    from tasks.vboard.lifecycle import board_down, board_up
+
+    if os.geteuid() != 0:
+        pytest.skip("the virtual board needs root (useradd, ip netns, sshd, tc, nft)")
+    name = f"s{os.getpid()}"
+    with odl_home_env(virtual_board_home):
+        board = board_up(name, venv=BOARD_VENV, link=SHAPED_LINK)
+    try:
+        conn = connect(board)
+        try:
+            install_agent(conn, board)
+        finally:
+            conn.close()
         yield board
     finally:
         with odl_home_env(virtual_board_home):

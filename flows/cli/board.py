@@ -12,11 +12,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     bsub = board.add_subparsers(dest="board_command", required=True, metavar="ACTION")
     up = bsub.add_parser("up", help="bring up a virtual board (private sshd, own user and netns)")
     up.add_argument("--name", default="vboard")
-    up.add_argument("--mem-mb", type=int, help="RAM the agent may use (ODL_AGENT_FAKE_MEM_MB)")
+    up.add_argument(
+        "--profile", help="a board model's RAM, CPUs and CPU quota, e.g. stm32mp25 (flags below override)"
+    )
+    up.add_argument("--mem-mb", type=int, help="cap the board's RAM (cgroup memory limit, no swap)")
     up.add_argument("--cpus", type=int, help="pin the board to this many CPUs (taskset)")
     up.add_argument("--loopback", action="store_true", help="listen on 127.0.0.1 instead of a netns")
     up.add_argument(
         "--cpu-quota", type=float, metavar="CPUS", help="cap the board's total CPU time (cgroup), e.g. 0.5"
+    )
+    up.add_argument(
+        "--link", metavar="SPEC", help='shape its link, e.g. "rate=10mbit,delay=50ms,loss=1%%" (any subset)'
     )
     up.add_argument(
         "--env", action="append", metavar="NAME=VALUE", help="set in the board's sessions (repeatable)"
@@ -63,6 +69,8 @@ def _up(args: argparse.Namespace) -> int:
         netns=not args.loopback,
         cpu_quota=args.cpu_quota,
         env=env,
+        profile=args.profile,
+        link=args.link,
     )
     print(
         f"board {b.name} up: ssh -i {b.key} -o UserKnownHostsFile={b.known_hosts} -p {b.port} {b.user}@{b.host}"
@@ -87,11 +95,15 @@ def _status(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace) -> int:
     from tasks.board.inventory import inventory_path, load_groups, load_inventory
+    from tasks.paths import odl_home
 
     boards = load_inventory()
     print(f"# {inventory_path()}")
     for b in boards.values():
-        print(f"{b.name:16s} {b.user}@{b.host}:{b.port}  root={b.root}  ort={b.ort_version}")
+        vb = odl_home() / "boards" / b.name / "state.json"  # a virtual board: its profile and link
+        state = json.loads(vb.read_text()) if vb.is_file() else {}
+        extra = "".join(f"  {k}={state[k]}" for k in ("profile", "link") if state.get(k))
+        print(f"{b.name:16s} {b.user}@{b.host}:{b.port}  root={b.root}  ort={b.ort_version}{extra}")
     for name, members in load_groups().items():
         print(f"group {name:10s} {', '.join(members)}")
     return 0

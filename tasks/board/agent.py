@@ -122,8 +122,9 @@ def check_info(board: Board, info: BoardInfo, memory_estimate_mb: float = 0.0) -
             f"onnxruntime without the training API ({info.training_api_error or 'not importable'})"
         )
     if memory_estimate_mb and memory_estimate_mb > info.mem_available_mb:
+        cap = f" under its {info.mem_limit_mb:.0f} MB cgroup limit" if info.mem_limit_mb else ""
         problems.append(
-            f"job needs ~{memory_estimate_mb:.0f} MB RAM, board has {info.mem_available_mb:.0f} MB available"
+            f"job needs ~{memory_estimate_mb:.0f} MB RAM, board has {info.mem_available_mb:.0f} MB available{cap}"
         )
     if info.disk_free_mb < 100:
         problems.append(f"only {info.disk_free_mb:.0f} MB free disk under {board.root}")

@@ -11,8 +11,8 @@ Thresholds (why):
   when the inventory names another one); its training API must load without torch.
 * agent: protocol == the host's ``PROTOCOL_VERSION`` (FAIL otherwise); not installed is a WARN (the
   next deploy or ``odl board info NAME`` installs it).
-* RAM available to a job (MemAvailable, lowered by the agent's ``ODL_AGENT_FAKE_MEM_MB`` and by the
-  headroom of a cgroup memory limit): FAIL below 128 MB (the runtime alone takes ~50 MB RSS), WARN
+* RAM available to a job (MemAvailable, lowered by the headroom of a cgroup memory limit, as the
+  agent counts it): FAIL below 128 MB (the runtime alone takes ~50 MB RSS), WARN
   below 768 MB (the reference mobilenet_v2 at batch 16 peaks at ~730 MB).
 * free disk at the root: FAIL below 100 MB (the agent refuses to run), WARN below 1 GB.
 * disk write (16 MB, fsync) at the root: FAIL below 1 MB/s, WARN below 5 MB/s (a ~10 MB checkpoint
@@ -172,8 +172,6 @@ def available_ram(sec: dict[str, Any]) -> tuple[float, str]:
     if cg and cg["headroom_mb"] < avail:
         avail = cg["headroom_mb"]
         why = f"cgroup limit {fmt_mb(cg['limit_mb'])}, {fmt_mb(cg['usage_mb'])} used ({cg['path']})"
-    if sec.get("fake_mb") is not None and sec["fake_mb"] < avail:
-        avail, why = sec["fake_mb"], "ODL_AGENT_FAKE_MEM_MB, as the agent sees it"
     return avail, why
 
 

@@ -24,7 +24,6 @@ import types
 
 MB = 1024 * 1024
 UNLIMITED = 1 << 60  # cgroup v1 writes "no limit" as a huge page-aligned number
-FAKE_MEM_ENV = "ODL_AGENT_FAKE_MEM_MB"  # the agent's RAM override (device_agent.sysinfo)
 
 
 def emit(section, data):
@@ -133,10 +132,8 @@ def cgroup_memory(proc_cgroup, fs="/sys/fs/cgroup"):
 
 
 def mem_section():
-    """RAM: /proc/meminfo, the agent's override and the cgroup limit."""
+    """RAM: /proc/meminfo and the cgroup limit."""
     out = meminfo(_read("/proc/meminfo") or "")
-    fake = os.environ.get(FAKE_MEM_ENV)
-    out["fake_mb"] = float(fake) if fake else None
     out["cgroup"] = cgroup_memory(_read("/proc/self/cgroup") or "")
     return out
 

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from tasks.errors import BoardError
-from tasks.vboard.lifecycle import board_dir, load_state
-from tasks.vboard.sshd import read_pid, sh, start_sshd, stop_pidfile
+from tasks.vboard.lifecycle import board_dir, load_state, start_board_sshd
+from tasks.vboard.sshd import read_pid, sh, stop_pidfile
 
 
 def set_link(name: str, up: bool) -> None:
@@ -47,7 +47,7 @@ def restart_sshd(name: str, down_s: float = 0.0) -> None:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     time.sleep(down_s)
-    start_sshd(bdir, state)
+    start_board_sshd(name, bdir, state)  # back under the board's RAM cap and CPU quota
 
 
 def _comm(pid: int) -> str:

@@ -6,6 +6,10 @@ private sshd with its own config and host key (pinned into ``$ODL_HOME/known_hos
 network namespace with its own address when ``ip netns`` works (else on loopback), and writes the
 board into the inventory exactly as a user would describe a real one. What it starts is recorded
 in ``$ODL_HOME/boards/NAME/state.json`` so ``board_down`` leaves nothing behind.
+
+Its limits are the kernel's, as on a board: a RAM cap and a CPU quota in a cgroup its sshd joins
+(:mod:`tasks.vboard.cgroup`), CPUs pinned with taskset, a board model's values at once with a
+profile (:mod:`tasks.vboard.profiles`) and a shaped link: rate, delay, loss (:mod:`tasks.vboard.link`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.board.inventory import Board, remove_board, save_board, valid_board_name
+from tasks.errors import BoardError
 from tasks.paths import state_dir
 from tasks.vboard.sshd import (
     ensure_sshd_installed,
@@ -55,19 +60,34 @@ def board_up(
     venv: Path | None = None,
     cpu_quota: float | None = None,
     env: dict[str, str] | None = None,
+    profile: str | None = None,
+    link: str | None = None,
 ) -> Board:
     """Bring up (or confirm) virtual board ``name``; returns its inventory entry.
 
-    ``mem_mb`` caps the RAM the agent sees (``ODL_AGENT_FAKE_MEM_MB``), ``cpus`` pins sshd and
-    everything it starts to that many CPUs, ``cpu_quota`` caps their total CPU time in a cgroup
-    (e.g. 0.25 CPU: N boards sharing a host's cores as N real boards would not), ``env`` is set in
-    every SSH session (e.g. ``{"ODL_AGENT_STEP_DELAY_S": "0.2"}`` for a slow board), ``venv`` shares an existing board venv (default:
-    ``~odl-NAME/venv``).
+    ``mem_mb`` caps the RAM of everything the board runs (a cgroup memory limit, no swap: the
+    kernel kills a process that needs more), ``cpus`` pins sshd and everything it starts to that
+    many CPUs, ``cpu_quota`` caps their total CPU time in a cgroup (e.g. 0.25 CPU: N boards sharing
+    a host's cores as N real boards would not), ``profile`` takes all three from a board model
+    (e.g. ``"stm32mp25"``; explicit values win), ``link`` shapes its network link
+    (``"rate=10mbit,delay=50ms,loss=1%"``, netns boards only), ``env`` is set in every SSH session
+    (e.g. ``{"ODL_AGENT_STEP_DELAY_S": "0.2"}`` for a slow board), ``venv`` shares an existing board
+    venv (default: ``~odl-NAME/venv``).
     """
+    from tasks.vboard import link as shaped
+    from tasks.vboard.profiles import resolve
+
+    limits = resolve(profile, mem_mb=mem_mb, cpus=cpus, cpu_quota=cpu_quota, link=link)
+    spec = shaped.parse_link(limits["link"]) if limits["link"] else None
+    if spec and not netns:
+        raise BoardError(
+            "--link needs the board's own network namespace (a veth pair to shape); drop --loopback"
+        )
     bdir = board_dir(name)
     state = load_state(bdir)
-    same = (state.get("mem_mb"), state.get("cpus"), state.get("cpu_quota"), state.get("env") or {})
-    if sshd_alive(bdir) and same == (mem_mb, cpus, cpu_quota, env or {}):
+    wanted = {**limits, "link": str(spec) if spec else None, "profile": profile, "env": dict(env or {})}
+    alive = sshd_alive(bdir) and (not (spec and spec.delay_ms) or shaped.proxy_alive(state))
+    if alive and all((state.get(k) or ({} if k == "env" else None)) == v for k, v in wanted.items()):
         log.info("virtual board %s already up at %s:%s", name, state["host"], state["port"])
         return _board_entry(name, state)
     board_down(name)
@@ -78,22 +98,16 @@ def board_up(
     _authorize(user, home, key.with_suffix(".pub"))
     python = _ensure_env(venv or home / "venv")
     host_key = _ensure_key(bdir / "ssh_host_ed25519_key", f"odl-board@{name}")
-    state = network(name, netns) | {
-        "mem_mb": mem_mb,
-        "cpus": cpus,
-        "cpu_quota": cpu_quota,
-        "env": dict(env or {}),
-        "user": user,
-        "home": str(home),
-        "python": python,
-    }
+    state = network(name, netns) | wanted | {"user": user, "home": str(home), "python": python}
+    if spec and not state["netns"]:
+        raise BoardError(f"board {name}: --link needs a network namespace, and none could be made here")
     write_sshd_config(bdir, state, host_key)
-    start_sshd(bdir, state)
-    if cpu_quota:
-        from tasks.vboard.cgroup import limit_cpu
-
-        limit_cpu(name, cpu_quota, int((bdir / "sshd.pid").read_text().split()[0]))
-    pin_host_key(state["host"], state["port"], host_key.with_suffix(".pub"))
+    (bdir / "state.json").write_text(json.dumps(state, indent=2))  # board_down can undo a failure below
+    start_board_sshd(name, bdir, state)
+    if spec:
+        state |= shaped.apply(bdir, state, spec)
+    entry = state.get("proxy") or state
+    pin_host_key(entry["host"], entry["port"], host_key.with_suffix(".pub"))
     (bdir / "state.json").write_text(json.dumps(state, indent=2))
     board = _board_entry(name, state)
     save_board(board)
@@ -109,32 +123,53 @@ def board_down(name: str, *, purge: bool = False) -> dict[str, Any]:
     if state.get("netns"):
         subprocess.run(["ip", "netns", "del", state["netns"]], capture_output=True, check=False)
         subprocess.run(["ip", "link", "del", state["veth_host"]], capture_output=True, check=False)
+    if state.get("proxy"):
+        from tasks.vboard import link
+
+        link.stop(bdir, state)
     if purge:
         user = f"odl-{name}"
         _kill_user_processes(user)
         subprocess.run(["userdel", "-r", user], capture_output=True, check=False)
         unpin_host_key(state.get("host"), state.get("port"))
+        if state.get("proxy"):
+            unpin_host_key(state["proxy"]["host"], state["proxy"]["port"])
         remove_board(name)
         shutil.rmtree(bdir, ignore_errors=True)
-    if state.get("cpu_quota") and (purge or stopped):
+    if (state.get("cpu_quota") or state.get("mem_mb")) and (purge or stopped):
         from tasks.vboard import cgroup
 
         cgroup.remove(name)
     return {"name": name, "stopped_sshd": stopped, "purged": purge}
 
 
+def start_board_sshd(name: str, bdir: Path, state: dict[str, Any]) -> None:
+    """Start the board's sshd and put it under the board's kernel limits (RAM cap, CPU quota)."""
+    start_sshd(bdir, state)
+    if state.get("cpu_quota") or state.get("mem_mb"):
+        from tasks.vboard import cgroup
+
+        cgroup.join(name, state, int((bdir / "sshd.pid").read_text().split()[0]))
+
+
 def board_status(name: str) -> dict[str, Any]:
-    """Whether the board's sshd runs, and where it listens."""
+    """Whether the board's sshd runs, where it listens, its profile, link and kernel limits now."""
+    from tasks.vboard import cgroup, link
+
     bdir = board_dir(name)
     state = load_state(bdir)
-    return {"name": name, "running": sshd_alive(bdir), **state}
+    live = {"memory": cgroup.memory(name), "cpu_quota_now": cgroup.cpu_quota(name)}
+    if state.get("proxy"):
+        live["proxy_running"] = link.proxy_alive(state)
+    return {"name": name, "running": sshd_alive(bdir), **state, **live}
 
 
 def _board_entry(name: str, state: dict[str, Any]) -> Board:
+    entry = state.get("proxy") or state  # a delayed link: the host reaches the board through the proxy
     return Board(
         name=name,
-        host=state["host"],
-        port=int(state["port"]),
+        host=entry["host"],
+        port=int(entry["port"]),
         user=state["user"],
         key=board_dir(name) / "id_ed25519",
         known_hosts=known_hosts_path(),

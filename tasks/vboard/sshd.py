@@ -38,12 +38,17 @@ def sh(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
 
 
 def ensure_sshd_installed() -> None:
-    if Path(SSHD).exists():
+    ensure_installed(SSHD, "openssh-server")
+
+
+def ensure_installed(binary: str, package: str) -> None:
+    """Install Debian ``package`` with apt-get when ``binary`` (a path or a name on PATH) is missing."""
+    if Path(binary).exists() or (os.sep not in binary and shutil.which(binary)):
         return
-    log.info("installing openssh-server with apt-get")
+    log.info("installing %s with apt-get", package)
     env = os.environ | {"DEBIAN_FRONTEND": "noninteractive"}
     sh(["apt-get", "update", "-qq"], env=env)
-    sh(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "openssh-server"], env=env)
+    sh(["apt-get", "install", "-y", "-qq", "--no-install-recommends", package], env=env)
 
 
 def network(name: str, use_netns: bool) -> dict[str, Any]:
@@ -75,7 +80,8 @@ def make_netns(name: str) -> dict[str, Any]:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
         subprocess.run(["ip", "link", "del", vh], capture_output=True, check=False)
         raise
-    return {"netns": ns, "veth_host": vh, "veth_board": vb, "host": board_ip, "port": 22, "listen": board_ip}
+    return {"netns": ns, "veth_host": vh, "veth_board": vb, "host": board_ip, "port": 22, "listen": board_ip,
+            "host_ip": host_ip}  # fmt: skip
 
 
 def free_subnet(name: str) -> int:
@@ -116,8 +122,6 @@ def write_sshd_config(bdir: Path, state: dict[str, Any], host_key: Path) -> None
         "MaxStartups 32:30:64",
     ]
     env = dict(state.get("env") or {})
-    if state.get("mem_mb"):
-        env["ODL_AGENT_FAKE_MEM_MB"] = str(int(state["mem_mb"]))
     for key, val in env.items():
         if not key.replace("_", "").isalnum() or any(c in str(val) for c in " \t\n\"'"):
             raise BoardError(
@@ -132,8 +136,9 @@ def start_sshd(bdir: Path, state: dict[str, Any]) -> None:
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
     argv = [SSHD, "-f", str(bdir / "sshd_config"), "-E", str(bdir / "sshd.log")]
     sh([SSHD, "-t", "-f", str(bdir / "sshd_config")])
-    if state.get("netns"):
-        argv = ["ip", "netns", "exec", state["netns"], *argv]
+    if state.get("netns"):  # nsenter enters the network namespace only: unlike `ip netns exec`, which
+        # mounts a fresh /sys, it leaves /sys/fs/cgroup visible, where the agent reads its RAM limit
+        argv = ["nsenter", f"--net=/run/netns/{state['netns']}", *argv]
     if state.get("cpus"):
         argv = ["taskset", "-c", ",".join(str(i) for i in range(int(state["cpus"]))), *argv]
     sh(argv)

@@ -21,7 +21,7 @@ INFO = {
     "protocol_version": PROTOCOL_VERSION, "agent_version": "0.2.0", "python_version": "3.11.2",
     "numpy_version": "2.1.0", "ort_version": "1.19.2", "training_api": True, "training_api_error": "",
     "mem_total_mb": 3900.5, "mem_available_mb": 2100.0, "disk_free_mb": 800.0, "root": "/home/odl/odl",
-    "cpu_count": 2, "machine": "aarch64", "torch_loaded": False,
+    "cpu_count": 2, "machine": "aarch64", "torch_loaded": False, "mem_limit_mb": 3072.0,
 }  # fmt: skip
 RESULT = {"job_id": "j", "status": "finished", "exit_code": 0, "steps": 3, "epochs_done": 1, "duration_s": 1.0,
           "peak_rss_mb": 100.0, "metrics": {}, "outputs": {}}  # fmt: skip
@@ -30,6 +30,9 @@ RESULT = {"job_id": "j", "status": "finished", "exit_code": 0, "steps": 3, "epoc
 def test_board_info_round_trip_ignores_unknown_fields() -> None:
     info = BoardInfo.from_dict(INFO | {"gpu": "none", "future_field": {"x": 1}})
     assert info.to_dict() == INFO and info.mem_available_mb == 2100.0 and info.training_api is True
+    older = {k: v for k, v in INFO.items() if k != "mem_limit_mb"}  # an agent from before the field
+    assert BoardInfo.from_dict(older).mem_limit_mb is None
+    assert BoardInfo.from_dict(INFO | {"mem_limit_mb": None}).mem_limit_mb is None  # no cgroup limit
 
 
 @pytest.mark.parametrize(
@@ -41,6 +44,8 @@ def test_board_info_round_trip_ignores_unknown_fields() -> None:
         ("cpu_count", True, "field 'info.cpu_count': expected int"),
         ("cpu_count", 0, "field 'info.cpu_count': expected an integer >= 1"),
         ("disk_free_mb", -1.0, "field 'info.disk_free_mb': expected a number >= 0"),
+        ("mem_limit_mb", "4G", "field 'info.mem_limit_mb': expected int or float"),
+        ("mem_limit_mb", -1, "field 'info.mem_limit_mb': expected a number >= 0"),
         ("protocol_version", "2", "field 'info.protocol_version': expected int"),
     ],
 )

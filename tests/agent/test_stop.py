@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from device_agent.checkpoints import latest_checkpoint
@@ -54,12 +55,20 @@ def test_nan_loss_fails_with_step_and_keeps_last_good_checkpoint(agent_board, di
 
 
 def test_memory_guard_refuses_to_start(agent_board, digits_job):
+    """A job whose estimate exceeds the RAM the kernel lets the agent have (MemAvailable, or a cgroup
+    limit's headroom: tests/board/test_vboard_limits.py runs it under a real cap) never starts."""
     spec, files = digits_job("bigjob")
-    spec = replace(spec, memory_estimate_mb=500.0)
+    spec = replace(spec, memory_estimate_mb=10_000_000.0)  # 10 TB: more than any host has
     jdir = agent_board.install(spec, files)
-    run = agent_board.run("run", str(jdir), env={"ODL_AGENT_FAKE_MEM_MB": "200"})
+    run = agent_board.run("run", str(jdir))
     assert run.code == ExitCode.NO_MEMORY
-    assert "free RAM 200 MB is below the job's estimate 500 MB" in run.last["error"]
+    match = re.fullmatch(r"free RAM (\d+) MB is below the job's estimate 10000000 MB", run.last["error"])
+    assert match, run.last["error"]
+    info = agent_board.run("info")
+    assert info.code == 0, info.err
+    seen, avail = float(match.group(1)), info.last["mem_available_mb"]
+    assert 0 < seen <= info.last["mem_total_mb"] and abs(seen - avail) < max(256.0, 0.2 * avail)
     assert not (jdir / "checkpoints").exists()
-    ok = agent_board.run("run", str(jdir), env={"ODL_AGENT_FAKE_MEM_MB": "800"})
+    fits = replace(spec, job_id="smalljob", memory_estimate_mb=min(64.0, avail / 2))
+    ok = agent_board.run("run", str(agent_board.install(fits, files)))
     assert ok.code == 0 and ok.last["status"] == "finished", ok.err

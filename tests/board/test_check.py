@@ -60,15 +60,16 @@ def test_clock_thresholds(skew: float, status: str) -> None:
     assert (check.code == HostExit.INCOMPATIBLE) == (status == "FAIL")
 
 
-def test_ram_thresholds_count_a_cgroup_limit_and_the_agents_override() -> None:
-    sec = {"total_mb": 4096.0, "available_mb": 4000.0, "fake_mb": None, "cgroup": None}
+def test_ram_thresholds_count_a_cgroup_limit() -> None:
+    sec = {"total_mb": 4096.0, "available_mb": 4000.0, "cgroup": None}
     got = [ci.judge_ram({**sec, "available_mb": mb}, LOCAL).status for mb in (4000.0, 700.0, 100.0)]
     assert got == ["PASS", "WARN", "FAIL"]
     cgroup = {"limit_mb": 512.0, "usage_mb": 400.0, "headroom_mb": 112.0, "path": "/sys/fs/cgroup/x"}
     check = ci.judge_ram({**sec, "cgroup": cgroup}, LOCAL)
     assert check.status == "FAIL" and "112 MB available (cgroup limit 512 MB" in check.value
-    check = ci.judge_ram({**sec, "fake_mb": 640.0}, LOCAL)
-    assert check.status == "WARN" and "ODL_AGENT_FAKE_MEM_MB" in check.value
+    roomy = {**cgroup, "limit_mb": 1024.0, "headroom_mb": 640.0}
+    check = ci.judge_ram({**sec, "cgroup": roomy}, LOCAL)
+    assert check.status == "WARN" and "640 MB available (cgroup limit 1024 MB" in check.value
 
 
 def test_disk_and_write_thresholds() -> None:
@@ -220,8 +221,9 @@ def test_a_python_without_numpy_fails_and_skips_what_needs_it(virtual_board: Boa
 def test_a_wrong_or_missing_host_key_fails_ssh_and_skips_the_rest(
     virtual_board: Board, tmp_path: Path
 ) -> None:
-    pinned = Path(virtual_board.known_hosts).read_text().splitlines()
-    host, key_type, _ = next(line for line in pinned if line.startswith((virtual_board.host, "["))).split()
+    pinned = Path(virtual_board.known_hosts).read_text().splitlines()  # shared with the session's boards
+    entry = virtual_board.host if virtual_board.port == 22 else f"[{virtual_board.host}]:{virtual_board.port}"
+    host, key_type, _ = next(line for line in pinned if line.split()[0] == entry).split()
     forged = tmp_path / "forged"
     forged.write_text(
         f"{host} {key_type} AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n"
@@ -257,43 +259,24 @@ def test_odl_board_check_prints_one_line_per_check(
         remove_board(f"{virtual_board.name}-np")
 
 
-def _memory_cgroup(name: str, limit_mb: int) -> Path | None:
-    """A memory cgroup (v1 or v2) with ``limit_mb``, or None when this machine cannot make one."""
-    v1, v2 = Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")
-    try:
-        if (v1 / "memory.limit_in_bytes").exists():
-            (v1 / name).mkdir()
-            (v1 / name / "memory.limit_in_bytes").write_text(str(limit_mb * 2**20))
-            return v1 / name
-        if "memory" in (v2 / "cgroup.subtree_control").read_text().split():
-            (v2 / name).mkdir()
-            (v2 / name / "memory.max").write_text(str(limit_mb * 2**20))
-            return v2 / name
-    except OSError:
-        pass
-    return None
-
-
 @pytest.mark.board
 def test_a_cgroup_memory_limit_fails_the_ram_check(virtual_board_home: Path) -> None:
-    """A board whose sshd (and so every session) lives in a 120 MB memory cgroup: below RAM_FAIL_MB."""
-    from tasks.vboard.lifecycle import board_dir, board_down, board_up
+    """A board whose RAM is capped at 120 MB (``board_up(mem_mb=...)``: a memory cgroup its sshd, and so
+    every session, lives in; visible inside its network namespace): below RAM_FAIL_MB."""
+    from tasks.vboard.cgroup import cgroup_dir
+    from tasks.vboard.lifecycle import board_down, board_up
     from tests.fixtures_board import BOARD_VENV
 
-    name = f"c{os.getpid()}"
-    cgroup = _memory_cgroup(f"odl-check-{name}", 120) if os.geteuid() == 0 else None
-    if cgroup is None:
+    if os.geteuid() != 0:
         pytest.skip("needs root and a writable memory cgroup controller")
-    try:
-        with odl_home_env(virtual_board_home):
-            board = board_up(name, netns=False, venv=BOARD_VENV)  # a netns hides /sys/fs/cgroup
-            try:
-                (cgroup / "cgroup.procs").write_text((board_dir(name) / "sshd.pid").read_text().split()[0])
-                checks = check_board(board)
-            finally:
-                board_down(name, purge=True)
-    finally:
-        cgroup.rmdir()
+    name = f"c{os.getpid()}"
+    with odl_home_env(virtual_board_home):
+        board = board_up(name, mem_mb=120, venv=BOARD_VENV)
+        try:
+            cgroup = cgroup_dir(name, "memory")
+            checks = check_board(board)
+        finally:
+            board_down(name, purge=True)
     ram = checks[NAMES.index("ram")]
     assert ram.status == "FAIL" and "cgroup limit 120 MB" in ram.value and str(cgroup) in ram.value, ram
     assert "raise the cgroup's memory limit" in ram.fix and exit_code(checks) == HostExit.INCOMPATIBLE

@@ -2,7 +2,9 @@
 reboot), sshd restarted mid-training, the link cut during upload and download, the board's disk full.
 Link cut during training and a killed host process: tests/e2e/test_link_faults.py. Board RAM below the
 job's estimate: tests/e2e/test_agent_install.py::test_ram_capped_single_cpu_board_refuses_a_big_job
-(host, before upload) and tests/agent/test_stop.py::test_memory_guard_refuses_to_start (agent)."""
+(host, before upload) and tests/agent/test_stop.py::test_memory_guard_refuses_to_start (agent); a
+process past a board's RAM cap killed by the kernel: tests/board/test_vboard_limits.py. The upload cut
+also runs over a slow, lossy link (tests/fixtures_board.py::SHAPED_LINK) through the delay proxy."""
 
 from __future__ import annotations
 
@@ -150,11 +152,15 @@ def _blob_names(board: Board) -> list[str]:
         conn.close()
 
 
+@pytest.mark.parametrize("link", ["direct", "shaped"])
 def test_link_cut_during_upload_fails_retryably_then_the_retry_lands_a_whole_blob(
-    virtual_board: Board, virtual_board_home: Path, tmp_path: Path
+    request: pytest.FixtureRequest, link: str, virtual_board_home: Path, tmp_path: Path
 ) -> None:
+    # "shaped": 10 Mbit/s, 50 ms each way, 1% loss, through the delay proxy: the proxy must give up
+    # on the dead link too (its own TCP_USER_TIMEOUT) and end the host's session
+    virtual_board = request.getfixturevalue("virtual_board" if link == "direct" else "shaped_virtual_board")
     big = tmp_path / "big.bin"
-    big.write_bytes(np.random.default_rng(1).bytes(96 * 2**20))
+    big.write_bytes(np.random.default_rng(1).bytes((96 if link == "direct" else 4) * 2**20))
     sha = file_sha256(big)
     cut = threading.Event()
 

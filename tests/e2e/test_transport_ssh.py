@@ -65,7 +65,10 @@ def test_closed_port_is_unreachable_and_retryable(virtual_board: Board) -> None:
     assert info.value.retryable
 
 
-def test_put_get_exists_read_from(virtual_board: Board, tmp_path: Path) -> None:
+@pytest.mark.parametrize("link", ["direct", "shaped"])
+def test_put_get_exists_read_from(request: pytest.FixtureRequest, link: str, tmp_path: Path) -> None:
+    # "shaped": the same transfers over 10 Mbit/s, 50 ms each way and 1% packet loss (~6 s)
+    virtual_board = request.getfixturevalue("virtual_board" if link == "direct" else "shaped_virtual_board")
     src = tmp_path / "src.bin"
     src.write_bytes(secrets.token_bytes(3_000_000))
     remote = f"{posixpath.dirname(virtual_board.root)}/scratch-{secrets.token_hex(3)}.bin"
