@@ -31,7 +31,7 @@ from device_agent.jobdir import (
     read_result,
 )
 from device_agent.protocol import ExitCode, JobResult
-from device_agent.sysinfo import versions
+from device_agent.sysinfo import meminfo_mb, versions
 
 
 def _cgroup_dirs() -> list[Path]:
@@ -63,22 +63,6 @@ def oom_kills() -> dict[str, int]:
     if count is not None:
         found["/proc/vmstat"] = count
     return found
-
-
-def memory_cap_mb() -> float:
-    """The RAM this process may use: the smallest cgroup limit above it, else MemTotal."""
-    caps = []
-    for d in _cgroup_dirs():
-        for name in ("memory.max", "memory.limit_in_bytes"):
-            try:
-                text = (d / name).read_text().strip()
-            except OSError:
-                continue
-            if text.isdigit() and int(text) < 2**60:
-                caps.append(int(text) / 2**20)
-    total = _field(Path("/proc/meminfo"), "MemTotal:")
-    caps.append((total or 0) / 1024)
-    return round(min(c for c in caps if c > 0), 1) if any(c > 0 for c in caps) else 0.0
 
 
 def _field(path: Path, key: str) -> int | None:
@@ -130,7 +114,7 @@ def _out_of_memory(job: JobDir, peak_mb: float) -> None:
 
         state = load_training_api().CheckpointState.load_checkpoint(str(last))
         step = Progress.from_properties(state.properties).step
-    cap = memory_cap_mb()
+    cap = meminfo_mb()["total_mb"]  # MemTotal, or the cgroup's limit when lower
     kept = (
         f"its last checkpoint (step {step}) is kept in {last}" if last else "it had written no checkpoint yet"
     )
