@@ -124,3 +124,21 @@ def test_split_training_equals_full_graph_training(tmp_path, local_board):
     whole_model = onnx.load(str(got_on.inference))
     domains = [o.domain for o in whole_model.opset_import]
     assert len(domains) == len(set(domains)), domains  # one entry per domain (the int8 quantizer needs it)
+
+
+@pytest.mark.slow
+def test_float16_cache_on_disk_trains_close_to_float32(tmp_path, local_board):
+    changes = {**DEEP, "training": {**DEEP["training"], "cache_dtype": "float16", "cache_store": "disk"}}
+    r16, p16 = _prepare(tmp_path / "half", changes)
+    spec, training, got = _run(local_board, r16, p16, "half", tmp_path / "got")
+    assert spec.prefix is not None and (spec.prefix.dtype, spec.prefix.store) == ("float16", "disk")
+    caches = [e.data for e in training.events if e.type == "cache"]
+    assert {(c["field"], c["store"], c["dtype"]) for c in caches} == {
+        ("train_data", "disk", "float16"),
+        ("eval_data", "disk", "float16"),
+    }
+    train = next(c for c in caches if c["field"] == "train_data")
+    assert train["shape"] == [96, 64] and train["mb"] == pytest.approx(96 * 64 * 2 / 2**20, abs=0.005)
+    history = training.result.history
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
+    assert got.inference.exists()
