@@ -55,6 +55,20 @@ def _wait_running(board, job_id):
         time.sleep(0.2)
 
 
+def _wait_step(board, job_id):
+    from tasks.board.jobs import job_status
+    from tasks.board.transport import connect
+
+    deadline = time.monotonic() + 60
+    conn = connect(board)
+    try:
+        while job_status(conn, board, job_id).get("step", 0) < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    finally:
+        conn.close()
+
+
 def test_same_inputs_reattach_other_inputs_end_it_or_are_refused(here, digits_job):
     from tasks import stages
     from tasks.board.jobs import job_status
@@ -72,6 +86,7 @@ def test_same_inputs_reattach_other_inputs_end_it_or_are_refused(here, digits_jo
     second, _ = digits_job(f"second-{tag}", epochs=3)
     _start_orphan(here, second, files)
     _wait_running(here, second.job_id)
+    _wait_step(here, second.job_id)  # it has trained: ending it must keep its progress
     other, _ = digits_job(f"other-{tag}", epochs=1)
     with pytest.raises(BoardError, match=f"job {second.job_id} is training"):
         stages.train(here, other, files)  # no board slot held (odl run): refused, orphan untouched
