@@ -70,6 +70,8 @@ class PrefixCache:
         self.rest = {name: column(raw, name) for name in rest}
         self.in_dtypes = {i.name: _np_dtype(i.type) for i in sess.get_inputs()}
         self.done = np.zeros(len(raw), dtype=bool)
+        self.cached = 0  # rows computed; when all are, take skips its check (~1 % of a small step)
+        self.missing = [name for name, col in self.rest.items() if col is None]
         self.feats: np.ndarray | None = None
         self.store = ""
         self.prefix_s = 0.0
@@ -83,13 +85,16 @@ class PrefixCache:
 
     def take(self, idx: np.ndarray) -> dict[str, np.ndarray]:
         """The prefix output and passthrough inputs of rows ``idx`` (computing missing rows)."""
-        if self.feats is None or not self.done[idx].all():
-            self._fill(np.unique(idx[~self.done[idx]]) if self.feats is not None else np.unique(idx))
+        if self.cached < len(self.done):
+            done = self.done[idx] if self.feats is not None else None
+            if done is None or not done.all():
+                todo = np.unique(idx if done is None else idx[~done])
+                self._fill(todo)
+                self.cached += len(todo)
         out = {self.spec.output: self.feats[idx]}  # type: ignore[index]
-        missing = [n for n, col in self.rest.items() if col is None]
-        if missing:
+        if self.missing:
             rows = self.raw.take(idx)
-            out.update({n: rows[n] for n in missing})
+            out.update({n: rows[n] for n in self.missing})
         out.update({n: col[idx] for n, col in self.rest.items() if col is not None})
         return out
 

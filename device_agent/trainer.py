@@ -2,15 +2,24 @@
 
 Everything a step depends on is a function of the step number or stored in the checkpoint
 (weights, optimizer state, running sums), so a resumed job reproduces an uninterrupted one.
+
+A step does only what it must between ORT calls (measured in issue 15: right after an ORT step
+every Python or numpy call runs several times slower than in isolation, its caches evicted):
+ORT's random generators are re-seeded only when the training graph has a random op; the
+learning rate is set only when it changes; the training accuracy of up to ``PENDING_STEPS``
+steps is counted at once, at the latest before a checkpoint or the end of an epoch. The loss is
+read and checked at every step, so a divergence still stops the step it happens at.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import mmap
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,12 +29,16 @@ from device_agent.data import InputSpec, epoch_permutation, steps_per_epoch
 from device_agent.errors import AgentError
 from device_agent.events import EventLog
 from device_agent.jobdir import JobDir
-from device_agent.ort import seed_runtime
 from device_agent.protocol import ExitCode, JobSpec, TrainParams
 
 log = logging.getLogger(__name__)
 CANCEL_POLL_S = 0.2  # how often the loop looks for cancel.request (SIGTERM is seen at once)
 STEP_DELAY_ENV = "ODL_AGENT_STEP_DELAY_S"  # slows every step down (tests and demos of live progress)
+PENDING_STEPS = 64  # steps whose logits and labels are kept before their accuracy is counted
+PENDING_VALUES = 1 << 16  # ... fewer when a step's logits are large (at most ~256 KB of float32)
+# Op types whose kernels draw from ORT's global generators (Dropout and its fused variants,
+# the Random* ops, Bernoulli, Multinomial); a graph without any is deterministic.
+RANDOM_OPS = (b"Dropout", b"Random", b"Bernoulli", b"Multinomial")
 
 
 def lr_at(step: int, total: int, p: TrainParams) -> float:
@@ -35,6 +48,32 @@ def lr_at(step: int, total: int, p: TrainParams) -> float:
     span = max(1, total - p.warmup_steps - 1)
     frac = min(1.0, (step - p.warmup_steps) / span)
     return p.lr * (1.0 - frac * (1.0 - p.final_lr_ratio))
+
+
+def has_random_ops(model: Path) -> bool:
+    """Whether an ONNX file may hold a random op (its op type names are stored verbatim).
+
+    True when the file cannot be read: seeding is then done as if it had one.
+    """
+    try:
+        with open(model, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return any(data.find(op) >= 0 for op in RANDOM_OPS)
+    except (OSError, ValueError):
+        return True
+
+
+def step_seeder(model: Path) -> Any:
+    """ORT's ``set_seed`` when the training graph ``model`` has a random op, else None.
+
+    Re-seeding before every step makes a Dropout mask a function of the step number (ORT's
+    Dropout draws from a global Philox generator that ``set_seed`` resets), which a resumed job
+    needs to reproduce an uninterrupted one. Without a random op it changes nothing.
+    """
+    if not has_random_ops(model):
+        return None
+    from onnxruntime.capi import _pybind_state as capi
+
+    return getattr(capi, "set_seed", None)
 
 
 @dataclass
@@ -53,14 +92,18 @@ class Cancelled(Exception):
 
 
 class Trainer:
-    """Runs the steps of one job from ``progress`` to the end, emitting events."""
+    """Runs the steps of one job from ``progress`` to the end, emitting events.
+
+    Datasets must return fresh arrays from ``take`` (not a reused buffer): the labels of the
+    last steps are kept until their accuracy is counted.
+    """
 
     def __init__(
         self, job: JobDir, spec: JobSpec, sess: Session, train_ds: Any, eval_ds: Any, events: EventLog
     ):
         self.job, self.spec, self.sess, self.events = job, spec, sess, events
         self.train_ds, self.eval_ds = train_ds, eval_ds
-        p = spec.train
+        p = self.params = spec.train
         self.spe = steps_per_epoch(len(train_ds), p.batch_size, p.drop_last)
         full = self.spe * p.epochs
         self.total = min(full, p.max_steps) if p.max_steps else full
@@ -69,6 +112,12 @@ class Trainer:
         self._perm: tuple[int, np.ndarray] | None = None
         self._cancel_path = str(job.cancel_file)
         self._cancel_polled = 0.0
+        self._feeds = [(s.name, s.dtype) for s in sess.inputs]
+        self._seeder = step_seeder(job.blob(spec.artifacts["training_model"].sha256))
+        self._lr: float | None = None  # the rate last given to the optimizer
+        self._counts_accuracy = spec.task in ("classification", "binary")
+        self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # (logits, labels) not counted yet
+        self._pending_cap = PENDING_STEPS
 
     def train(self, progress: Progress) -> Progress:
         """Train until ``self.total`` steps; raises Cancelled or AgentError(DIVERGED)."""
@@ -79,65 +128,85 @@ class Trainer:
             if progress.step >= epoch_start + self.spe:
                 self._end_epoch(progress)
                 continue
-            perm = self._permutation(progress.epoch)
-            pos = progress.step - epoch_start
-            self._step(
-                progress, perm[pos * self.spec.train.batch_size : (pos + 1) * self.spec.train.batch_size]
-            )
-            at_epoch_end = progress.step == epoch_start + self.spe or progress.step == self.total
-            if at_epoch_end:
-                self._end_epoch(progress)
-            elif self.spec.train.checkpoint_every and progress.step % self.spec.train.checkpoint_every == 0:
-                self.checkpoint(progress)
+            self._run_epoch(progress, epoch_start)
         return progress
+
+    def _run_epoch(self, progress: Progress, epoch_start: int) -> None:
+        """The remaining steps of the epoch, its end; between steps the checkpoints and cancel polls."""
+        perm = self._permutation(progress.epoch)
+        bs, every = self.params.batch_size, self.params.checkpoint_every
+        end = min(epoch_start + self.spe, self.total)
+        while True:
+            start = (progress.step - epoch_start) * bs
+            self._step(progress, perm[start : start + bs])
+            if progress.step == end:
+                self._end_epoch(progress)
+                return
+            if every and progress.step % every == 0:
+                self.checkpoint(progress)
+            if self.cancel_flag or time.monotonic() - self._cancel_polled >= CANCEL_POLL_S:
+                self._check_cancel(progress)
 
     def _permutation(self, epoch: int) -> np.ndarray:
         if self._perm is None or self._perm[0] != epoch:
-            self._perm = (epoch, epoch_permutation(self.spec.train.seed, epoch, len(self.train_ds)))
+            self._perm = (epoch, epoch_permutation(self.params.seed, epoch, len(self.train_ds)))
         return self._perm[1]
 
     def _step(self, progress: Progress, idx: np.ndarray) -> None:
-        batch = self._feed(self.train_ds.take(idx))
-        lr = lr_at(progress.step, self.total, self.spec.train)
-        seed_runtime(self.spec.train.seed * 1_000_003 + progress.step)
+        rows = self.train_ds.take(idx)
+        batch = [np.ascontiguousarray(rows[name], dtype=dtype) for name, dtype in self._feeds]
+        step, n = progress.step, len(idx)
+        lr = lr_at(step, self.total, self.params)
+        if self._seeder is not None:
+            self._seeder((self.params.seed * 1_000_003 + step) & 0x7FFFFFFF)
+        module, optimizer = self.sess.module, self.sess.optimizer
         t0 = time.perf_counter()
-        self.sess.optimizer.set_learning_rate(lr)
-        outs = self.sess.module(*batch)
+        if lr != self._lr:
+            optimizer.set_learning_rate(lr)
+            self._lr = lr
+        outs = module(*batch)
         loss = _scalar(outs)
         if not math.isfinite(loss):
-            raise AgentError(
-                ExitCode.DIVERGED, f"loss became {loss} at step {progress.step + 1} (lr {lr:.3g})"
-            )
-        self.sess.optimizer.step()
-        self.sess.module.lazy_reset_grad()
+            raise AgentError(ExitCode.DIVERGED, f"loss became {loss} at step {step + 1} (lr {lr:.3g})")
+        optimizer.step()
+        module.lazy_reset_grad()
         dt = time.perf_counter() - t0
         progress.train_loop_s += dt
-        progress.step += 1
+        progress.step = step = step + 1
         progress.batches += 1
-        progress.loss_sum += loss * len(idx)
-        progress.seen += len(idx)
-        progress.correct += self._correct(outs, batch)
-        if progress.step % self.spec.train.log_every == 0 or progress.step == self.total:
-            self.events.emit("step", step=progress.step, epoch=progress.epoch, loss=loss, lr=lr,
-                             samples_per_s=round(len(idx) / dt, 2) if dt > 0 else 0.0)  # fmt: skip
+        progress.loss_sum += loss * n
+        progress.seen += n
+        if self._counts_accuracy and isinstance(outs, tuple) and len(outs) > 1:
+            self._keep_for_accuracy(progress, outs[1], batch[1])
+        if step % self.params.log_every == 0 or step == self.total:
+            self.events.emit("step", step=step, epoch=progress.epoch, loss=loss, lr=lr,
+                             samples_per_s=round(n / dt, 2) if dt > 0 else 0.0)  # fmt: skip
         if self.delay:
             time.sleep(self.delay)
 
-    def _feed(self, arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
-        return [np.ascontiguousarray(arrays[s.name], dtype=s.dtype) for s in self.sess.inputs]
+    def _keep_for_accuracy(self, progress: Progress, logits: np.ndarray, labels: np.ndarray) -> None:
+        if not self._pending:
+            self._pending_cap = max(1, min(PENDING_STEPS, PENDING_VALUES // max(1, logits.size)))
+        self._pending.append((logits, labels))
+        if len(self._pending) >= self._pending_cap:
+            self._count_pending(progress)
+
+    def _count_pending(self, progress: Progress) -> None:
+        """Add the correct predictions of the kept steps to ``progress.correct``."""
+        if self._pending:
+            progress.correct += _count_correct(self.spec.task, self._pending)
+            self._pending.clear()
 
     def _correct(self, outs: Any, batch: list[np.ndarray]) -> int:
         if self.spec.task not in ("classification", "binary") or not isinstance(outs, tuple) or len(outs) < 2:
             return 0
-        logits, labels = np.asarray(outs[1]), batch[1]
-        if self.spec.task == "classification":
-            return int((logits.argmax(axis=-1) == labels.reshape(-1)).sum())
-        return int(((logits.reshape(-1) > 0) == (labels.reshape(-1) > 0.5)).sum())
+        return _correct_of(self.spec.task, np.asarray(outs[1]), batch[1])
 
     def _has_accuracy(self) -> bool:
         return self.spec.task in ("classification", "binary") and len(self.sess.module.output_names()) > 1
 
     def _end_epoch(self, progress: Progress) -> None:
+        self._count_pending(progress)
         row: dict[str, float] = {"epoch": progress.epoch + 1, "step": progress.step}
         row["train_loss"] = progress.loss_sum / max(1, progress.seen)
         if self._has_accuracy():
@@ -153,11 +222,12 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """Loss (and accuracy) of the eval set, in order, in eval mode."""
-        module, bs = self.sess.module, self.spec.train.batch_size
+        module, bs = self.sess.module, self.params.batch_size
         module.eval()
         loss_sum, correct, n = 0.0, 0, len(self.eval_ds)
         for start in range(0, n, bs):
-            batch = self._feed(self.eval_ds.take(np.arange(start, min(n, start + bs))))
+            rows = self.eval_ds.take(np.arange(start, min(n, start + bs)))
+            batch = [np.ascontiguousarray(rows[name], dtype=dtype) for name, dtype in self._feeds]
             outs = module(*batch)
             loss_sum += _scalar(outs) * len(batch[0])
             correct += self._correct(outs, batch)
@@ -169,6 +239,7 @@ class Trainer:
 
     def checkpoint(self, progress: Progress) -> None:
         """Save a resumable checkpoint and emit a 'checkpoint' event."""
+        self._count_pending(progress)
         path = save_checkpoint(self.sess.api, self.sess.state, self.job.checkpoints, progress)
         self.events.emit(
             "checkpoint", step=progress.step, epoch=progress.epoch, path=str(path.relative_to(self.job.path))
@@ -182,6 +253,24 @@ class Trainer:
         if self.cancel_flag:
             self.checkpoint(progress)
             raise Cancelled(f"cancelled at step {progress.step}")
+
+
+def _correct_of(task: str, logits: np.ndarray, labels: np.ndarray) -> int:
+    """Correct predictions of one batch: argmax = label (classification), sign = label (binary)."""
+    if task == "classification":
+        return int((logits.argmax(axis=-1) == labels.reshape(-1)).sum())
+    return int(((logits.reshape(-1) > 0) == (labels.reshape(-1) > 0.5)).sum())
+
+
+def _count_correct(task: str, pending: list[tuple[np.ndarray, np.ndarray]]) -> int:
+    """``_correct_of`` summed over several batches, in a few numpy calls when their shapes allow."""
+    logits = [lg for lg, _ in pending]
+    labels = np.concatenate([lb for _, lb in pending], axis=None)
+    if task == "binary":
+        return int(((np.concatenate(logits, axis=None) > 0) == (labels > 0.5)).sum())
+    if all(lg.ndim == 2 for lg in logits):
+        return int((np.concatenate(logits).argmax(axis=-1) == labels).sum())
+    return sum(_correct_of(task, lg, lb) for lg, lb in pending)
 
 
 def _scalar(outs: Any) -> float:

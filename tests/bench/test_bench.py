@@ -51,6 +51,15 @@ def test_train_bench_compares_agent_and_torch(tmp_path: Path) -> None:
     assert row["agent_peak_rss_mb"] < row["torch_peak_rss_mb"]  # the agent never imports torch
 
 
+def test_agent_bench_compares_agent_and_bare_loop(tmp_path: Path) -> None:
+    (row,) = run_bench("agent", tmp_path)["rows"]
+    assert row["recipe"] == "digits" and row["steps"] == 100 and not row["torch_loaded"]
+    positive(row, "agent_samples_per_s", "bare_samples_per_s", "throughput_ratio", "agent_peak_rss_mb")
+    assert row["throughput_ratio"] == pytest.approx(
+        row["agent_samples_per_s"] / row["bare_samples_per_s"], rel=0.01
+    )
+
+
 def test_memory_bench_compares_estimate_and_agent(tmp_path: Path) -> None:
     figures = run_bench("memory", tmp_path)
     (row,) = figures["rows"]
