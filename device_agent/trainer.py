@@ -6,8 +6,9 @@ Everything a step depends on is a function of the step number or stored in the c
 A step does only what it must between ORT calls (measured in issue 15: right after an ORT step
 every Python or numpy call runs several times slower than in isolation, its caches evicted):
 ORT's random generators are re-seeded only when the training graph has a random op; the
-learning rate is set only when it changes; the training accuracy of up to ``PENDING_STEPS``
-steps is counted at once, at the latest before a checkpoint or the end of an epoch. The loss is
+learning rate is set only when it changes; the rows of up to ``PENDING_STEPS`` steps (at most
+``CHUNK_BYTES``) are gathered by one ``take`` and sliced per step; the training accuracy of up to
+``PENDING_STEPS`` steps is counted at once, at the latest before a checkpoint or the end of an epoch. The loss is
 read and checked at every step, so a divergence still stops the step it happens at.
 """
 
@@ -36,6 +37,7 @@ CANCEL_POLL_S = 0.2  # how often the loop looks for cancel.request (SIGTERM is s
 STEP_DELAY_ENV = "ODL_AGENT_STEP_DELAY_S"  # slows every step down (tests and demos of live progress)
 PENDING_STEPS = 64  # steps whose logits and labels are kept before their accuracy is counted
 PENDING_VALUES = 1 << 16  # ... fewer when a step's logits are large (at most ~256 KB of float32)
+CHUNK_BYTES = 1 << 20  # the rows of the next steps gathered at once, up to PENDING_STEPS steps
 # Op types whose kernels draw from ORT's global generators (Dropout and its fused variants,
 # the Random* ops, Bernoulli, Multinomial); a graph without any is deterministic.
 RANDOM_OPS = (b"Dropout", b"Random", b"Bernoulli", b"Multinomial")
@@ -118,6 +120,7 @@ class Trainer:
         self._counts_accuracy = spec.task in ("classification", "binary")
         self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # (logits, labels) not counted yet
         self._pending_cap = PENDING_STEPS
+        self._chunk_steps, self._chunk_sized = 1, False  # steps whose rows one take gathers
 
     def train(self, progress: Progress) -> Progress:
         """Train until ``self.total`` steps; raises Cancelled or AgentError(DIVERGED)."""
@@ -136,9 +139,15 @@ class Trainer:
         perm = self._permutation(progress.epoch)
         bs, every = self.params.batch_size, self.params.checkpoint_every
         end = min(epoch_start + self.spe, self.total)
+        stop = min(len(perm), (end - epoch_start) * bs)  # the epoch's last row to train on
+        chunk: list[np.ndarray] = []
+        first = last = 0  # the rows [first, last) of ``perm`` that ``chunk`` holds
         while True:
             start = (progress.step - epoch_start) * bs
-            self._step(progress, perm[start : start + bs])
+            if min(start + bs, stop) > last:
+                first, last = start, min(stop, start + self._chunk_steps * bs)
+                chunk = self._gather(perm[first:last])
+            self._step(progress, [a[start - first : start - first + bs] for a in chunk])
             if progress.step == end:
                 self._end_epoch(progress)
                 return
@@ -147,15 +156,27 @@ class Trainer:
             if self.cancel_flag or time.monotonic() - self._cancel_polled >= CANCEL_POLL_S:
                 self._check_cancel(progress)
 
+    def _gather(self, idx: np.ndarray) -> list[np.ndarray]:
+        """The rows ``idx`` of every model input, in input order, of the input's dtype.
+
+        The first call, of one step, sizes the next ones: as many steps as fit ``CHUNK_BYTES`` (a
+        gather and conversion per chunk, which a step then only slices).
+        """
+        rows = self.train_ds.take(idx)
+        chunk = [np.ascontiguousarray(rows[name], dtype=dtype) for name, dtype in self._feeds]
+        if not self._chunk_sized:
+            step_bytes = sum(a.nbytes for a in chunk) / max(1, len(idx)) * self.params.batch_size
+            self._chunk_steps = int(max(1, min(PENDING_STEPS, CHUNK_BYTES // max(1.0, step_bytes))))
+            self._chunk_sized = True
+        return chunk
+
     def _permutation(self, epoch: int) -> np.ndarray:
         if self._perm is None or self._perm[0] != epoch:
             self._perm = (epoch, epoch_permutation(self.params.seed, epoch, len(self.train_ds)))
         return self._perm[1]
 
-    def _step(self, progress: Progress, idx: np.ndarray) -> None:
-        rows = self.train_ds.take(idx)
-        batch = [np.ascontiguousarray(rows[name], dtype=dtype) for name, dtype in self._feeds]
-        step, n = progress.step, len(idx)
+    def _step(self, progress: Progress, batch: list[np.ndarray]) -> None:
+        step, n = progress.step, len(batch[0])
         lr = lr_at(step, self.total, self.params)
         if self._seeder is not None:
             self._seeder((self.params.seed * 1_000_003 + step) & 0x7FFFFFFF)

@@ -96,3 +96,37 @@ def test_step_lines_are_fsynced_in_the_background_other_events_at_once(tmp_path,
     log.close()
     assert log._syncer is not None and not log._syncer.is_alive()
     assert [e["type"] for e in read_events(tmp_path / "events.jsonl")] == ["step", "epoch"]
+
+
+def test_rows_gathered_in_chunks_train_exactly_as_one_take_per_step(agent_board, digits_job, monkeypatch):
+    """The loop gathers the rows of several steps with one ``take`` (``CHUNK_BYTES``) and slices
+    them per step: whatever the chunk (1 step, 5 steps that do not divide the epoch's 13, the
+    default), a split digits job with a short last batch trains to the same bits."""
+    import signal
+
+    import device_agent.trainer as trainer
+    from device_agent.jobdir import JobDir, load_spec
+    from device_agent.runner import run_job
+
+    api = load_training_api()
+    histories, weights = {}, {}
+    handler = signal.getsignal(signal.SIGTERM)
+    step_bytes = 32 * (64 + 1) * 4  # digits through the split: 64 float32 features + an int label
+    try:
+        for label, chunk in (("one", 0), ("five", 5 * step_bytes), ("default", trainer.CHUNK_BYTES)):
+            monkeypatch.setattr(trainer, "CHUNK_BYTES", chunk)
+            spec, files = digits_job(f"chunk-{label}", epochs=2, checkpoint_every=0)
+            path = agent_board.install(spec, files)
+            job = JobDir(path, agent_board.root)
+            result = run_job(job, load_spec(job))
+            assert result.status == "finished", result.error
+            histories[label] = result.history
+            state = api.CheckpointState.load_checkpoint(str(path / "checkpoints" / "final"))
+            weights[label] = {n: np.array(p.data) for n, p in state.parameters}
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    assert spec.prefix is not None and len(histories["one"]) == 2
+    for label in ("five", "default"):
+        assert histories[label] == histories["one"], label
+        for name, value in weights["one"].items():
+            assert np.array_equal(weights[label][name], value), (label, name)
