@@ -3,7 +3,8 @@
 Prints upload and download MB/s of a file (median of --repeat runs, interleaved with scp so machine
 load hits both alike), their ratio (target >= 0.9), the round trip of a no-op remote command, and
 the time of a deployment of the same file as a content-addressed blob: first upload vs an unchanged
-re-deploy (connect + agent check + blob listing, 0 bytes sent). Figures go to
+re-deploy (connect + agent check + blob listing, 0 bytes sent), and within the first the agent's
+install (one tarball, unpacked by the board's python). Figures go to
 bench/results/transfer.json.
 
 The temporary virtual board sits behind a shaped link, by default the slow field link of issue 15
@@ -90,27 +91,34 @@ def redeploy(board: Board, src: Path) -> dict[str, float]:
     """First deployment of ``src`` as a blob vs an unchanged re-deploy (new connection each time)."""
     files = {file_sha256(src): src}
 
-    def deploy() -> int:
+    def deploy() -> tuple[int, float]:
         conn = connect(board)
         try:
+            start = time.perf_counter()
             agent.install_agent(conn, board)
-            return blobs.upload_blobs(conn, board, files).bytes_sent
+            took = time.perf_counter() - start
+            return blobs.upload_blobs(conn, board, files).bytes_sent, took
         finally:
             conn.close()
 
+    conn = connect(board)
+    try:  # a board without the agent: the first deploy installs it (one tarball)
+        conn.run(["rm", "-rf", f"{board.root}/agent"])
+    finally:
+        conn.close()
     start = time.perf_counter()
-    sent_first = deploy()
+    sent_first, install = deploy()
     first = time.perf_counter() - start
     start = time.perf_counter()
-    sent_again = deploy()
+    sent_again, _ = deploy()
     again = time.perf_counter() - start
     conn = connect(board)
     try:
         conn.run(["rm", "-f", f"{board.root}/blobs/{next(iter(files))}"])
     finally:
         conn.close()
-    return {"first_deploy_s": round(first, 3), "first_bytes": sent_first, "unchanged_redeploy_s": round(again, 3),
-            "unchanged_bytes": sent_again}  # fmt: skip
+    return {"first_deploy_s": round(first, 3), "first_bytes": sent_first, "agent_install_s": round(install, 3),
+            "unchanged_redeploy_s": round(again, 3), "unchanged_bytes": sent_again}  # fmt: skip
 
 
 def main() -> int:

@@ -4,10 +4,13 @@ a board that cannot run a job (protocol, ORT version, training API, RAM, disk)."
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import posixpath
 import secrets
+import tarfile
+import tempfile
 from pathlib import Path
 
 import device_agent
@@ -57,24 +60,60 @@ def install_agent(conn: Transport, board: Board, memory_estimate_mb: float = 0.0
     return info
 
 
-def _upload_agent(conn: Transport, board: Board, digest: str) -> None:
-    agent_dir = posixpath.join(board.root, "agent")
-    staging = posixpath.join(agent_dir, f".new-{digest[:12]}-{secrets.token_hex(4)}")
+# Run by the board's python: unpack the agent tarball beside the live agent, swap it in, write
+# the hash stamp, remove the tarball. Members are checked first (plain files under
+# device_agent/, no absolute path, no "..").
+UNPACK = r"""
+import os, posixpath, shutil, sys, tarfile
+tar, agent_dir, digest = sys.argv[1:]
+staging = tar[:-len(".tar.gz")]
+with tarfile.open(tar) as t:
+    for m in t.getmembers():
+        parts = m.name.split("/")
+        if not m.isfile() or parts[0] != "device_agent" or ".." in parts or m.name.startswith("/"):
+            sys.exit("agent tarball: unexpected member %r" % m.name)
+    t.extractall(staging, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+live = os.path.join(agent_dir, "device_agent")
+shutil.rmtree(live, ignore_errors=True)
+os.rename(os.path.join(staging, "device_agent"), live)
+shutil.rmtree(staging, ignore_errors=True)
+os.remove(tar)
+with open(os.path.join(agent_dir, ".agent-hash"), "w") as fh:
+    fh.write(digest + "\n")
+"""
+
+
+def agent_tarball(dest: Path) -> int:
+    """Write the host's ``device_agent`` .py files as ``device_agent/...`` in a gzip tarball with
+    fixed owners, modes and times; returns the number of files."""
     files = sorted(AGENT_SRC.rglob("*.py"))
-    dirs = sorted(
-        {posixpath.join(staging, "device_agent", p.parent.relative_to(AGENT_SRC).as_posix()) for p in files}
-    )
-    conn.run(["mkdir", "-p", *dirs])
-    for path in files:
-        conn.put(path, posixpath.join(staging, "device_agent", path.relative_to(AGENT_SRC).as_posix()))
-    live = posixpath.join(agent_dir, "device_agent")
-    conn.run(["rm", "-rf", live])
-    conn.run(["mv", posixpath.join(staging, "device_agent"), live])
-    conn.run(["rm", "-rf", staging])
-    conn.run(
-        ["sh", "-c", 'printf "%s\\n" "$1" > "$2"', "sh", digest, posixpath.join(agent_dir, ".agent-hash")]
-    )
-    log.info("board %s: installed device agent %s (%s)", board.name, device_agent.AGENT_VERSION, digest[:12])
+    with tarfile.open(dest, "w:gz", compresslevel=9) as tar:
+        for path in files:
+            info = tarfile.TarInfo("device_agent/" + path.relative_to(AGENT_SRC).as_posix())
+            data = path.read_bytes()
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    return len(files)
+
+
+def _upload_agent(conn: Transport, board: Board, digest: str) -> None:
+    """Send the agent as one tarball (one transfer and two commands, whatever the link's delay)."""
+    agent_dir = posixpath.join(board.root, "agent")
+    remote = posixpath.join(agent_dir, f".new-{digest[:12]}-{secrets.token_hex(4)}.tar.gz")
+    with tempfile.TemporaryDirectory(prefix="odl-agent-") as tmp:
+        local = Path(tmp) / "device_agent.tar.gz"
+        count = agent_tarball(local)
+        conn.run(["mkdir", "-p", agent_dir])
+        conn.put(local, remote)
+        size = local.stat().st_size
+    res = conn.run([board.python, "-c", UNPACK, remote, agent_dir, digest], check=False)
+    if res.code != 0:
+        raise DeviceIncompatible(
+            f"board {board.name}: unpacking the device agent with {board.python} failed "
+            f"(exit {res.code}): {(res.stderr or res.stdout)[-500:]}"
+        )
+    log.info("board %s: installed device agent %s (%s; %d files, %d bytes)", board.name,
+             device_agent.AGENT_VERSION, digest[:12], count, size)  # fmt: skip
 
 
 def last_json_line(text: str) -> object:
