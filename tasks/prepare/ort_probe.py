@@ -96,7 +96,36 @@ def probe(cfg: dict) -> dict:
         peak_rss_mb=peak_rss_mb(),
         torch_loaded=sys.modules.get("torch") is not None,
     )
+    if cfg.get("split"):  # after the peaks are read: its sessions are not the job's
+        STAGE[0] = "split_matches_full"
+        report["split_check"] = split_check(api, cfg, dict(zip(module.input_names(), first, strict=True)))
     return report
+
+
+def split_check(api: object, cfg: dict, feeds: dict[str, np.ndarray]) -> dict[str, float]:
+    """The eval loss of one batch from the base weights: by the full eval graph, and by the split
+    prefix (an inference session) followed by the suffix's eval graph, as a caching job computes it."""
+    from device_agent.ort import load_onnxruntime
+
+    art, split = Path(cfg["artifacts_dir"]), cfg["split"]
+    full = api.Module(  # type: ignore[attr-defined]
+        str(art / "training_model.onnx"), api.CheckpointState.load_checkpoint(str(art / "checkpoint")),  # type: ignore[attr-defined]
+        str(art / "eval_model.onnx"),
+    )  # fmt: skip
+    full.eval()
+    full_loss = _loss(full(*[feeds[n] for n in full.input_names()]))
+    sdir = art / "split"
+    prefix = load_onnxruntime().InferenceSession(
+        str(sdir / "prefix.onnx"), providers=["CPUExecutionProvider"]
+    )
+    (cut,) = prefix.run([split["cut"]], {n: feeds[n] for n in split["prefix_inputs"]})
+    suffix = api.Module(  # type: ignore[attr-defined]
+        str(sdir / "training_model.onnx"), api.CheckpointState.load_checkpoint(str(sdir / "checkpoint")),  # type: ignore[attr-defined]
+        str(sdir / "eval_model.onnx"),
+    )  # fmt: skip
+    suffix.eval()
+    split_loss = _loss(suffix(*[cut if n == split["cut"] else feeds[n] for n in suffix.input_names()]))
+    return {"full_eval_loss": full_loss, "split_eval_loss": split_loss}
 
 
 def main() -> int:

@@ -2,6 +2,7 @@
 
 Checks, each a named :class:`ValidationFailed` on failure: the data fit the model; the artifacts
 load and train with a finite loss; the loss falls when one batch is repeated; an eval step runs;
+the frozen-prefix split (when there is one) gives the full graph's eval loss on one batch;
 ``export_model_for_inferencing`` works and its output matches the PyTorch model with the same
 (trained) weights. The training runs in a torch-free subprocess (:mod:`tasks.prepare.ort_probe`) at the
 recipe's batch size, so its peak RSS is what a board would see; ``validation.json`` records it all.
@@ -28,6 +29,7 @@ from tasks.recipe.schema import Recipe
 
 log = logging.getLogger(__name__)
 MATCH_TOL = 1e-4
+SPLIT_TOL = 1e-4  # relative: the split and the full eval graph fuse the same float32 ops differently
 MEMORY_MARGIN = (1.05, 16.0)  # board estimate = peak * 1.05 + 16 MB (allocator and board-side slack;
 # bench/memory.py: the probe's peak is within 3 % of the agent's at batch 1-32 of mobilenet_v2)
 PROBE_TIMEOUT_S = 600
@@ -69,6 +71,7 @@ def run_probe(recipe: Recipe, out_dir: Path, manifest: dict, steps: int) -> dict
         "lr": recipe.optimizer.lr,
         "inference_path": str(out_dir / "validation_inference.onnx"),
         "inference_outputs": manifest["inference_output_names"],
+        "split": _split_cfg(manifest),
     }
     cmd = [sys.executable, "-m", "tasks.prepare.ort_probe", json.dumps(cfg)]
     try:
@@ -88,6 +91,27 @@ def run_probe(recipe: Recipe, out_dir: Path, manifest: dict, steps: int) -> dict
             result["stage"], ort_message(result["error"]) or result["error"].splitlines()[0]
         )
     return result["report"]
+
+
+def _split_cfg(manifest: dict) -> dict[str, Any] | None:
+    cache = manifest.get("prefix_cache") or {}
+    return {"cut": cache["cut"], "prefix_inputs": cache["prefix_inputs"]} if cache.get("enabled") else None
+
+
+def check_split(probe: dict[str, Any]) -> dict[str, Any] | str:
+    """The split artifacts' eval loss of one batch against the full graph's (within ``SPLIT_TOL``
+    relative); ValidationFailed when they differ. A note when the recipe trains unsplit."""
+    got = probe.get("split_check")
+    if got is None:
+        return "no frozen-prefix split (see manifest.json prefix_cache)"
+    full, part = got["full_eval_loss"], got["split_eval_loss"]
+    if not math.isfinite(part) or abs(part - full) > SPLIT_TOL * max(1.0, abs(full)):
+        raise ValidationFailed(
+            "split_matches_full",
+            f"the frozen-prefix split computes an eval loss of {part:.6g} on one batch where the full graph "
+            f"computes {full:.6g}; set training.prefix_cache = 'off' to train the full graph on the board",
+        )
+    return {**got, "tolerance": SPLIT_TOL}
 
 
 FROZEN_BN_HINT = (
@@ -222,6 +246,7 @@ def validate(recipe: Recipe, out_dir: Path, *, steps: int = 5) -> dict:
         report["checks"].update(load_artifacts=True, train_step=True, eval_step=True, export_inference=True)
         note = check_losses(probe, recipe.trainable.batchnorm)
         report["checks"].update(loss_finite=True, loss_falls=note or True)
+        report["checks"]["split_matches_full"] = check_split(probe)
         report["checks"]["inference_matches_torch"] = compare_with_torch(
             recipe, out_dir / "validation_inference.onnx", manifest
         )

@@ -24,6 +24,8 @@ def test_digits_validation_report(prepared_digits):
     assert v["steps_per_epoch"] == 13 and v["batch_size"] == 32
     assert 0 < v["measured_peak_rss_mb"] < v["board_peak_estimate_mb"] < 1024
     assert v["time_per_step_s"] > 0
+    split = v["checks"]["split_matches_full"]  # digits trains split by default
+    assert split["split_eval_loss"] == pytest.approx(split["full_eval_loss"], rel=1e-5)
 
 
 def test_large_outputs_are_compared_with_a_scaled_tolerance(tmp_path):
@@ -103,6 +105,25 @@ def test_broken_artifact_fails_named_check(tmp_path):
     with pytest.raises(ValidationFailed) as info:
         validate(recipe, tmp_path / "out")
     assert info.value.check == "load_artifacts"
+
+
+def test_split_that_differs_from_the_full_graph_fails_named_check(tmp_path):
+    import onnx
+    from onnx import numpy_helper
+
+    recipe = tiny_recipe(tmp_path)
+    prep = prepare(recipe, tmp_path / "out", validate=False)
+    assert prep.manifest["prefix_cache"]["enabled"]
+    path = tmp_path / "out" / "artifacts" / "split" / "prefix.onnx"
+    prefix = onnx.load(str(path))
+    first = prefix.graph.initializer[0]  # a frozen weight of the prefix, changed: the split is wrong
+    first.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(first) * 3 + 0.5, first.name))
+    onnx.save(prefix, str(path))
+    with pytest.raises(ValidationFailed, match=r"training\.prefix_cache = 'off'") as info:
+        validate(recipe, tmp_path / "out")
+    assert info.value.check == "split_matches_full"
+    report = json.loads((tmp_path / "out" / "validation.json").read_text())
+    assert report["failed_check"] == "split_matches_full" and not report["passed"]
 
 
 def _accuracy(path, data):
