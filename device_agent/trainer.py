@@ -6,10 +6,11 @@ Everything a step depends on is a function of the step number or stored in the c
 A step does only what it must between ORT calls (measured in issue 15: right after an ORT step
 every Python or numpy call runs several times slower than in isolation, its caches evicted):
 ORT's random generators are re-seeded only when the training graph has a random op; the
-learning rate is set only when it changes; the rows of up to ``PENDING_STEPS`` steps (at most
-``CHUNK_BYTES``) are gathered by one ``take`` and sliced per step; the training accuracy of up to
-``PENDING_STEPS`` steps is counted at once, at the latest before a checkpoint or the end of an epoch. The loss is
-read and checked at every step, so a divergence still stops the step it happens at.
+learning rate is set only when it changes; one ``take`` gathers the rows of up to
+``PENDING_STEPS`` steps (at most ``CHUNK_BYTES``), which each step slices; the training accuracy
+of up to ``PENDING_STEPS`` steps is counted at once, at the latest before a checkpoint or the
+end of an epoch. The loss is read and checked at every step, so a divergence still stops the
+step it happens at.
 """
 
 from __future__ import annotations
@@ -162,13 +163,16 @@ class Trainer:
         The first call, of one step, sizes the next ones: as many steps as fit ``CHUNK_BYTES`` (a
         gather and conversion per chunk, which a step then only slices).
         """
-        rows = self.train_ds.take(idx)
-        chunk = [np.ascontiguousarray(rows[name], dtype=dtype) for name, dtype in self._feeds]
+        chunk = self._feed(self.train_ds.take(idx))
         if not self._chunk_sized:
             step_bytes = sum(a.nbytes for a in chunk) / max(1, len(idx)) * self.params.batch_size
             self._chunk_steps = int(max(1, min(PENDING_STEPS, CHUNK_BYTES // max(1.0, step_bytes))))
             self._chunk_sized = True
         return chunk
+
+    def _feed(self, rows: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """The model's inputs, in order and of its dtypes, from a dataset's ``take``."""
+        return [np.ascontiguousarray(rows[name], dtype=dtype) for name, dtype in self._feeds]
 
     def _permutation(self, epoch: int) -> np.ndarray:
         if self._perm is None or self._perm[0] != epoch:
@@ -247,8 +251,7 @@ class Trainer:
         module.eval()
         loss_sum, correct, n = 0.0, 0, len(self.eval_ds)
         for start in range(0, n, bs):
-            rows = self.eval_ds.take(np.arange(start, min(n, start + bs)))
-            batch = [np.ascontiguousarray(rows[name], dtype=dtype) for name, dtype in self._feeds]
+            batch = self._feed(self.eval_ds.take(np.arange(start, min(n, start + bs))))
             outs = module(*batch)
             loss_sum += _scalar(outs) * len(batch[0])
             correct += self._correct(outs, batch)

@@ -64,7 +64,7 @@ def install_agent(conn: Transport, board: Board, memory_estimate_mb: float = 0.0
 # the hash stamp, remove the tarball. Members are checked first (plain files under
 # device_agent/, no absolute path, no "..").
 UNPACK = r"""
-import os, posixpath, shutil, sys, tarfile
+import os, shutil, sys, tarfile
 tar, agent_dir, digest = sys.argv[1:]
 staging = tar[:-len(".tar.gz")]
 with tarfile.open(tar) as t:

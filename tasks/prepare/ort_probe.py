@@ -18,6 +18,7 @@ import resource  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -102,30 +103,27 @@ def probe(cfg: dict) -> dict:
     return report
 
 
-def split_check(api: object, cfg: dict, feeds: dict[str, np.ndarray]) -> dict[str, float]:
+def split_check(api: Any, cfg: dict, feeds: dict[str, np.ndarray]) -> dict[str, float]:
     """The eval loss of one batch from the base weights: by the full eval graph, and by the split
     prefix (an inference session) followed by the suffix's eval graph, as a caching job computes it."""
     from device_agent.ort import load_onnxruntime
 
+    def eval_loss(training: str, checkpoint: str, eval_model: str, given: dict[str, np.ndarray]) -> float:
+        module = api.Module(training, api.CheckpointState.load_checkpoint(checkpoint), eval_model)
+        module.eval()
+        return _loss(module(*[given[n] for n in module.input_names()]))
+
     art, split = Path(cfg["artifacts_dir"]), cfg["split"]
-    full = api.Module(  # type: ignore[attr-defined]
-        str(art / "training_model.onnx"), api.CheckpointState.load_checkpoint(str(art / "checkpoint")),  # type: ignore[attr-defined]
-        str(art / "eval_model.onnx"),
-    )  # fmt: skip
-    full.eval()
-    full_loss = _loss(full(*[feeds[n] for n in full.input_names()]))
-    sdir = art / "split"
-    prefix = load_onnxruntime().InferenceSession(
-        str(sdir / "prefix.onnx"), providers=["CPUExecutionProvider"]
+    files = split["files"]
+    full = eval_loss(
+        str(art / "training_model.onnx"), str(art / "checkpoint"), str(art / "eval_model.onnx"), feeds
     )
+    prefix = load_onnxruntime().InferenceSession(files["prefix_model"], providers=["CPUExecutionProvider"])
     (cut,) = prefix.run([split["cut"]], {n: feeds[n] for n in split["prefix_inputs"]})
-    suffix = api.Module(  # type: ignore[attr-defined]
-        str(sdir / "training_model.onnx"), api.CheckpointState.load_checkpoint(str(sdir / "checkpoint")),  # type: ignore[attr-defined]
-        str(sdir / "eval_model.onnx"),
-    )  # fmt: skip
-    suffix.eval()
-    split_loss = _loss(suffix(*[cut if n == split["cut"] else feeds[n] for n in suffix.input_names()]))
-    return {"full_eval_loss": full_loss, "split_eval_loss": split_loss}
+    part = eval_loss(
+        files["training_model"], files["checkpoint"], files["eval_model"], {**feeds, split["cut"]: cut}
+    )
+    return {"full_eval_loss": full, "split_eval_loss": part}
 
 
 def main() -> int:

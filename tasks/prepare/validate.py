@@ -71,7 +71,7 @@ def run_probe(recipe: Recipe, out_dir: Path, manifest: dict, steps: int) -> dict
         "lr": recipe.optimizer.lr,
         "inference_path": str(out_dir / "validation_inference.onnx"),
         "inference_outputs": manifest["inference_output_names"],
-        "split": _split_cfg(manifest),
+        "split": _split_cfg(out_dir, manifest),
     }
     cmd = [sys.executable, "-m", "tasks.prepare.ort_probe", json.dumps(cfg)]
     try:
@@ -93,9 +93,13 @@ def run_probe(recipe: Recipe, out_dir: Path, manifest: dict, steps: int) -> dict
     return result["report"]
 
 
-def _split_cfg(manifest: dict) -> dict[str, Any] | None:
+def _split_cfg(out_dir: Path, manifest: dict) -> dict[str, Any] | None:
+    """What the probe needs to run the split artifacts (None when the recipe trains unsplit)."""
     cache = manifest.get("prefix_cache") or {}
-    return {"cut": cache["cut"], "prefix_inputs": cache["prefix_inputs"]} if cache.get("enabled") else None
+    if not cache.get("enabled"):
+        return None
+    files = {key: str(out_dir / entry["path"]) for key, entry in cache["files"].items()}
+    return {"cut": cache["cut"], "prefix_inputs": cache["prefix_inputs"], "files": files}
 
 
 def check_split(probe: dict[str, Any]) -> dict[str, Any] | str:

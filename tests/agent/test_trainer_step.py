@@ -101,7 +101,8 @@ def test_step_lines_are_fsynced_in_the_background_other_events_at_once(tmp_path,
 def test_rows_gathered_in_chunks_train_exactly_as_one_take_per_step(agent_board, digits_job, monkeypatch):
     """The loop gathers the rows of several steps with one ``take`` (``CHUNK_BYTES``) and slices
     them per step: whatever the chunk (1 step, 5 steps that do not divide the epoch's 13, the
-    default), a split digits job with a short last batch trains to the same bits."""
+    default of a whole digits epoch), a split digits job with a short last batch trains to the
+    same bits. The gathers are recorded to show each run chunked as intended."""
     import signal
 
     import device_agent.trainer as trainer
@@ -109,24 +110,46 @@ def test_rows_gathered_in_chunks_train_exactly_as_one_take_per_step(agent_board,
     from device_agent.runner import run_job
 
     api = load_training_api()
-    histories, weights = {}, {}
+    gathers: list[tuple[int, int]] = []  # (rows, bytes) of every gather of the current run
+    real_gather, default_bytes = trainer.Trainer._gather, trainer.CHUNK_BYTES
+
+    def recorded(self, idx):
+        chunk = real_gather(self, idx)
+        gathers.append((len(idx), sum(a.nbytes for a in chunk)))
+        return chunk
+
+    monkeypatch.setattr(trainer.Trainer, "_gather", recorded)
+
+    def run(label: str, chunk_bytes: int) -> tuple[list, dict, list[tuple[int, int]]]:
+        monkeypatch.setattr(trainer, "CHUNK_BYTES", chunk_bytes)
+        gathers.clear()
+        spec, files = digits_job(f"chunk-{label}", epochs=2, checkpoint_every=0)
+        assert spec.prefix is not None
+        path = agent_board.install(spec, files)
+        job = JobDir(path, agent_board.root)
+        result = run_job(job, load_spec(job))
+        assert result.status == "finished", result.error
+        state = api.CheckpointState.load_checkpoint(str(path / "checkpoints" / "final"))
+        return result.history, {n: np.array(p.data) for n, p in state.parameters}, list(gathers)
+
     handler = signal.getsignal(signal.SIGTERM)
-    step_bytes = 32 * (64 + 1) * 4  # digits through the split: 64 float32 features + an int label
     try:
-        for label, chunk in (("one", 0), ("five", 5 * step_bytes), ("default", trainer.CHUNK_BYTES)):
-            monkeypatch.setattr(trainer, "CHUNK_BYTES", chunk)
-            spec, files = digits_job(f"chunk-{label}", epochs=2, checkpoint_every=0)
-            path = agent_board.install(spec, files)
-            job = JobDir(path, agent_board.root)
-            result = run_job(job, load_spec(job))
-            assert result.status == "finished", result.error
-            histories[label] = result.history
-            state = api.CheckpointState.load_checkpoint(str(path / "checkpoints" / "final"))
-            weights[label] = {n: np.array(p.data) for n, p in state.parameters}
+        ref_history, ref_weights, one = run("one", 0)
+        step_bytes = one[0][1]  # a full batch of the split's inputs
+        runs = {"five": run("five", 5 * step_bytes), "default": run("default", default_bytes)}
     finally:
         signal.signal(signal.SIGTERM, handler)
-    assert spec.prefix is not None and len(histories["one"]) == 2
-    for label in ("five", "default"):
-        assert histories[label] == histories["one"], label
-        for name, value in weights["one"].items():
-            assert np.array_equal(weights[label][name], value), (label, name)
+    assert len(ref_history) == 2
+
+    def expected(steps: int) -> list[int]:  # the sizing step, then chunks of ``steps`` over 400 rows
+        chunks = lambda start: [min(steps * 32, 400 - r) for r in range(start, 400, steps * 32)]  # noqa: E731
+        return [32, *chunks(32), *chunks(0)]
+
+    assert [n for n, _ in one] == expected(1)  # 400 rows: 13 steps an epoch, the last of 16
+    assert [n for n, _ in runs["five"][2]] == expected(5) == [32, 160, 160, 48, 160, 160, 80]
+    default_steps = min(trainer.PENDING_STEPS, default_bytes // step_bytes)
+    assert 1 < default_steps and [n for n, _ in runs["default"][2]] == expected(default_steps)
+    for label, (history, weights, _) in runs.items():
+        assert history == ref_history, label
+        for name, value in ref_weights.items():
+            assert np.array_equal(weights[name], value), (label, name)
