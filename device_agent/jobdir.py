@@ -58,6 +58,16 @@ class JobDir:
         return self.path / "cancel.request"
 
     @property
+    def hold_file(self) -> Path:
+        """A test hook: while it exists, the job pauses once it has trained the step it names."""
+        return self.path / "hold"
+
+    @property
+    def held_file(self) -> Path:
+        """Written by a paused job (the step it paused at), removed when it goes on."""
+        return self.path / "held"
+
+    @property
     def pid_file(self) -> Path:
         return self.path / "agent.pid"
 

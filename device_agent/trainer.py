@@ -35,6 +35,7 @@ from device_agent.protocol import ExitCode, JobSpec, TrainParams
 
 log = logging.getLogger(__name__)
 CANCEL_POLL_S = 0.2  # how often the loop looks for cancel.request (SIGTERM is seen at once)
+HOLD_POLL_S = 0.05  # how often a paused job looks whether its hold file is gone
 STEP_DELAY_ENV = "ODL_AGENT_STEP_DELAY_S"  # slows every step down (tests and demos of live progress)
 PENDING_STEPS = 64  # steps whose logits and labels are kept before their accuracy is counted
 PENDING_VALUES = 1 << 16  # ... fewer when a step's logits are large (at most ~256 KB of float32)
@@ -114,6 +115,8 @@ class Trainer:
         self.cancel_flag = False
         self._perm: tuple[int, np.ndarray] | None = None
         self._cancel_path = str(job.cancel_file)
+        self._hold_path = str(job.hold_file)
+        self._hold_at: int | None = None  # the step the hold file names (read with cancel.request)
         self._cancel_polled = 0.0
         self._feeds = [(s.name, s.dtype) for s in sess.inputs]
         self._seeder = step_seeder(job.blob(spec.artifacts["training_model"].sha256))
@@ -149,6 +152,8 @@ class Trainer:
                 first, last = start, min(stop, start + self._chunk_steps * bs)
                 chunk = self._gather(perm[first:last])
             self._step(progress, [a[start - first : start - first + bs] for a in chunk])
+            if self._hold_at is not None and progress.step >= self._hold_at:
+                self._hold(progress)
             if progress.step == end:
                 self._end_epoch(progress)
                 return
@@ -274,9 +279,36 @@ class Trainer:
         if now - self._cancel_polled >= CANCEL_POLL_S:  # a stat per step costs more than a small step
             self._cancel_polled = now
             self.cancel_flag = self.cancel_flag or os.path.exists(self._cancel_path)
+            self._hold_at = _read_hold(self._hold_path)
         if self.cancel_flag:
             self.checkpoint(progress)
             raise Cancelled(f"cancelled at step {progress.step}")
+
+    def _hold(self, progress: Progress) -> None:
+        """Pause after a known step while ``hold`` exists (a test hook: faults injected while a job
+        certainly runs). ``held`` says where the job waits; a cancel ends the pause."""
+        held = Path(self.job.held_file)
+        held.write_text(str(progress.step))
+        log.info("held after step %d (remove %s to go on)", progress.step, self._hold_path)
+        while os.path.exists(self._hold_path) and not self.cancel_flag:
+            time.sleep(HOLD_POLL_S)
+            self.cancel_flag = os.path.exists(self._cancel_path)
+        held.unlink(missing_ok=True)
+        self._hold_at = None
+        log.info("released at step %d", progress.step)
+
+
+def _read_hold(path: str) -> int | None:
+    """The step a hold file names (an empty or unreadable one: pause at once); None without one."""
+    try:
+        with open(path) as fh:
+            text = fh.read().strip()
+    except OSError:
+        return None
+    try:
+        return int(text) if text else 0
+    except ValueError:
+        return 0
 
 
 def _correct_of(task: str, logits: np.ndarray, labels: np.ndarray) -> int:

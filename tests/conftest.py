@@ -16,6 +16,7 @@ pytest_plugins = [
     "tests.fixtures_board",
     "tests.fixtures_flow",
     "tests.fixtures_postgres",
+    "tests.e2e.faultkit",
 ]
 
 E2E = Path(__file__).parent / "e2e"

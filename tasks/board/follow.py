@@ -7,6 +7,7 @@ import logging
 import posixpath
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from device_agent.protocol import Event, JobResult, SpecError
 from tasks.board.inventory import Board
@@ -20,6 +21,15 @@ TERMINAL = ("finished", "failed", "cancelled")
 EventCallback = Callable[[Event], None]
 
 
+@dataclass
+class FollowStats:
+    """What following one job took, filled in while it runs: new connections after a dropped link
+    (``reconnects``) and restarts of a job that had stopped without a result (``resumes``)."""
+
+    reconnects: int = 0
+    resumes: int = 0
+
+
 def follow_job(
     conn: Transport,
     board: Board,
@@ -30,6 +40,7 @@ def follow_job(
     poll_s: float = 0.25,
     max_outage_s: float = 300.0,
     deadline: float | None = None,
+    stats: FollowStats | None = None,
 ) -> JobResult:
     """Follow ``events.jsonl`` from ``offset`` until the job ends; reconnects on a dropped link.
 
@@ -39,8 +50,10 @@ def follow_job(
     the JobResult; raises TrainingFailed for a failed or cancelled job (never retried).
     ``deadline`` (a ``time.monotonic()`` instant, a fleet round's) raises Straggler once passed,
     whether the job is slow or the board unreachable; the job is left to its owner to cancel.
+    ``stats`` (updated as it happens) counts the reconnects and resumes.
     """
-    follower = _Follower(board, job_id, offset, on_event)
+    stats = stats if stats is not None else FollowStats()
+    follower = _Follower(board, job_id, offset, on_event, stats)
     link, owned = conn, False
     outage = _Outage(board, max_outage_s, deadline)
     try:
@@ -53,6 +66,7 @@ def follow_job(
                 if not should_retry(exc):
                     raise
                 link, owned = _reconnect(board, link, owned, exc, outage), True
+                stats.reconnects += 1
                 continue
             outage.over()
             if result is not None:
@@ -66,14 +80,16 @@ def follow_job(
 class _Follower:
     """Reads new complete lines of ``events.jsonl`` and delivers unseen events in order."""
 
-    def __init__(self, board: Board, job_id: str, offset: int, on_event: EventCallback | None) -> None:
+    def __init__(
+        self, board: Board, job_id: str, offset: int, on_event: EventCallback | None, stats: FollowStats
+    ) -> None:
         self.board, self.job_id, self.offset, self.on_event = board, job_id, offset, on_event
+        self.stats = stats
         jdir = job_dir(board, job_id)
         self.events_path = posixpath.join(jdir, "events.jsonl")
         self.last_seq = -1
         self.ended = False
         self.idle_polls = 0
-        self.restarts = 0
 
     def poll(self, conn: Transport) -> JobResult | None:
         """One round: deliver new events; the JobResult once the job has ended."""
@@ -94,9 +110,9 @@ class _Follower:
         """The job shows no progress: resume it when the agent is not running it (crash, reboot)."""
         state = job_status(conn, self.board, self.job_id).get("state")
         if state in ("interrupted", "pending"):
-            if self.restarts >= 3:
-                raise TrainingFailed(f"job {self.job_id} stopped without a result {self.restarts} times")
-            self.restarts += 1
+            if self.stats.resumes >= 3:
+                raise TrainingFailed(f"job {self.job_id} stopped without a result {self.stats.resumes} times")
+            self.stats.resumes += 1
             log.warning("job %s is %s on board %s: resuming it", self.job_id, state, self.board.name)
             start_job(conn, self.board, self.job_id)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from device_agent.protocol import JobResult, JobSpec
 from tasks.board.agent import install_agent
 from tasks.board.blobs import UploadReport, upload_blobs
-from tasks.board.follow import EventCallback, follow_job
+from tasks.board.follow import EventCallback, FollowStats, follow_job
 from tasks.board.inventory import Board
 from tasks.board.jobs import create_job, job_dir, read_result, resumable, start_job
 from tasks.board.transport import ByteProgress, Transport
@@ -29,6 +29,7 @@ def drive_job(
     deployed: bool = False,
     end_orphans: bool = False,
     deadline: float | None = None,
+    stats: FollowStats | None = None,
 ) -> tuple[UploadReport, JobResult]:
     """Install + upload + create + start + follow; reattaches when the job id is already on the board.
 
@@ -41,7 +42,8 @@ def drive_job(
     One job trains on a board at a time: when another is training, a job made from the same
     inputs (its run was killed) is followed instead of this one; any other is cancelled first
     when ``end_orphans`` (the caller holds the board's concurrency slot), else BoardError.
-    ``deadline`` (monotonic) is passed to :func:`follow_job` (a fleet round's).
+    ``deadline`` (monotonic) and ``stats`` are passed to :func:`follow_job` (a fleet round's
+    deadline; the reconnects and resumes it took).
     """
     jdir = job_dir(board, spec.job_id)
     if not deployed:
@@ -54,10 +56,10 @@ def drive_job(
 
         adopted = settle_orphan(conn, board, spec, end=end_orphans)
         if adopted != spec.job_id:  # the same training, started by a run that was killed
-            return report, follow_job(conn, board, adopted, 0, on_event, deadline=deadline)
+            return report, follow_job(conn, board, adopted, 0, on_event, deadline=deadline, stats=stats)
         if not deployed:
             report = upload_blobs(conn, board, files, progress)
         create_job(conn, board, spec)
     if resumable(read_result(conn, board, spec.job_id)):
         log.info("job %s %s on board %s", spec.job_id, start_job(conn, board, spec.job_id), board.name)
-    return report, follow_job(conn, board, spec.job_id, 0, on_event, deadline=deadline)
+    return report, follow_job(conn, board, spec.job_id, 0, on_event, deadline=deadline, stats=stats)

@@ -43,6 +43,7 @@ class Training:
     result: JobResult
     events: tuple[Event, ...] = ()
     prefix_model: Path | None = None  # frozen-prefix caching: the board trained the suffix only
+    reconnects: int = 0  # new connections the host needed while following the job (dropped links)
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ def train(
     Training then names that job), else ended when ``end_orphans``, else refused (BoardError).
     Past ``deadline`` (a ``time.monotonic()`` instant) it raises Straggler.
     """
+    from tasks.board.follow import FollowStats
     from tasks.board.jobs import job_dir
     from tasks.board.run import drive_job
 
@@ -122,12 +124,14 @@ def train(
         if on_event is not None:
             on_event(event)
 
+    stats = FollowStats()
     with _link(board, conn) as link:
         _, result = drive_job(
-            link, board, spec, files, record, deployed=True, end_orphans=end_orphans, deadline=deadline
-        )
+            link, board, spec, files, record, deployed=True, end_orphans=end_orphans, deadline=deadline,
+            stats=stats,
+        )  # fmt: skip
     prefix = files.get(spec.prefix.model.sha256) if spec.prefix is not None else None
-    return Training(board.name, result.job_id, result, tuple(events), prefix)
+    return Training(board.name, result.job_id, result, tuple(events), prefix, stats.reconnects)
 
 
 def retrieve(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tasks.errors import BoardError
 from tasks.vboard.lifecycle import board_dir, load_state, start_board_sshd
-from tasks.vboard.sshd import read_pid, sh, stop_pidfile
+from tasks.vboard.sshd import port_open, read_pid, sh, sshd_alive, stop_pidfile
 
 
 def set_link(name: str, up: bool) -> None:
@@ -48,6 +48,24 @@ def restart_sshd(name: str, down_s: float = 0.0) -> None:
             os.kill(pid, signal.SIGKILL)
     time.sleep(down_s)
     start_board_sshd(name, bdir, state)  # back under the board's RAM cap and CPU quota
+
+
+def restore(name: str, timeout_s: float = 30.0) -> None:
+    """Undo every fault of this module: the link up, sshd running; returns once sshd accepts TCP
+    connections again (BoardError past ``timeout_s``)."""
+    bdir = board_dir(name)
+    state = load_state(bdir)
+    if state.get("netns"):
+        set_link(name, up=True)
+    if not sshd_alive(bdir):
+        start_board_sshd(name, bdir, state)
+    deadline = time.monotonic() + timeout_s
+    while not port_open(state["host"], int(state["port"])):
+        if time.monotonic() > deadline:
+            raise BoardError(
+                f"board {name}: sshd does not accept connections {timeout_s:.0f} s after restore"
+            )
+        time.sleep(0.2)
 
 
 def _comm(pid: int) -> str:

@@ -23,16 +23,19 @@ import pytest
 
 from device_agent.protocol import Event, ExitCode, file_sha256
 from tasks.board import agent, blobs, jobs, run
+from tasks.board.follow import FollowStats
 from tasks.board.inventory import Board
 from tasks.board.retrieve import retrieve
 from tasks.board.transport import connect
 from tasks.board.transport.ssh import SSHTransport
 from tasks.errors import DeviceIncompatible, DeviceUnreachable, TransferError
+from tests.e2e.faultkit import Faults, release, wait_for, wait_held
 from tests.e2e.test_board_job import assert_events_complete
 from tests.fixtures_board import odl_home_env
 
 pytestmark = [pytest.mark.board, pytest.mark.slow]
 EPOCHS = 40  # digits: 13 steps per epoch, checkpoints every 5 steps
+HOLD_STEP = 26  # the job pauses here (after the checkpoint of step 25) while a fault is injected
 
 
 def _final_weights(conn, board: Board, job_id: str, tmp: Path) -> dict[str, np.ndarray]:
@@ -44,24 +47,31 @@ def _final_weights(conn, board: Board, job_id: str, tmp: Path) -> dict[str, np.n
     return {name: np.array(p.data) for name, p in state.parameters}
 
 
-def _run_with_fault(board: Board, digits_job, job_id: str, fault, when) -> tuple[object, list[Event]]:
-    """drive_job with ``fault(event)`` fired once (in a thread) at the first event ``when`` accepts."""
+def _created_held_job(
+    faults: Faults, board: Board, digits_job, job_id: str, at_step: int
+) -> tuple[object, dict]:
+    """The digits job installed, uploaded and created on the board, asked to pause after ``at_step``
+    (the agent's hold hook), not started: ``run.drive_job`` then starts and follows it."""
     spec, files = digits_job(job_id, epochs=EPOCHS, checkpoint_every=5)
-    events: list[Event] = []
-    fired = threading.Event()
-
-    def on_event(event: Event) -> None:
-        events.append(event)
-        if not fired.is_set() and when(event, events):
-            fired.set()
-            threading.Thread(target=fault, args=(event, events), daemon=True).start()
-
     conn = connect(board)
     try:
-        _, result = run.drive_job(conn, board, spec, files, on_event)
+        agent.install_agent(conn, board)
+        blobs.upload_blobs(conn, board, files)
+        jobs.create_job(conn, board, spec)
     finally:
         conn.close()
-    assert fired.is_set(), "the fault never fired"
+    faults.hold(board, job_id, at_step)
+    return spec, files
+
+
+def _drive(board: Board, spec, files, stats: FollowStats) -> tuple[object, list[Event]]:
+    """run.drive_job on a new connection, every event kept."""
+    events: list[Event] = []
+    conn = connect(board)
+    try:
+        _, result = run.drive_job(conn, board, spec, files, events.append, stats=stats)
+    finally:
+        conn.close()
     return result, events
 
 
@@ -92,56 +102,65 @@ def _assert_same_as_reference(board: Board, job_id: str, result, reference, tmp_
 
 
 def test_agent_killed_mid_training_is_resumed_and_ends_like_an_uninterrupted_run(
-    virtual_board: Board, digits_job, reference, tmp_path: Path
+    virtual_board: Board, digits_job, reference, faults: Faults, tmp_path: Path
 ) -> None:
     job_id = f"reboot-{os.getpid()}"
+    spec, files = _created_held_job(faults, virtual_board, digits_job, job_id, HOLD_STEP)
+    stats = FollowStats()
 
-    def kill_agent(event: Event, events: list[Event]) -> None:
-        pid = next(e.data["pid"] for e in events if e.type == "started")
-        os.kill(pid, signal.SIGKILL)  # as a power cut: no checkpoint, no terminal event
+    def kill_agent() -> None:  # as a power cut: no checkpoint, no terminal event
+        assert wait_held(virtual_board, job_id) == HOLD_STEP
+        conn = connect(virtual_board)
+        try:
+            raw = conn.read_from(posixpath.join(jobs.job_dir(virtual_board, job_id), "events.jsonl"), 0)
+        finally:
+            conn.close()
+        started = [Event.from_json(line) for line in raw.decode().splitlines() if '"started"' in line]
+        os.kill(started[-1].data["pid"], signal.SIGKILL)
+        release(virtual_board, job_id)
 
-    def after_a_checkpoint(event: Event, events: list[Event]) -> bool:
-        return event.type == "step" and any(e.type == "checkpoint" for e in events)
-
-    result, events = _run_with_fault(virtual_board, digits_job, job_id, kill_agent, after_a_checkpoint)
+    faults.start(virtual_board, kill_agent)
+    result, events = _drive(virtual_board, spec, files, stats)
     starts = [e for e in events if e.type == "started"]
-    assert len(starts) == 2 and starts[1].data["resumed_from_step"] > 0
+    assert stats.resumes == 1  # the follower saw the job stop without a result and restarted it
+    assert len(starts) == 2 and 0 < starts[1].data["resumed_from_step"] <= HOLD_STEP
     assert [e.seq for e in events] == list(range(len(events)))
     _assert_same_as_reference(virtual_board, job_id, result, reference, tmp_path)
 
 
 def test_sshd_restarted_mid_training_reconnects_and_completes(
-    virtual_board: Board, virtual_board_home: Path, digits_job, reference, tmp_path: Path, caplog
+    virtual_board: Board, digits_job, reference, faults: Faults, tmp_path: Path
 ) -> None:
     from tasks.vboard.faults import restart_sshd
 
     job_id = f"sshd-{os.getpid()}"
+    spec, files = _created_held_job(faults, virtual_board, digits_job, job_id, HOLD_STEP)
+    stats = FollowStats()
 
-    def restart(event: Event, events: list[Event]) -> None:
-        with odl_home_env(virtual_board_home):
-            restart_sshd(virtual_board.name, down_s=2.0)
+    def restart() -> None:  # while the job waits at HOLD_STEP: the follower is certainly polling
+        assert wait_held(virtual_board, job_id) == HOLD_STEP
+        restart_sshd(virtual_board.name, down_s=2.0)
+        wait_for(lambda: stats.reconnects >= 1, "the follower reconnecting after the sshd restart")
+        release(virtual_board, job_id)
 
-    caplog.set_level("INFO", logger="tasks.board")
-    result, events = _run_with_fault(
-        virtual_board, digits_job, job_id, restart, lambda e, _: e.type == "step"
-    )
-    assert "reconnected" in caplog.text
+    faults.start(virtual_board, restart)
+    result, events = _drive(virtual_board, spec, files, stats)
+    assert stats.reconnects >= 1 and stats.resumes == 0
     assert_events_complete(events, job_id)  # the training itself never stopped
     _assert_same_as_reference(virtual_board, job_id, result, reference, tmp_path)
 
 
-def _cut_for(board: Board, home: Path, seconds: float) -> None:
+def _cut_for(faults: Faults, board: Board, seconds: float) -> None:
     """Take the board's link down now (before the caller reads another byte), restore it later."""
     from tasks.vboard.faults import set_link
 
     def restore() -> None:
         time.sleep(seconds)
-        with odl_home_env(home):
-            set_link(board.name, up=True)
+        set_link(board.name, up=True)
 
-    with odl_home_env(home):
+    with odl_home_env(faults.home):
         set_link(board.name, up=False)
-    threading.Thread(target=restore, daemon=True).start()
+    faults.start(board, restore)
 
 
 def _blob_names(board: Board) -> list[str]:
@@ -154,7 +173,7 @@ def _blob_names(board: Board) -> list[str]:
 
 @pytest.mark.parametrize("link", ["direct", "shaped"])
 def test_link_cut_during_upload_fails_retryably_then_the_retry_lands_a_whole_blob(
-    request: pytest.FixtureRequest, link: str, virtual_board_home: Path, tmp_path: Path
+    request: pytest.FixtureRequest, link: str, faults: Faults, tmp_path: Path
 ) -> None:
     # "shaped": 10 Mbit/s, 50 ms each way, 1% loss, through the delay proxy: the proxy must give up
     # on the dead link too (its own TCP_USER_TIMEOUT) and end the host's session
@@ -167,7 +186,7 @@ def test_link_cut_during_upload_fails_retryably_then_the_retry_lands_a_whole_blo
     def progress(done: int, total: int) -> None:
         if done > total // 4 and not cut.is_set():
             cut.set()
-            _cut_for(virtual_board, virtual_board_home, 14)
+            _cut_for(faults, virtual_board, 14)
 
     conn = connect(virtual_board)
     try:
@@ -200,7 +219,7 @@ def _link_down(board: Board) -> bool:
 
 
 def test_link_cut_during_download_leaves_no_file_then_retrieve_succeeds(
-    virtual_board: Board, virtual_board_home: Path, digits_job, tmp_path: Path
+    virtual_board: Board, faults: Faults, digits_job, tmp_path: Path
 ) -> None:
     spec, files = digits_job(f"dl-{os.getpid()}", epochs=1)
     conn = connect(virtual_board)
@@ -220,7 +239,7 @@ def test_link_cut_during_download_leaves_no_file_then_retrieve_succeeds(
         def prog(done: int, total: int) -> None:
             if done > 20 * 2**20 and not cut.is_set():
                 cut.set()
-                _cut_for(virtual_board, virtual_board_home, 14)
+                _cut_for(faults, virtual_board, 14)
 
         return real_get(self, remote_path, local, prog)
 

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import posixpath
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -17,14 +15,17 @@ import pytest
 
 from device_agent.protocol import Event
 from tasks.board import jobs, run
+from tasks.board.follow import FollowStats
 from tasks.board.inventory import Board
 from tasks.board.transport import connect
 from tasks.paths import PROJECT_ROOT
+from tests.e2e.faultkit import Faults, release, wait_for, wait_held
 from tests.e2e.test_board_job import assert_events_complete
-from tests.fixtures_board import odl_home_env
 
 pytestmark = [pytest.mark.board, pytest.mark.slow]
-LONG_EPOCHS = 150  # digits: 13 steps per epoch (~25 s here), long enough to cut the link mid-training
+LONG_EPOCHS = 150  # digits: 13 steps per epoch; the killed run's job is paused by the hold hook
+EPOCHS = 20  # the link-cut job, paused at HOLD_STEP while its link is down
+HOLD_STEP = 13
 CUT_S = 15
 
 
@@ -34,40 +35,43 @@ def _board_events(conn, board: Board, job_id: str) -> list[Event]:
 
 
 def test_link_cut_during_training_reconnects_and_loses_nothing(
-    virtual_board: Board, virtual_board_home: Path, prepared_digits, digits_recipe, caplog
+    virtual_board: Board, faults: Faults, prepared_digits, digits_recipe
 ) -> None:
+    from tasks.board.agent import install_agent
+    from tasks.board.blobs import upload_blobs
     from tasks.prepare.board_job import build_job_spec
     from tasks.vboard.faults import set_link
 
     job_id = f"digits-cut-{os.getpid()}"
     spec, files = build_job_spec(digits_recipe, prepared_digits, job_id)
-    spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, epochs=LONG_EPOCHS))
-    events: list[Event] = []
-    cut_done = threading.Event()
-
-    def cut_when_training(event: Event) -> None:
-        events.append(event)
-        if event.type == "step" and not cut_done.is_set():
-            cut_done.set()
-            threading.Thread(target=_cut, daemon=True).start()
-
-    def _cut() -> None:
-        with odl_home_env(virtual_board_home):
-            set_link(virtual_board.name, up=False)
-            time.sleep(CUT_S)
-            set_link(virtual_board.name, up=True)
-
-    caplog.set_level(logging.INFO, logger="tasks.board")
+    spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, epochs=EPOCHS))
     conn = connect(virtual_board)
     try:
-        _, result = run.drive_job(conn, virtual_board, spec, files, cut_when_training)
+        install_agent(conn, virtual_board)
+        upload_blobs(conn, virtual_board, files)
+        jobs.create_job(conn, virtual_board, spec)
     finally:
         conn.close()
-        with odl_home_env(virtual_board_home):
-            set_link(virtual_board.name, up=True)
-    assert cut_done.is_set()
-    assert "reconnected" in caplog.text
-    assert result.status == "finished" and result.epochs_done == LONG_EPOCHS
+    faults.hold(virtual_board, job_id, HOLD_STEP)  # the job waits there while the link is down
+    stats = FollowStats()
+
+    def cut() -> None:
+        assert wait_held(virtual_board, job_id) == HOLD_STEP
+        set_link(virtual_board.name, up=False)
+        time.sleep(CUT_S)  # past the transport's TCP_USER_TIMEOUT: the follower's read fails
+        set_link(virtual_board.name, up=True)
+        wait_for(lambda: stats.reconnects >= 1, "the follower reconnecting after the link came back")
+        release(virtual_board, job_id)
+
+    events: list[Event] = []
+    faults.start(virtual_board, cut)
+    conn = connect(virtual_board)
+    try:
+        _, result = run.drive_job(conn, virtual_board, spec, files, events.append, stats=stats)
+    finally:
+        conn.close()
+    assert stats.reconnects >= 1 and stats.resumes == 0
+    assert result.status == "finished" and result.epochs_done == EPOCHS
     assert_events_complete(events, job_id)
     conn = connect(virtual_board)
     try:
@@ -77,7 +81,7 @@ def test_link_cut_during_training_reconnects_and_loses_nothing(
 
 
 def test_killed_host_process_reattaches_instead_of_training_again(
-    virtual_board: Board, virtual_board_home: Path, tmp_path: Path
+    virtual_board: Board, virtual_board_home: Path, faults: Faults, tmp_path: Path
 ) -> None:
     from tasks import stages
     from tasks.recipe.load import load_recipe
@@ -93,11 +97,14 @@ def test_killed_host_process_reattaches_instead_of_training_again(
     )
     conn = connect(virtual_board)
     try:
-        _wait_for_step(conn, virtual_board, job_id, first)
+        _wait_for_job(conn, virtual_board, job_id, first)
+        faults.hold(virtual_board, job_id, 1)  # pauses at its next step: the run is killed while it trains
+        held_at = wait_held(virtual_board, job_id)
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)
         first.stdout.close()
         killed_at = len(_board_events(conn, virtual_board, job_id))
+        release(virtual_board, job_id)
         second = subprocess.run(argv, env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
         assert second.returncode == 0, second.stdout + second.stderr
         events = _board_events(conn, virtual_board, job_id)
@@ -106,20 +113,19 @@ def test_killed_host_process_reattaches_instead_of_training_again(
     assert "reattaching" in second.stderr
     assert f"job {job_id} on {virtual_board.name}: finished" in second.stdout
     assert "uploaded 0 bytes" in second.stdout
-    assert len(events) > killed_at
+    assert held_at < LONG_EPOCHS * 13 and len(events) > killed_at
     assert_events_complete(events, job_id)  # one 'started': the board never trained it twice
     assert (tmp_path / "out" / "inference.onnx").exists()
 
 
-def _wait_for_step(conn, board: Board, job_id: str, proc: subprocess.Popen) -> None:
+def _wait_for_job(conn, board: Board, job_id: str, proc: subprocess.Popen) -> None:
+    """Return once the job's folder holds job.json (``odl run`` has created it)."""
+    job_json = posixpath.join(jobs.job_dir(board, job_id), "job.json")
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise AssertionError(f"odl run ended early: {proc.stdout.read().decode()[-3000:]}")
-        try:
-            if any(e.type == "step" for e in _board_events(conn, board, job_id)):
-                return
-        except Exception:  # noqa: BLE001 - the job dir may not exist yet
-            pass
-        time.sleep(0.3)
-    raise AssertionError("no training step on the board within 300 s")
+        if conn.exists(job_json):
+            return
+        time.sleep(0.1)
+    raise AssertionError("no job on the board within 300 s")
