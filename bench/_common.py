@@ -151,3 +151,37 @@ def physical_cores() -> int:
             elif key.strip() == "core id":
                 cores.add((phys, val.strip()))
     return len(cores) or os.cpu_count() or 1
+
+
+def interleaved_pairs(
+    run_a: Callable[[], Any], run_b: Callable[[], Any], pairs: int
+) -> list[tuple[Any, Any]]:
+    """``pairs`` runs of each, in pairs whose order alternates (a b, b a, a b ...), so that a drift of
+    the machine during the benchmark weighs on both sides alike."""
+    out = []
+    for i in range(pairs):
+        if i % 2 == 0:
+            a = run_a()
+            b = run_b()
+        else:
+            b = run_b()
+            a = run_a()
+        out.append((a, b))
+    return out
+
+
+def spread(values: Sequence[float], digits: int = 3) -> dict[str, float]:
+    """The median of ``values`` with their range (what a ratio from several pairs is reported as)."""
+    import statistics
+
+    return {
+        "median": round(statistics.median(values), digits),
+        "min": round(min(values), digits),
+        "max": round(max(values), digits),
+        "n": len(values),
+    }
+
+
+def median_range(figure: dict[str, float]) -> str:
+    """``spread``'s figure as text: ``1.93 (1.81-2.05, n=5)``."""
+    return f"{figure['median']:g} ({figure['min']:g}-{figure['max']:g}, n={figure['n']})"

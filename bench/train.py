@@ -6,10 +6,13 @@ in its own process of the host venv trains the same model (same weights file), t
 trainable parameters (the manifest's list), the same loss, AdamW with the same lr and weight
 decay, the same batch size, the same memory-mapped batches in the same order, with
 ``torch.set_num_threads`` equal to ONNX Runtime's default intra-op pool (the physical cores).
+Both loops are timed from their ``WARMUP_STEPS``-th step (session start, first allocations and
+caches stay out of the figure). The two run in ``--pairs`` interleaved pairs (order alternating);
+each pair gives a ratio, and every ratio is reported as the median of the pairs with its range.
 Prints samples/s and peak RSS (VmHWM) of both and their ratios; writes bench/results/train.json.
 
-    .venv/bin/python bench/train.py            # digits 600 steps, mobilenet_v2 32 steps
-    .venv/bin/python bench/train.py --quick    # digits only, 100 steps (the smoke test)
+    .venv/bin/python bench/train.py            # digits 4000 steps, mobilenet_v2 40 steps, 5 pairs
+    .venv/bin/python bench/train.py --quick    # digits only, 100 steps, 2 pairs (the smoke test)
 """
 
 from __future__ import annotations
@@ -26,19 +29,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import (  # noqa: E402
     BOARD_VENV,
     install_job,
+    interleaved_pairs,
     json_run,
+    median_range,
     physical_cores,
     run_agent,
+    spread,
     table,
     tiled_npz,
     write_results,
 )
 from tasks.paths import PROJECT_ROOT, state_dir  # noqa: E402
 
-REPEATS = 2  # interleaved, best of N: the machine is shared
-COLUMNS = [("recipe", "recipe"), ("batch_size", "batch"), ("agent_samples_per_s", "agent s/s"),
-           ("torch_samples_per_s", "torch s/s"), ("throughput_ratio", "agent/torch"),
-           ("agent_peak_rss_mb", "agent MB"), ("torch_peak_rss_mb", "torch MB"), ("rss_ratio", "agent/torch MB")]  # fmt: skip
+PAIRS = 5  # interleaved (agent, torch) pairs; every ratio is their median, with its range
+WARMUP_STEPS = 10  # steps of each loop left out of its timing
+COLUMNS = [("recipe", "recipe"), ("batch_size", "batch"), ("steps", "steps"),
+           ("agent_samples_per_s", "agent s/s"), ("torch_samples_per_s", "torch s/s"),
+           ("throughput_ratio_text", "agent/torch (median, range)"), ("agent_peak_rss_mb", "agent MB"),
+           ("torch_peak_rss_mb", "torch MB"), ("rss_ratio_text", "agent/torch MB")]  # fmt: skip
 TORCH_LOOP = r"""
 import json, sys, time
 import torch
@@ -58,10 +66,12 @@ opt = torch.optim.AdamW([params[n] for n in a["trainable"]], lr=recipe.optimizer
 loss_fn = torch.nn.CrossEntropyLoss()
 data = load_npz_arrays(a["train"], "train")
 x_all, y_all = data[a["x"]], data[a["y"]]
-bs, steps = a["batch_size"], a["steps"]
+bs, steps, warm = a["batch_size"], a["steps"], a["warmup"]
 order = epoch_permutation(a["seed"], 0, len(x_all))
 t0 = time.perf_counter()
 for step in range(steps):
+    if step == warm:
+        t0 = time.perf_counter()
     idx = order[step * bs:(step + 1) * bs]
     x = torch.from_numpy(x_all[idx])
     y = torch.from_numpy(y_all[idx].astype("int64"))
@@ -70,7 +80,7 @@ for step in range(steps):
     loss.backward()
     opt.step()
 dt = time.perf_counter() - t0
-print(json.dumps({"samples_per_s": steps * bs / dt, "seconds": dt, "peak_rss_mb": peak_rss_mb(),
+print(json.dumps({"samples_per_s": (steps - warm) * bs / dt, "seconds": dt, "peak_rss_mb": peak_rss_mb(),
                   "threads": torch.get_num_threads(), "loss": float(loss)}))
 """
 
@@ -103,45 +113,46 @@ def agent_job(recipe_file: str, steps: int) -> tuple[Any, dict[str, Path], Path,
 
 
 def agent_throughput(python: Path, root: Path, spec: Any, files: dict[str, Path]) -> dict[str, float]:
-    """Run the agent; samples/s from the 'started' event to the last step event, and its peak RSS."""
+    """Run the agent; samples/s from its ``WARMUP_STEPS``-th step event to the last, and its peak RSS."""
     from device_agent.events import read_events
 
     jdir = install_job(root, spec, files)
     result = run_agent(python, root, jdir)
-    events = read_events(jdir / "events.jsonl")
-    start = next(e["ts"] for e in events if e["type"] == "started")
-    last = [e for e in events if e["type"] == "step"][-1]
-    step = (last.get("data") or last)["step"]
+    steps = [e for e in read_events(jdir / "events.jsonl") if e["type"] == "step"]
+    first, last = steps[WARMUP_STEPS - 1], steps[-1]
+    done = (last.get("data") or last)["step"] - (first.get("data") or first)["step"]
     return {
-        "samples_per_s": step * spec.train.batch_size / (last["ts"] - start),
+        "samples_per_s": done * spec.train.batch_size / (last["ts"] - first["ts"]),
         "peak_rss_mb": result["peak_rss_mb"],
     }
 
 
-def bench_recipe(recipe_file: str, steps: int, python: Path) -> dict[str, Any]:
-    """Agent vs torch loop on one recipe (interleaved, best of REPEATS)."""
+def bench_recipe(recipe_file: str, steps: int, python: Path, pairs: int) -> dict[str, Any]:
+    """Agent vs torch loop on one recipe: ``pairs`` interleaved pairs, each pair's ratio, medians."""
     spec, files, root, prepared = agent_job(recipe_file, steps)
     feeds = spec.feeds
     names = list(feeds) if feeds else ["x", "y"]
     args = {"recipe": str(PROJECT_ROOT / "recipes" / recipe_file), "trainable": prepared.manifest["trainable"],
             "train": str(root / "blobs" / spec.train_data.blob.sha256), "x": feeds.get(names[0], "x"),
             "y": feeds.get(names[1], "y") if len(names) > 1 else "y", "batch_size": spec.train.batch_size,
-            "steps": steps, "seed": spec.train.seed, "threads": physical_cores()}  # fmt: skip
-    agents, torches = [], []
-    for _ in range(REPEATS):
-        agents.append(agent_throughput(python, root, spec, files))
-        torches.append(json_run([sys.executable, "-c", TORCH_LOOP, json.dumps(args)]))
-    agent = max(agents, key=lambda r: r["samples_per_s"])
-    torch_ = max(torches, key=lambda r: r["samples_per_s"])
+            "steps": steps, "seed": spec.train.seed, "threads": physical_cores(), "warmup": WARMUP_STEPS}  # fmt: skip
+    runs = interleaved_pairs(
+        lambda: agent_throughput(python, root, spec, files),
+        lambda: json_run([sys.executable, "-c", TORCH_LOOP, json.dumps(args)]),
+        pairs,
+    )
+    speed = spread([a["samples_per_s"] / t["samples_per_s"] for a, t in runs])
+    rss = spread([a["peak_rss_mb"] / t["peak_rss_mb"] for a, t in runs])
     return {
         "recipe": spec.recipe_name, "batch_size": spec.train.batch_size, "steps": steps,
-        "threads": args["threads"], "torch_threads": torch_["threads"],
-        "trainable_tensors": len(args["trainable"]),
-        "agent_samples_per_s": round(agent["samples_per_s"], 1),
-        "torch_samples_per_s": round(torch_["samples_per_s"], 1),
-        "throughput_ratio": round(agent["samples_per_s"] / torch_["samples_per_s"], 3),
-        "agent_peak_rss_mb": agent["peak_rss_mb"], "torch_peak_rss_mb": round(torch_["peak_rss_mb"], 1),
-        "rss_ratio": round(agent["peak_rss_mb"] / torch_["peak_rss_mb"], 3),
+        "threads": args["threads"], "torch_threads": runs[0][1]["threads"],
+        "trainable_tensors": len(args["trainable"]), "pairs": pairs,
+        "agent_samples_per_s": spread([a["samples_per_s"] for a, _ in runs], 1)["median"],
+        "torch_samples_per_s": spread([t["samples_per_s"] for _, t in runs], 1)["median"],
+        "throughput_ratio": speed, "throughput_ratio_text": median_range(speed),
+        "agent_peak_rss_mb": spread([a["peak_rss_mb"] for a, _ in runs], 1)["median"],
+        "torch_peak_rss_mb": spread([t["peak_rss_mb"] for _, t in runs], 1)["median"],
+        "rss_ratio": rss, "rss_ratio_text": median_range(rss),
     }  # fmt: skip
 
 
@@ -203,16 +214,18 @@ def main() -> int:
     from tasks.vboard.venv import ensure_board_venv
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="digits only, 100 steps")
+    parser.add_argument("--quick", action="store_true", help="digits only, 100 steps, 2 pairs")
+    parser.add_argument("--pairs", type=int, default=PAIRS, help="interleaved agent/torch pairs per recipe")
     parser.add_argument("--out", type=Path, help="result file (default bench/results/train.json)")
     parser.add_argument("--cache-rows", type=int, default=128, help="samples of the prefix-cache comparison")
     parser.add_argument("--cache-epochs", type=int, default=3, help="its epochs (the first fills the cache)")
     args = parser.parse_args()
     python = ensure_board_venv(BOARD_VENV)
-    plan = [("digits.toml", 100)] if args.quick else [("digits.toml", 600), ("mobilenet_v2.toml", 32)]
-    rows = [bench_recipe(recipe, steps, python) for recipe, steps in plan]
+    plan = [("digits.toml", 100)] if args.quick else [("digits.toml", 4000), ("mobilenet_v2.toml", 40)]
+    pairs = 2 if args.quick else args.pairs
+    rows = [bench_recipe(recipe, steps, python, pairs) for recipe, steps in plan]
     cache = [] if args.quick else bench_cache(python, args.cache_rows, args.cache_epochs)
-    results = {"rows": rows, "prefix_cache": cache, "quick": args.quick, "repeats": REPEATS}
+    results = {"rows": rows, "prefix_cache": cache, "quick": args.quick, "pairs": pairs}
     path = write_results("train", results, args.out)
     print(table(rows, COLUMNS))
     if cache:

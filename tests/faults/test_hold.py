@@ -39,11 +39,13 @@ def test_a_held_job_pauses_at_the_step_and_then_ends_as_an_unheld_one(local_boar
         conn, local_board, digits_job, "held", hold_at=20
     )  # a step with a step event (log_every = 5)
     jobs.start_job(conn, local_board, spec.job_id)
-    assert _held_at(conn, local_board, spec.job_id) == 20
-    time.sleep(0.5)  # still there: nothing trains while the file exists
-    steps = [e.data["step"] for e in board_events(conn, local_board, spec.job_id) if e.type == "step"]
-    assert max(steps) == 20 and jobs.job_status(conn, local_board, spec.job_id)["state"] == "running"
-    conn.run(["rm", posixpath.join(jdir, "hold")])
+    try:
+        assert _held_at(conn, local_board, spec.job_id) == 20
+        time.sleep(0.5)  # still there: nothing trains while the file exists
+        steps = [e.data["step"] for e in board_events(conn, local_board, spec.job_id) if e.type == "step"]
+        assert max(steps) == 20 and jobs.job_status(conn, local_board, spec.job_id)["state"] == "running"
+    finally:  # never leave a paused agent behind
+        conn.run(["rm", "-f", posixpath.join(jdir, "hold")])
     held = follow.follow_job(conn, local_board, spec.job_id, 0, poll_s=0.05)
     assert not conn.exists(posixpath.join(jdir, "held"))
 
@@ -59,8 +61,10 @@ def test_a_cancel_ends_the_pause(local_board: Board, digits_job) -> None:
     conn = LocalTransport()
     spec, jdir = _created(conn, local_board, digits_job, "held-cancel", hold_at=5)
     jobs.start_job(conn, local_board, spec.job_id)
-    assert _held_at(conn, local_board, spec.job_id) == 5
-    conn.run(agent.agent_argv(local_board, "cancel", jdir))
+    try:
+        assert _held_at(conn, local_board, spec.job_id) == 5
+    finally:
+        conn.run(agent.agent_argv(local_board, "cancel", jdir))
     deadline = time.monotonic() + 60
     while jobs.job_status(conn, local_board, spec.job_id)["state"] == "running":
         assert time.monotonic() < deadline, "cancel not honoured while held"
