@@ -8,6 +8,7 @@ import numpy as np
 
 from device_agent.data import InputSpec
 from device_agent.errors import AgentError
+from device_agent.ort import load_onnxruntime
 from device_agent.protocol import ExitCode
 
 ORT_DTYPES = {
@@ -23,14 +24,17 @@ ORT_DTYPES = {
 CHUNK_ROWS = 4096
 
 
+def np_dtype(ort_type: str) -> np.dtype:
+    """The numpy dtype of an ORT tensor type (``"tensor(float)"`` -> float32); float32 when unknown."""
+    return np.dtype(ORT_DTYPES.get(ort_type, np.float32))
+
+
 def model_io(eval_model: str, input_names: list[str]) -> tuple[list[InputSpec], int | None]:
     """The user inputs of the eval graph and the class count of its logits output (None if unknown).
 
     The logits are the eval graph's second output (the first is the loss) when the artifacts were
     generated with the model outputs kept.
     """
-    from device_agent.ort import load_onnxruntime
-
     ort = load_onnxruntime()
     try:
         sess = ort.InferenceSession(eval_model, providers=["CPUExecutionProvider"])
@@ -41,7 +45,7 @@ def model_io(eval_model: str, input_names: list[str]) -> tuple[list[InputSpec], 
     for name in input_names:
         arg = by_name[name]
         shape = tuple(d if isinstance(d, int) else None for d in arg.shape)
-        specs.append(InputSpec(name, shape, np.dtype(ORT_DTYPES.get(arg.type, np.float32))))
+        specs.append(InputSpec(name, shape, np_dtype(arg.type)))
     outs = sess.get_outputs()
     classes = outs[1].shape[-1] if len(outs) > 1 and outs[1].shape else None
     return specs, classes if isinstance(classes, int) else None

@@ -1,5 +1,7 @@
 """``python3 -m device_agent [--root ROOT] info|blobs|put-blob|validate|run|start|status|cancel|
-jobs|dataset|install-model|models`` (the last four in :mod:`device_agent.board_cmds`).
+jobs|dataset|install-model|models``: ``jobs``, ``install-model`` and ``models`` are in
+:mod:`device_agent.board_cmds`; ``validate``, ``run`` and ``dataset``, which read data and so load
+numpy, in :mod:`device_agent.data_cmds`, imported only to run one of them.
 
 Stdout carries JSON lines only; human logs go to stderr and ``JOBDIR/agent.log``. The process
 exit status is a :class:`~device_agent.protocol.ExitCode` (see README.md for the table).
@@ -8,22 +10,20 @@ exit status is a :class:`~device_agent.protocol.ExitCode` (see README.md for the
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from device_agent import board_cmds
+from device_agent.blobstore import list_blobs, put_blob
 from device_agent.errors import AgentError
-from device_agent.events import read_last_event
 from device_agent.jobdir import (
     BOARD_LOCK_FD_ENV,
     LOCK_FD_ENV,
     JobDir,
-    inherited_lock,
     load_spec,
     lock_is_held,
     open_board_lock,
@@ -31,8 +31,11 @@ from device_agent.jobdir import (
     open_lock,
     read_result,
 )
+from device_agent.jobstate import job_status, read_pid
+from device_agent.output import emit
 from device_agent.protocol import EXIT_HELP, NEVER_RETRY, ExitCode
 from device_agent.supervise import cmd_supervise
+from device_agent.sysinfo import board_info
 
 log = logging.getLogger("device_agent")
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent
@@ -43,26 +46,12 @@ def default_root() -> Path:
     return Path(os.environ.get("ODL_ROOT") or Path.home() / "odl").expanduser()
 
 
-def emit(obj: dict[str, Any]) -> None:
-    """Print one JSON line on stdout."""
-    sys.stdout.write(json.dumps(obj, sort_keys=True) + "\n")
-    sys.stdout.flush()
-
-
 def _job(args: argparse.Namespace) -> JobDir:
     return open_jobdir(args.jobdir, args.root)
 
 
-def _log_to(job: JobDir) -> None:
-    handler = logging.FileHandler(job.log_file)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"))
-    logging.getLogger().addHandler(handler)
-
-
 def cmd_info(args: argparse.Namespace) -> int:
     """Print the board's versions, training API status, RAM and disk."""
-    from device_agent.sysinfo import board_info
-
     info = board_info(args.root)
     emit(info.to_dict())
     return ExitCode.OK if info.training_api else ExitCode.NO_TRAINING_API
@@ -70,62 +59,14 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_blobs(args: argparse.Namespace) -> int:
     """List ROOT/blobs (sha256 -> size) and its free bytes; remove uploads cut off 10 min ago."""
-    from device_agent.blobstore import list_blobs
-
     emit(list_blobs(args.root).to_dict())
     return ExitCode.OK
 
 
 def cmd_put_blob(args: argparse.Namespace) -> int:
     """Verify an upload's sha256 and rename it into ROOT/blobs/SHA256 (read-only)."""
-    from device_agent.blobstore import put_blob
-
     emit(put_blob(args.root, args.tmp, args.sha256).to_dict())
     return ExitCode.OK
-
-
-def cmd_validate(args: argparse.Namespace) -> int:
-    """Check spec, blobs, RAM/disk, that the artifacts load and the data fit; no training step."""
-    from device_agent.runner import open_job
-
-    job = _job(args)
-    spec = load_spec(job)
-    opened = open_job(job, spec)
-    emit({
-        "ok": True, "job_id": spec.job_id, "exit_code": 0, "train_samples": len(opened.train_ds),
-        "eval_samples": len(opened.eval_ds) if opened.eval_ds is not None else 0,
-        "inputs": {i.name: [d if d is not None else "N" for d in i.shape] for i in opened.data_inputs},
-        "num_classes": opened.num_classes, "resume_from_step": opened.progress.step if opened.resumed else None,
-    })  # fmt: skip
-    return ExitCode.OK
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    """Train in the foreground (resuming if interrupted); prints the result as one JSON line."""
-    from device_agent.runner import run_job, stored_outcome
-
-    job = _job(args)
-    spec = load_spec(job)
-    fd, board_fd = inherited_lock(), inherited_lock(BOARD_LOCK_FD_ENV)
-    if fd is None:
-        fd = open_lock(job)
-        job.cancel_file.unlink(missing_ok=True)
-    if board_fd is None and stored_outcome(job) is None:  # a stored result trains nothing: no board lock
-        try:
-            board_fd = open_board_lock(job)
-        except AgentError:
-            os.close(fd)
-            raise
-    _log_to(job)
-    job.pid_file.write_text(f"{os.getpid()}\n")
-    try:
-        result = run_job(job, spec)
-    finally:  # the board lock first: a job seen as not running has let the board go
-        if board_fd is not None:
-            os.close(board_fd)
-        os.close(fd)
-    emit(result.to_dict())
-    return result.exit_code
 
 
 def cmd_start(args: argparse.Namespace) -> int:
@@ -164,50 +105,6 @@ def _pythonpath() -> str:
     return f"{PACKAGE_PARENT}{os.pathsep}{rest}" if rest else str(PACKAGE_PARENT)
 
 
-def job_status(job: JobDir) -> dict[str, Any]:
-    """The ``status`` answer: state, pid, step, epoch, total_steps, events_bytes, last event."""
-    result = read_result(job)
-    running = lock_is_held(job)
-    last = read_last_event(job.events)
-    if running:
-        state = "running"
-    elif result is not None:
-        state = result.status
-    elif last is not None or (job.checkpoints.is_dir() and any(job.checkpoints.iterdir())):
-        state = "interrupted"
-    else:
-        state = "pending"
-    return {
-        "job_id": job.path.name, "state": state, "pid": _read_pid(job) if running else None,
-        "exit_code": result.exit_code if result and not running else None,
-        "events_bytes": job.events.stat().st_size if job.events.exists() else 0,
-        "last_event": last, **_progress_fields(job),
-    }  # fmt: skip
-
-
-def _read_pid(job: JobDir) -> int | None:
-    try:
-        return int(job.pid_file.read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def _progress_fields(job: JobDir) -> dict[str, Any]:
-    """step/epoch/total_steps from the events (a full read: events files stay small)."""
-    from device_agent.events import read_events
-
-    out: dict[str, Any] = {"step": 0, "epoch": 0, "total_steps": None}
-    for ev in read_events(job.events):
-        data = ev.get("data") or {}
-        if ev.get("type") == "started":
-            out["total_steps"] = data.get("total_steps")
-        if isinstance(data.get("step"), int | float):
-            out["step"] = int(data["step"])
-        if ev.get("type") in ("epoch", "checkpoint", "step") and isinstance(data.get("epoch"), int | float):
-            out["epoch"] = int(data["epoch"])
-    return out
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     """Print the job's state as one JSON object."""
     emit(job_status(_job(args)))
@@ -221,13 +118,33 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         emit({"job_id": job.path.name, "state": job_status(job)["state"], "cancel": "not running"})
         return ExitCode.OK
     job.cancel_file.write_text("cancel\n")
-    emit({"job_id": job.path.name, "state": "cancelling", "pid": _read_pid(job)})
+    emit({"job_id": job.path.name, "state": "cancelling", "pid": read_pid(job)})
     return ExitCode.OK
 
 
-COMMANDS = {"info": cmd_info, "blobs": cmd_blobs, "put-blob": cmd_put_blob, "validate": cmd_validate,
-            "run": cmd_run, "start": cmd_start, "status": cmd_status, "cancel": cmd_cancel,
-            "supervise": cmd_supervise, **board_cmds.COMMANDS}  # fmt: skip
+COMMANDS = {"info": cmd_info, "blobs": cmd_blobs, "put-blob": cmd_put_blob, "start": cmd_start,
+            "status": cmd_status, "cancel": cmd_cancel, "supervise": cmd_supervise,
+            **board_cmds.COMMANDS}  # fmt: skip
+# The commands that read data (device_agent.data_cmds) and their help: the first line of each docstring.
+DATA_COMMANDS = {
+    "validate": "Check spec, blobs, RAM/disk, that the artifacts load and the data fit; no training step.",
+    "run": "Train in the foreground (resuming if interrupted); prints the result as one JSON line.",
+    "dataset": board_cmds.DATASET_HELP,
+}
+
+
+def command(name: str) -> Callable[[argparse.Namespace], int]:
+    """The function that runs command ``name``.
+
+    Those of :data:`DATA_COMMANDS` load numpy (and ``validate``/``run`` the trainer), so their
+    module is imported only when one of them runs: ``status``, polled while a job trains, and the
+    other light commands start without numpy or onnxruntime.
+    """
+    if name in DATA_COMMANDS:
+        from device_agent import data_cmds  # lazy: numpy and the trainer, for validate/run/dataset only
+
+        return data_cmds.COMMANDS[name]
+    return COMMANDS[name]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -245,7 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     put.add_argument("tmp", help="the upload: ROOT/blobs/.tmp-SHA256-HEX")
     put.add_argument("sha256", help="the hash it must have (its name in ROOT/blobs)")
     for name in ("validate", "run", "start", "status", "cancel", "supervise"):
-        sub.add_parser(name, help=(COMMANDS[name].__doc__ or "").split("\n")[0]).add_argument("jobdir")
+        text = DATA_COMMANDS.get(name) or (COMMANDS[name].__doc__ or "").split("\n")[0]
+        sub.add_parser(name, help=text).add_argument("jobdir")
     board_cmds.add_parsers(sub)
     return parser
 
@@ -259,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        return int(COMMANDS[args.command](args))
+        return int(command(args.command)(args))
     except AgentError as exc:
         log.error("%s", exc)
         job = {"job_id": Path(args.jobdir).name} if getattr(args, "jobdir", None) else {}

@@ -109,7 +109,7 @@ class ImageFolderDataset:
         classes: tuple[str, ...] | None = None,
     ) -> None:
         try:
-            from PIL import Image  # noqa: F401
+            from PIL import Image  # noqa: F401  # lazy: optional (image folders only), a clear error without it
         except ImportError as exc:
             raise AgentError(
                 ExitCode.ENVIRONMENT,
@@ -145,7 +145,7 @@ class ImageFolderDataset:
 
     def take(self, idx: np.ndarray) -> dict[str, np.ndarray]:
         """Decode, resize and stack the images ``idx``."""
-        from PIL import Image
+        from PIL import Image  # lazy: optional, checked in __init__
 
         imgs, labels = [], []
         for i in idx:

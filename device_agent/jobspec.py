@@ -1,5 +1,6 @@
-"""What the host sends: ``job.json`` (:class:`JobSpec`) and its parts. Import these names from
-:mod:`device_agent.protocol`, which re-exports them."""
+"""What the host sends: ``job.json`` (:class:`JobSpec`) and its parts (its blobs are
+:class:`~device_agent.wire.BlobRef`). Import these names from :mod:`device_agent.protocol`, which
+re-exports them."""
 
 from __future__ import annotations
 
@@ -10,11 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from device_agent.prefix_spec import PrefixSpec
-from device_agent.protocol import (
-    ARTIFACT_KEYS,
+from device_agent.wire import (
     PROTOCOL_VERSION,
-    TASKS,
     VERSION_KEY,
+    BlobRef,
     SpecError,
     check_version,
     get_field,
@@ -25,29 +25,8 @@ from device_agent.protocol import (
     valid_job_id,
 )
 
-
-@dataclass(frozen=True)
-class BlobRef:
-    """A file held under ``blobs/<sha256>`` on the board."""
-
-    sha256: str
-    size: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"sha256": self.sha256, "size": self.size}
-
-    @classmethod
-    def from_dict(cls, d: object, where: str) -> BlobRef:
-        if not isinstance(d, dict):
-            raise SpecError(where, "an object with sha256 and size", d)
-        reject_unknown(d, {"sha256", "size"}, where)
-        sha = valid_blob_name(get_field(d, "sha256", str, where), f"{where}.sha256")
-        size = get_field(d, "size", int, where)
-        if size < 0:
-            raise SpecError(f"{where}.size", "a size >= 0", size)
-        return cls(sha, size)
-
-
+ARTIFACT_KEYS = ("training_model", "eval_model", "optimizer_model", "checkpoint")
+TASKS = ("classification", "binary", "regression", "embedded")
 DATA_FORMATS = ("npz", "image-folder", "npz-shards")
 DATA_FILE_RE = re.compile(r"^(?!\.)[A-Za-z0-9._ -]{1,128}(/(?!\.)[A-Za-z0-9._ -]{1,128})?$")
 

@@ -2,7 +2,7 @@
 from :mod:`device_agent.protocol`, which re-exports them.
 
 Readers ignore fields they do not know (a newer agent may add some); a known field with a wrong
-type or value is a :class:`~device_agent.protocol.SpecError` that names it.
+type or value is a :class:`~device_agent.wire.SpecError` that names it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from device_agent.protocol import (
+from device_agent.wire import (
     PROTOCOL_VERSION,
     VERSION_KEY,
     SpecError,

@@ -23,7 +23,7 @@ def _block_torch() -> None:
 def load_onnxruntime() -> Any:
     """Import onnxruntime with torch blocked; returns the module."""
     _block_torch()
-    import onnxruntime
+    import onnxruntime  # lazy: after torch is blocked, and only for the commands that run ORT
 
     onnxruntime.set_default_logger_severity(3)
     return onnxruntime
@@ -56,7 +56,7 @@ def training_api_status() -> tuple[bool, str]:
     """(True, "") when the training API loads, else (False, reason)."""
     try:
         load_training_api()
-        from onnxruntime.capi import _pybind_state as capi
+        from onnxruntime.capi import _pybind_state as capi  # lazy: loaded by load_training_api above
 
         if not hasattr(capi, "load_checkpoint"):
             return False, "onnxruntime build without training (plain onnxruntime installed?)"
@@ -67,7 +67,7 @@ def training_api_status() -> tuple[bool, str]:
 
 def seed_runtime(seed: int) -> None:
     """Seed ORT's random generators (dropout masks) when this build exposes ``set_seed``."""
-    from onnxruntime.capi import _pybind_state as capi
+    from onnxruntime.capi import _pybind_state as capi  # lazy: ORT is loaded on demand (see above)
 
     setter = getattr(capi, "set_seed", None)
     if setter is not None:

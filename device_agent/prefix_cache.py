@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from device_agent.checks import np_dtype
 from device_agent.errors import AgentError
+from device_agent.ort import load_onnxruntime
 from device_agent.protocol import ExitCode, PrefixSpec
 from device_agent.sysinfo import free_disk_mb, meminfo_mb
 
@@ -28,8 +31,6 @@ RAM_SHARE = 0.5  # "auto" keeps the cache in RAM when it fits this share of the 
 
 def open_prefix(path: Path, spec: PrefixSpec) -> Any:
     """An inference session of the prefix model (the same CPU kernels the training graph uses)."""
-    from device_agent.ort import load_onnxruntime
-
     ort = load_onnxruntime()
     try:
         sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -68,7 +69,7 @@ class PrefixCache:
         self.raw, self.sess, self.spec, self.batch = raw, sess, spec, batch
         self.budget_mb, self.spill, self.events, self.field = budget_mb, spill, events, field
         self.rest = {name: column(raw, name) for name in rest}
-        self.in_dtypes = {i.name: _np_dtype(i.type) for i in sess.get_inputs()}
+        self.in_dtypes = {i.name: np_dtype(i.type) for i in sess.get_inputs()}
         self.done = np.zeros(len(raw), dtype=bool)
         self.cached = 0  # rows computed; when all are, take skips its check (~1 % of a small step)
         self.missing = [name for name, col in self.rest.items() if col is None]
@@ -99,8 +100,6 @@ class PrefixCache:
         return out
 
     def _fill(self, rows: np.ndarray) -> None:
-        import time
-
         t0 = time.perf_counter()
         for start in range(0, len(rows), self.batch):
             part = rows[start : start + self.batch]
@@ -144,9 +143,3 @@ class PrefixCache:
         if self.events is not None:
             self.events.emit("cache", field=self.field, store=store, dtype=str(dtype),
                              shape=list(full), mb=round(mb, 2))  # fmt: skip
-
-
-def _np_dtype(ort_type: str) -> np.dtype:
-    from device_agent.checks import ORT_DTYPES
-
-    return np.dtype(ORT_DTYPES.get(ort_type, np.float32))

@@ -7,12 +7,9 @@ prefix's output; the agent feeds it from the cache (:mod:`device_agent.prefix_ca
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from device_agent.protocol import SpecError, get_field, reject_unknown
-
-if TYPE_CHECKING:
-    from device_agent.jobspec import BlobRef
+from device_agent.wire import BlobRef, SpecError, get_field, reject_unknown
 
 CACHE_DTYPES = ("float32", "float16")
 CACHE_STORES = ("auto", "ram", "disk")
@@ -35,8 +32,6 @@ class PrefixSpec:
 
     @classmethod
     def from_dict(cls, d: object, where: str = "prefix") -> PrefixSpec:
-        from device_agent.jobspec import BlobRef
-
         if not isinstance(d, dict):
             raise SpecError(where, "an object with model, inputs, output, dtype and store", d)
         reject_unknown(d, {"model", "inputs", "output", "dtype", "store"}, where)

@@ -2,11 +2,13 @@
 
 Imported by the device agent *and* by the host, so it uses only the standard library. This module
 is the one way in: ``from device_agent.protocol import X`` for every name below. It holds the
-versions, the exit codes, the board's paths and the field checks; the wire types themselves live
-in two sibling modules and are re-exported here:
+agent's version, the exit codes and the board's paths; the rest lives in sibling modules below
+it and is re-exported here:
 
+* :mod:`device_agent.wire` — what every wire type is built from: ``PROTOCOL_VERSION``,
+  ``SpecError``, the field checks (``get_field``, ``check_version``...) and ``BlobRef``;
 * :mod:`device_agent.jobspec` — what the host sends: ``JobSpec`` (``job.json``) with its
-  ``BlobRef``, ``DataRef`` and ``TrainParams``;
+  ``DataRef`` and ``TrainParams`` (and :mod:`device_agent.prefix_spec`'s ``PrefixSpec``);
 * :mod:`device_agent.messages` — what the agent answers: ``Event`` (``events.jsonl``),
   ``JobResult``/``FileRef`` (``result.json``), ``BoardInfo`` (``info``), ``BlobListing``
   (``blobs``).
@@ -34,24 +36,35 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import json
 import re
-from typing import Any
 
-PROTOCOL_VERSION = 2
+from device_agent.jobspec import ARTIFACT_KEYS, TASKS, DataFile, DataRef, JobSpec, TrainParams
+from device_agent.messages import BlobListing, BoardInfo, Event, FileRef, JobResult
+from device_agent.prefix_spec import PrefixSpec
+from device_agent.wire import (
+    JOB_ID_RE,
+    PROTOCOL_VERSION,
+    SHA256_RE,
+    V1_VERSION_KEYS,
+    VERSION_KEY,
+    BlobRef,
+    SpecError,
+    check_version,
+    get_field,
+    parse_json,
+    read_version,
+    reject_unknown,
+    typed_fields,
+    valid_blob_name,
+    valid_job_id,
+)
+
 AGENT_VERSION = "0.5.0"
-VERSION_KEY = "protocol_version"  # the one spelling of the version on the wire
-V1_VERSION_KEYS = ("protocol", "v")  # protocol 1's spellings: read only to report the mismatch
-
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 BLOBS_DIR = "blobs"
 BLOB_TMP_PREFIX = ".tmp-"
 BLOB_TMP_RE = re.compile(r"^\.tmp-[0-9a-f]{64}-[0-9a-f]{8,32}$")
 STALE_TMP_S = 600  # an upload untouched this long was cut off: ``blobs`` removes it
-ARTIFACT_KEYS = ("training_model", "eval_model", "optimizer_model", "checkpoint")
 EVENT_TYPES = ("started", "step", "epoch", "eval", "checkpoint", "cache", "finished", "failed", "cancelled")
-TASKS = ("classification", "binary", "regression", "embedded")
 
 
 @enum.unique
@@ -116,16 +129,6 @@ NEVER_RETRY = frozenset(
 )
 
 
-class SpecError(ValueError):
-    """A wire object is malformed; ``field`` names the offending field."""
-
-    def __init__(self, field_name: str, expected: str, got: object = None) -> None:
-        self.field = field_name
-        self.expected = expected
-        got_txt = "" if got is None else f" (got {got!r})"
-        super().__init__(f"field '{field_name}': expected {expected}{got_txt}")
-
-
 def file_sha256(path: object, chunk: int = 1 << 20) -> str:
     """Lowercase hex sha256 of a file read in chunks (``path``: str or os.PathLike)."""
     digest = hashlib.sha256()
@@ -135,22 +138,6 @@ def file_sha256(path: object, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def valid_job_id(job_id: object) -> str:
-    """Return ``job_id`` if it is a safe name (no separators, no '..', no shell metacharacters)."""
-    if not isinstance(job_id, str) or not JOB_ID_RE.match(job_id) or ".." in job_id:
-        raise SpecError(
-            "job_id", "1-128 chars of [A-Za-z0-9._-], not starting with '.' or '-', no '..'", job_id
-        )
-    return job_id
-
-
-def valid_blob_name(sha256: object, field_name: str = "sha256") -> str:
-    """Return ``sha256`` if it names a blob: 64 lowercase hex digits (so never a path)."""
-    if not isinstance(sha256, str) or not SHA256_RE.match(sha256):
-        raise SpecError(field_name, "64 lowercase hex digits", sha256)
-    return sha256
-
-
 def blob_tmp_name(sha256: str, nonce: str) -> str:
     """The name an upload of ``sha256`` is written under in ``blobs/`` before ``put-blob``."""
     name = f"{BLOB_TMP_PREFIX}{valid_blob_name(sha256)}-{nonce}"
@@ -158,96 +145,6 @@ def blob_tmp_name(sha256: str, nonce: str) -> str:
         raise SpecError("nonce", "8-32 lowercase hex digits", nonce)
     return name
 
-
-def parse_json(text: str, field_name: str, expected: str) -> Any:
-    """``json.loads(text)``, or a SpecError naming ``field_name`` with the decoder's complaint."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecError(field_name, f"{expected} ({exc.msg} at line {exc.lineno})") from exc
-
-
-def get_field(
-    d: dict[str, Any], key: str, typ: type | tuple[type, ...], where: str, default: Any = ...
-) -> Any:
-    """``d[key]`` checked against ``typ`` (bool is never an int here); ``default`` when absent."""
-    name = f"{where}.{key}" if where else key
-    if key not in d:
-        if default is ...:
-            raise SpecError(name, f"a value of type {_tname(typ)}", None)
-        return default
-    val = d[key]
-    if val is None and default is None:
-        return None
-    if isinstance(val, bool) and bool not in (typ if isinstance(typ, tuple) else (typ,)):
-        raise SpecError(name, _tname(typ), val)
-    if not isinstance(val, typ):
-        raise SpecError(name, _tname(typ), val)
-    return val
-
-
-def _tname(typ: type | tuple[type, ...]) -> str:
-    if isinstance(typ, tuple):
-        return " or ".join(t.__name__ for t in typ)
-    return typ.__name__
-
-
-def reject_unknown(d: dict[str, Any], allowed: set[str], where: str) -> None:
-    """SpecError naming the first key of ``d`` outside ``allowed`` (for what the host sends)."""
-    extra = sorted(set(d) - allowed)
-    if extra:
-        raise SpecError(f"{where}.{extra[0]}" if where else extra[0], "no such field (unknown key)")
-
-
-def typed_fields(cls: Any, d: dict[str, Any], where: str) -> dict[str, Any]:
-    """The values of dataclass ``cls``'s int/float/bool/str fields read and type-checked from ``d``."""
-    import dataclasses
-
-    types: dict[str, Any] = {
-        "int": int,
-        "float": (int, float),
-        "bool": bool,
-        "str": str,
-        "float | None": (int, float),
-    }  # None only where the default is None
-    vals: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        default = f.default if f.default is not dataclasses.MISSING else ...
-        vals[f.name] = get_field(d, f.name, types[str(f.type)], where, default)
-    return vals
-
-
-def read_version(d: dict[str, Any], where: str, default: int | None = None) -> int:
-    """The protocol version ``d`` was written for (``default`` when it names none).
-
-    Protocol 1's keys are read too, so a file of that release fails as a version mismatch
-    rather than as a malformed object.
-    """
-    name = f"{where}.{VERSION_KEY}" if where else VERSION_KEY
-    for key in (VERSION_KEY, *V1_VERSION_KEYS):
-        if key in d:
-            val = d[key]
-            if isinstance(val, bool) or not isinstance(val, int):
-                raise SpecError(name, "an integer protocol version", val)
-            return val
-    if default is None:
-        raise SpecError(name, "an integer protocol version")
-    return default
-
-
-def check_version(d: dict[str, Any], where: str) -> int:
-    """``d``'s protocol version, or SpecError naming ``protocol_version`` when it is not ours."""
-    version = read_version(d, where)
-    if version != PROTOCOL_VERSION:
-        name = f"{where}.{VERSION_KEY}" if where else VERSION_KEY
-        raise SpecError(name, f"protocol version {PROTOCOL_VERSION}", version)
-    return version
-
-
-# The wire types import the names above from this module, so they are re-exported only now.
-from device_agent.jobspec import BlobRef, DataFile, DataRef, JobSpec, TrainParams  # noqa: E402
-from device_agent.messages import BlobListing, BoardInfo, Event, FileRef, JobResult  # noqa: E402
-from device_agent.prefix_spec import PrefixSpec  # noqa: E402
 
 __all__ = [
     "AGENT_VERSION", "ARTIFACT_KEYS", "BLOBS_DIR", "BLOB_TMP_PREFIX", "BLOB_TMP_RE", "EVENT_TYPES",

@@ -18,13 +18,16 @@ from typing import Any
 import numpy as np
 
 from device_agent.checkpoints import Progress, latest_checkpoint, write_state
-from device_agent.checks import check_dataset, model_io
-from device_agent.data import ImageFolderDataset, NpzDataset
+from device_agent.checks import check_dataset, model_io, np_dtype
+from device_agent.data import ImageFolderDataset, InputSpec, NpzDataset
+from device_agent.datasets import folder_dataset
 from device_agent.errors import AgentError
 from device_agent.events import EventLog
 from device_agent.jobdir import JobDir, atomic_write, check_resources, read_result, verify_inputs
+from device_agent.ort import load_training_api
+from device_agent.prefix_cache import RAM_SHARE, PrefixCache, open_prefix
 from device_agent.protocol import NEVER_RETRY, DataRef, ExitCode, FileRef, JobResult, JobSpec, file_sha256
-from device_agent.sysinfo import peak_rss_mb, versions
+from device_agent.sysinfo import meminfo_mb, peak_rss_mb, versions
 from device_agent.trainer import Cancelled, Session, Trainer
 
 log = logging.getLogger(__name__)
@@ -126,13 +129,10 @@ def open_job(job: JobDir, spec: JobSpec, events: EventLog | None = None) -> Open
 
 def _prefix_inputs(path: Path, spec: JobSpec, inputs: list) -> tuple[Any, list]:
     """The prefix session, and the inputs the data must hold: the prefix's, then the module's others."""
-    from device_agent.data import InputSpec
-    from device_agent.prefix_cache import _np_dtype, open_prefix
-
     assert spec.prefix is not None
     sess = open_prefix(path, spec.prefix)
     first = [
-        InputSpec(i.name, tuple(d if isinstance(d, int) else None for d in i.shape), _np_dtype(i.type))
+        InputSpec(i.name, tuple(d if isinstance(d, int) else None for d in i.shape), np_dtype(i.type))
         for i in sess.get_inputs()
     ]
     return sess, first + [i for i in inputs if i.name != spec.prefix.output]
@@ -140,9 +140,6 @@ def _prefix_inputs(path: Path, spec: JobSpec, inputs: list) -> tuple[Any, list]:
 
 def _cached(job: JobDir, spec: JobSpec, sess: Any, names: list[str], train_ds: Any, eval_ds: Any,
             events: EventLog | None) -> tuple[Any, Any]:  # fmt: skip
-    from device_agent.prefix_cache import RAM_SHARE, PrefixCache
-    from device_agent.sysinfo import meminfo_mb
-
     assert spec.prefix is not None
     rest = [n for n in names if n != spec.prefix.output]
     budget = RAM_SHARE * max(0.0, meminfo_mb()["available_mb"] - spec.memory_estimate_mb)
@@ -166,8 +163,6 @@ def _prepare(job: JobDir, spec: JobSpec, events: EventLog) -> tuple[Trainer, Pro
 
 
 def _training_api() -> Any:
-    from device_agent.ort import load_training_api
-
     try:
         return load_training_api()
     except ImportError as exc:
@@ -178,8 +173,6 @@ def _dataset(ref: DataRef, path: Path, names: list[str], inputs: list, spec: Job
     if ref.format == "npz":
         return NpzDataset(path, names, spec.feeds, field)
     if ref.format == "npz-shards" or ref.files is not None:
-        from device_agent.datasets import folder_dataset
-
         return folder_dataset(ref, path, names, inputs, spec.feeds, field)
     return ImageFolderDataset(path, inputs, field)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -19,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from device_agent.checkpoints import latest_checkpoint
+from device_agent.checkpoints import Progress, latest_checkpoint
 from device_agent.events import EventLog
 from device_agent.jobdir import (
     BOARD_LOCK_FD_ENV,
@@ -30,6 +31,7 @@ from device_agent.jobdir import (
     open_jobdir,
     read_result,
 )
+from device_agent.ort import load_training_api
 from device_agent.protocol import ExitCode, JobResult
 from device_agent.sysinfo import meminfo_mb, versions
 
@@ -79,8 +81,6 @@ def _field(path: Path, key: str) -> int | None:
 def _die_with_parent() -> None:
     """In the child: the kernel SIGKILLs it when the supervisor dies (a killed ``start`` child is a
     killed job, to resume), as if both were one process."""
-    import ctypes
-
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
@@ -104,14 +104,10 @@ def cmd_supervise(args: argparse.Namespace) -> int:
 
 
 def _out_of_memory(job: JobDir, peak_mb: float) -> None:
-    from device_agent.checkpoints import Progress
-
     spec = load_spec(job)
     last = latest_checkpoint(job.checkpoints)
     step = 0
     if last is not None:
-        from device_agent.ort import load_training_api
-
         state = load_training_api().CheckpointState.load_checkpoint(str(last))
         step = Progress.from_properties(state.properties).step
     cap = meminfo_mb()["total_mb"]  # MemTotal, or the cgroup's limit when lower

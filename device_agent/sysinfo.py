@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from device_agent.ort import load_onnxruntime, training_api_status
 from device_agent.protocol import AGENT_VERSION, PROTOCOL_VERSION, VERSION_KEY, BoardInfo
 
 CGROUP_FS = "/sys/fs/cgroup"
@@ -129,9 +130,7 @@ def peak_rss_mb() -> float:
 
 def versions() -> dict[str, str]:
     """Agent, protocol, Python, numpy and ORT versions (ORT imported torch-free)."""
-    import numpy
-
-    from device_agent.ort import load_onnxruntime
+    import numpy  # lazy: only info and a job's result report it; status, blobs... load no numpy
 
     try:
         ort_version = str(load_onnxruntime().__version__)
@@ -148,8 +147,6 @@ def versions() -> dict[str, str]:
 
 def board_info(root: Path) -> BoardInfo:
     """The ``info`` answer: versions, training API status, RAM, disk, CPUs, machine."""
-    from device_agent.ort import training_api_status
-
     ok, err = training_api_status()
     vers = versions()
     mem = meminfo_mb()

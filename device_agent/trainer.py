@@ -75,7 +75,7 @@ def step_seeder(model: Path) -> Any:
     """
     if not has_random_ops(model):
         return None
-    from onnxruntime.capi import _pybind_state as capi
+    from onnxruntime.capi import _pybind_state as capi  # lazy: ORT loads through device_agent.ort only
 
     return getattr(capi, "set_seed", None)
 

@@ -46,6 +46,11 @@ def agent_section(root):
             text = fh.read()
     except OSError:
         return {"installed": False}
+    try:  # newer agents define the wire constants (PROTOCOL_VERSION) in wire.py
+        with open(os.path.join(agent, "device_agent", "wire.py")) as fh:
+            text += "\n" + fh.read()
+    except OSError:
+        pass
     proto = re.search(r"^PROTOCOL_VERSION\s*=\s*(\d+)", text, re.M)
     version = re.search(r"^AGENT_VERSION\s*=\s*[\"']([^\"']+)", text, re.M)
     try:
@@ -188,7 +193,7 @@ def write_section(root, size_mb, disk):
 def numpy_section():
     """numpy's version, or why it does not import."""
     try:
-        import numpy
+        import numpy  # the board may lack numpy: this section says so
     except Exception as exc:  # noqa: BLE001 - any import failure is the answer
         return {"error": type(exc).__name__ + ": " + str(exc)}
     return {"version": numpy.__version__, "file": numpy.__file__}

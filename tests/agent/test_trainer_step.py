@@ -47,8 +47,8 @@ def test_random_ops_are_found_in_the_graph_file(tmp_path):
 
 
 def test_dropout_job_resumed_from_a_checkpoint_matches_the_uninterrupted_run(agent_board, tmp_path):
-    from tasks.prepare import prepare
     from tasks.prepare.board_job import build_job_spec
+    from tasks.prepare.pipeline import prepare
     from tests.prepare.kit import tiny_recipe
 
     recipe = tiny_recipe(tmp_path, {"model": {"callable": "tinymodels:dropout_net"}})

@@ -90,8 +90,8 @@ def test_build_job_spec_errors(digits_recipe, prepared_digits):
     ):
         with pytest.raises(ArtifactError, match="files.training_model"):
             build_job_spec(digits_recipe, replace(prepared_digits, manifest=manifest), "ok")
-    bad = replace(digits_recipe, training=replace(digits_recipe.training, batch_size=0))
-    with pytest.raises(RecipeError, match="training.batch_size"):
+    with pytest.raises(RecipeError, match="training.batch_size"):  # the recipe itself refuses it now
+        bad = replace(digits_recipe, training=replace(digits_recipe.training, batch_size=0))
         build_job_spec(bad, prepared_digits, "ok")
 
 

@@ -105,7 +105,7 @@ def test_incompatible_board_is_refused_before_anything_is_uploaded(
     try:
         if problem == "protocol":  # an agent from another release: same files but PROTOCOL_VERSION 99
             agent.install_agent(conn, board)
-            proto = posixpath.join(board.root, "agent", "device_agent", "protocol.py")
+            proto = posixpath.join(board.root, "agent", "device_agent", "wire.py")  # PROTOCOL_VERSION's home
             conn.run(
                 ["sed", "-i", f"s/^PROTOCOL_VERSION = {PROTOCOL_VERSION}$/PROTOCOL_VERSION = 99/", proto]
             )

@@ -49,6 +49,10 @@ def test_a_held_job_pauses_at_the_step_and_then_ends_as_an_unheld_one(local_boar
     held = follow.follow_job(conn, local_board, spec.job_id, 0, poll_s=0.05)
     assert not conn.exists(posixpath.join(jdir, "held"))
 
+    deadline = time.monotonic() + 60  # the supervisor lets go of the board lock after result.json
+    while jobs.job_status(conn, local_board, spec.job_id)["state"] == "running":
+        assert time.monotonic() < deadline, "the held job's process did not end"
+        time.sleep(0.05)
     ref_spec, ref_files = digits_job("unheld", epochs=EPOCHS)
     jobs.create_job(conn, local_board, ref_spec)
     jobs.start_job(conn, local_board, ref_spec.job_id)
