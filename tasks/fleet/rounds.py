@@ -23,14 +23,21 @@ from pathlib import Path
 from typing import Any
 
 from tasks import stages
+from tasks.board.control import agent_json
 from tasks.board.inventory import Board
+from tasks.board.jobs import job_dir
+from tasks.board.transport import connect
 from tasks.checkpoint import checkpoint_weights, write_checkpoint
 from tasks.errors import FleetError, RecipeError, Straggler
-from tasks.fleet.aggregate import ServerState, Weights, aggregate
-from tasks.fleet.weights import nbytes, read_update
+from tasks.fleet.strategies import Strategy, make_strategy
+from tasks.fleet.weights import Weights, nbytes, read_update
 from tasks.hashing import file_sha256
+from tasks.judge.evaluate import evaluate_cached
+from tasks.judge.losses import host_loss
 from tasks.paths import state_dir
 from tasks.prepare import Prepared
+from tasks.stages import nightly
+from tasks.stages.judge import inference_of
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +82,6 @@ def board_round(
 ) -> BoardUpdate:
     """Train one round on ``board`` from ``checkpoint`` on the board's own data; fetch only its
     trained tensors. Past ``deadline`` (monotonic) it raises Straggler and cancels the job there."""
-    from tasks.stages import nightly
-
     t0 = time.monotonic()
     data = nightly.board_data(inp.recipe, board)
     assert data is not None  # check_fleet: the recipe names a board dataset
@@ -109,16 +114,8 @@ def board_round(
 def _cancel(board: Board, job_id: str) -> None:
     """Ask the board to stop a straggler's job (best effort: the board may be unreachable; the
     next round's job ends it anyway, as an orphan)."""
-    from tasks.board.jobs import job_dir
-    from tasks.board.transport import connect
-    from tasks.nightly.board_ops import agent_json
-
-    with contextlib.suppress(Exception):
-        conn = connect(board)
-        try:
-            agent_json(conn, board, "cancel", job_dir(board, job_id))
-        finally:
-            conn.close()
+    with contextlib.suppress(Exception), connect(board) as conn:
+        agent_json(conn, board, "cancel", job_dir(board, job_id))
 
 
 @dataclass
@@ -132,9 +129,13 @@ class FleetRun:
     run_id: str
     folder: Path
     weights: Weights
-    server: ServerState = field(default_factory=ServerState)
+    strategy: Strategy = field(init=False)  # the aggregation, with its server state across rounds
     rounds: list[dict[str, Any]] = field(default_factory=list)
     start: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """A fresh strategy of the kind ``[fleet] strategy`` names (RecipeError for an unknown one)."""
+        self.strategy = make_strategy(self.spec)
 
     @classmethod
     def start_run(
@@ -200,7 +201,7 @@ class FleetRun:
                 f"{self.spec.min_boards} (fleet.min_boards); "
                 + "; ".join(f"{b}: {why}" for b, why in missing.items())
             )
-        self.weights = aggregate(self.weights, updates, self.spec, self.server)
+        self.weights = self.strategy.aggregate(self.weights, updates)
         record["samples"] = sum(n for _, n in updates)
         record["aggregate"] = self._host_metrics(self.weights, rdir / "aggregate.ckpt")
         record["host_seconds"] = round(time.monotonic() - t0, 3)
@@ -219,10 +220,6 @@ class FleetRun:
     def _host_metrics(self, weights: Weights, ckpt: Path) -> dict[str, Any]:
         """Write ``weights`` as ``ckpt``, export ``ckpt``'s inference model beside it (``.onnx``) and
         evaluate it on the host test set."""
-        from tasks.judge.evaluate import evaluate_cached
-        from tasks.judge.losses import host_loss
-        from tasks.stages.judge import inference_of
-
         recipe = self.inp.recipe
         write_checkpoint(self.prep.artifacts_dir / "checkpoint", weights, ckpt)
         model = inference_of(self.prep, ckpt, ckpt.with_suffix(".onnx"))
