@@ -1,27 +1,12 @@
 """One error tree for the whole host side of the pipeline, its exit codes and its retry policy.
 
-Callers catch at the level they care about::
+Each error's exit code, help (cause: what to do) and retry flag are written once, in
+:data:`HOST_EXITS`; the tree and the table below, :data:`HOST_EXIT_HELP`, each class's ``exit_code``,
+``retryable`` and the first line of its docstring (:func:`host_error`) are rendered from it, and
+``tests/test_errors.py`` holds the README's table equal to it. Callers catch at the level they care
+about::
 
-    PipelineError                      anything the pipeline raises on purpose
-    ├── RecipeError                    a recipe field is wrong (names field + expectation)
-    ├── ModelError                     the model cannot be built, loaded or exported
-    ├── ArtifactError                  training artifacts cannot be generated or would not load
-    ├── ValidationFailed               the offline dry-run of the recipe failed a check
-    ├── DataError                      a dataset is missing or has the wrong shape/dtype/labels
-    ├── BoardError                     inventory / virtual board problems (unknown board, bad entry)
-    ├── InvalidJob                     a job id or job spec is unsafe or conflicts (never retried)
-    ├── DeviceError                    talking to a board went wrong
-    │   ├── DeviceUnreachable          link down, timeout, refused (retryable)
-    │   ├── HostKeyRejected            unknown or changed host key (never retried)
-    │   ├── DeviceIncompatible         protocol/ORT/training API/RAM/disk mismatch
-    │   ├── TransferError              upload/download failed or hash mismatch (retryable)
-    │   ├── RemoteCommandFailed        a remote command exited non-zero (command, code, output)
-    │   └── TrainingFailed             the job ended as failed on the board (never retried)
-    ├── EvaluationError                host-side evaluation failed
-    ├── RegistryError                  the model registry refused an operation
-    ├── FleetError                     a fleet round lacked its quorum of boards
-    │   └── Straggler                  one board missed the round's deadline (the round goes on)
-    └── StackError (flows.stack)       the local Prefect stack could not start, deploy or stop
+{tree}
 
 **Retry policy** (the one place that decides): :func:`should_retry` for host errors (only the
 classes marked ``retryable``: link down, timeout, transfer) — used by the Prefect tasks, the blob
@@ -32,29 +17,7 @@ runs again.
 **Exit codes** of ``odl`` (:class:`HostExit`), 50-79, apart from the agent's (0-49, see
 ``device_agent/README.md``): each error class exits with its own code.
 
-| code | name | error | what to do |
-|---|---|---|---|
-| 50 | `PIPELINE` | `PipelineError` | the pipeline stopped without a more specific cause: read the message (-v shows the traceback) |
-| 51 | `RECIPE` | `RecipeError` | a recipe field is wrong: fix the field the message names (in the TOML or its --set) |
-| 52 | `MODEL` | `ModelError` | the model cannot be built, loaded or exported: check the recipe's model entry and its files |
-| 53 | `ARTIFACT` | `ArtifactError` | training artifacts cannot be generated or would not load on the board: change the trainable parameters or the loss |
-| 54 | `VALIDATION` | `ValidationFailed` | the offline dry-run failed the check it names: fix the recipe before sending it to a board |
-| 55 | `DATA` | `DataError` | a dataset is missing or does not fit the model: fix its path, shape, dtype or labels |
-| 56 | `BOARD` | `BoardError` | the board is not in the inventory or its entry is wrong: see odl board list and inventory.toml |
-| 57 | `INVALID_JOB` | `InvalidJob` | the job id is unsafe, or the board holds another spec under it: choose another --job-id |
-| 58 | `DEVICE` | `DeviceError` | talking to the board failed: read the message, then the job's agent.log on the board |
-| 59 | `UNREACHABLE` | `DeviceUnreachable` | the board cannot be reached (link down, timeout, refused): check its network and sshd, run again |
-| 60 | `HOST_KEY` | `HostKeyRejected` | the board's host key is unknown or changed: check the board, then update the pinned known_hosts |
-| 61 | `INCOMPATIBLE` | `DeviceIncompatible` | the board cannot run this job (protocol, ORT, training API, RAM, disk): fix what the message lists |
-| 62 | `TRANSFER` | `TransferError` | an upload or download failed or its hash did not match: run again (nothing half-written is used) |
-| 63 | `REMOTE_COMMAND` | `RemoteCommandFailed` | a command on the board failed: the message holds its exit code and output |
-| 64 | `TRAINING_FAILED` | `TrainingFailed` | the job failed or was cancelled on the board: its agent exit code is in the message (device_agent/README.md) |
-| 65 | `EVALUATION` | `EvaluationError` | host-side evaluation failed: check the test set and the retrieved model |
-| 66 | `REGISTRY` | `RegistryError` | the model registry refused the operation: check the recipe and board names and the registry folder |
-| 67 | `STACK` | `StackError` | the local Prefect stack could not start, deploy or stop: read the logs under $ODL_HOME/logs |
-| 68 | `NO_NEW_DATA` | `NoNewData` | the board's dataset folder holds nothing new to train on: let the board application add data (a flow run ends 'No new data' instead) |
-| 69 | `FLEET` | `FleetError` | fewer boards than the recipe's fleet.min_boards finished a round: bring boards back (odl board status), or lower min_boards / raise deadline_s |
-| 70 | `STRAGGLER` | `Straggler` | a board did not finish its part of a fleet round before fleet.deadline_s: check the board (odl board status), or raise deadline_s |
+{table}
 
 Other statuses: 0 success; 1 an error outside this tree (a bug prints its traceback; ``odl report``
 finds no report); 2 a command-line usage error; 130 interrupted (Ctrl-C).
@@ -64,8 +27,13 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
 
 from device_agent.protocol import NEVER_RETRY
+
+E = TypeVar("E", bound=type)
 
 
 @enum.unique
@@ -95,42 +63,135 @@ class HostExit(enum.IntEnum):
     STRAGGLER = 70
 
 
-HOST_EXIT_HELP: dict[HostExit, str] = {
-    HostExit.PIPELINE: "the pipeline stopped without a more specific cause: read the message (-v shows the traceback)",
-    HostExit.RECIPE: "a recipe field is wrong: fix the field the message names (in the TOML or its --set)",
-    HostExit.MODEL: "the model cannot be built, loaded or exported: check the recipe's model entry and its files",
-    HostExit.ARTIFACT: "training artifacts cannot be generated or would not load on the board: change the trainable parameters or the loss",
-    HostExit.VALIDATION: "the offline dry-run failed the check it names: fix the recipe before sending it to a board",
-    HostExit.DATA: "a dataset is missing or does not fit the model: fix its path, shape, dtype or labels",
-    HostExit.BOARD: "the board is not in the inventory or its entry is wrong: see odl board list and inventory.toml",
-    HostExit.INVALID_JOB: "the job id is unsafe, or the board holds another spec under it: choose another --job-id",
-    HostExit.DEVICE: "talking to the board failed: read the message, then the job's agent.log on the board",
-    HostExit.UNREACHABLE: "the board cannot be reached (link down, timeout, refused): check its network and sshd, run again",
-    HostExit.HOST_KEY: "the board's host key is unknown or changed: check the board, then update the pinned known_hosts",
-    HostExit.INCOMPATIBLE: "the board cannot run this job (protocol, ORT, training API, RAM, disk): fix what the message lists",
-    HostExit.TRANSFER: "an upload or download failed or its hash did not match: run again (nothing half-written is used)",
-    HostExit.REMOTE_COMMAND: "a command on the board failed: the message holds its exit code and output",
-    HostExit.TRAINING_FAILED: "the job failed or was cancelled on the board: its agent exit code is in the message (device_agent/README.md)",
-    HostExit.EVALUATION: "host-side evaluation failed: check the test set and the retrieved model",
-    HostExit.REGISTRY: "the model registry refused the operation: check the recipe and board names and the registry folder",
-    HostExit.STACK: "the local Prefect stack could not start, deploy or stop: read the logs under $ODL_HOME/logs",
-    HostExit.FLEET: "fewer boards than the recipe's fleet.min_boards finished a round: bring boards back (odl board status), or lower min_boards / raise deadline_s",
-    HostExit.STRAGGLER: "a board did not finish its part of a fleet round before fleet.deadline_s: check the board (odl board status), or raise deadline_s",
-    HostExit.NO_NEW_DATA: "the board's dataset folder holds nothing new to train on: let the board application add data (a flow run ends 'No new data' instead)",
-}
+@dataclass(frozen=True)
+class HostExitInfo:
+    """One exit code: its error class (by name, under ``parent``), its help and retry flag."""
+
+    code: HostExit
+    error: str  # the class raising it
+    parent: str  # the class it derives from ("" for the root)
+    help: str  # "cause: what to do"
+    retryable: bool = False  # should_retry() tries again
+    home: str = ""  # the module defining the class, when not this one
+
+    @property
+    def cause(self) -> str:
+        """The help's part before its first colon: what went wrong."""
+        return self.help.split(": ", 1)[0]
 
 
+HOST_EXITS: tuple[HostExitInfo, ...] = (
+    HostExitInfo(HostExit.PIPELINE, "PipelineError", "",
+                 "the pipeline stopped without a more specific cause: read the message (-v shows the traceback)"),
+    HostExitInfo(HostExit.RECIPE, "RecipeError", "PipelineError",
+                 "a recipe field is wrong: fix the field the message names (in the TOML or its --set)"),
+    HostExitInfo(HostExit.MODEL, "ModelError", "PipelineError",
+                 "the model cannot be built, loaded or exported: check the recipe's model entry and its files"),
+    HostExitInfo(HostExit.ARTIFACT, "ArtifactError", "PipelineError",
+                 "training artifacts cannot be generated or would not load on the board: change the trainable "
+                 "parameters or the loss"),
+    HostExitInfo(HostExit.VALIDATION, "ValidationFailed", "PipelineError",
+                 "the offline dry-run failed the check it names: fix the recipe before sending it to a board"),
+    HostExitInfo(HostExit.DATA, "DataError", "PipelineError",
+                 "a dataset is missing or does not fit the model: fix its path, shape, dtype or labels"),
+    HostExitInfo(HostExit.BOARD, "BoardError", "PipelineError",
+                 "the board is not in the inventory or its entry is wrong: see odl board list and inventory.toml"),
+    HostExitInfo(HostExit.INVALID_JOB, "InvalidJob", "PipelineError",
+                 "the job id is unsafe, or the board holds another spec under it: choose another --job-id"),
+    HostExitInfo(HostExit.DEVICE, "DeviceError", "PipelineError",
+                 "talking to the board failed: read the message, then the job's agent.log on the board"),
+    HostExitInfo(HostExit.UNREACHABLE, "DeviceUnreachable", "DeviceError",
+                 "the board cannot be reached (link down, timeout, refused): check its network and sshd, run again",
+                 retryable=True),
+    HostExitInfo(HostExit.HOST_KEY, "HostKeyRejected", "DeviceError",
+                 "the board's host key is unknown or changed: check the board, then update the pinned known_hosts"),
+    HostExitInfo(HostExit.INCOMPATIBLE, "DeviceIncompatible", "DeviceError",
+                 "the board cannot run this job (protocol, ORT, training API, RAM, disk): fix what the message "
+                 "lists"),
+    HostExitInfo(HostExit.TRANSFER, "TransferError", "DeviceError",
+                 "an upload or download failed or its hash did not match: run again (nothing half-written is used)",
+                 retryable=True),
+    HostExitInfo(HostExit.REMOTE_COMMAND, "RemoteCommandFailed", "DeviceError",
+                 "a command on the board failed: the message holds its exit code and output"),
+    HostExitInfo(HostExit.TRAINING_FAILED, "TrainingFailed", "DeviceError",
+                 "the job failed or was cancelled on the board: its agent exit code is in the message "
+                 "(device_agent/README.md)"),
+    HostExitInfo(HostExit.EVALUATION, "EvaluationError", "PipelineError",
+                 "host-side evaluation failed: check the test set and the retrieved model"),
+    HostExitInfo(HostExit.REGISTRY, "RegistryError", "PipelineError",
+                 "the model registry refused the operation: check the recipe and board names and the registry "
+                 "folder"),
+    HostExitInfo(HostExit.STACK, "StackError", "PipelineError",
+                 "the local Prefect stack could not start, deploy or stop: read the logs under $ODL_HOME/logs",
+                 home="tasks.stack"),
+    HostExitInfo(HostExit.NO_NEW_DATA, "NoNewData", "DataError",
+                 "the board's dataset folder holds nothing new to train on: let the board application add data "
+                 "(a flow run ends 'No new data' instead)"),
+    HostExitInfo(HostExit.FLEET, "FleetError", "PipelineError",
+                 "fewer boards than the recipe's fleet.min_boards finished a round: bring boards back (odl board "
+                 "status), or lower min_boards / raise deadline_s"),
+    HostExitInfo(HostExit.STRAGGLER, "Straggler", "FleetError",
+                 "a board did not finish its part of a fleet round before fleet.deadline_s: check the board (odl "
+                 "board status), or raise deadline_s"),
+)  # fmt: skip
+HOST_EXIT_HELP: dict[HostExit, str] = {info.code: info.help for info in HOST_EXITS}
+_INFO: dict[HostExit, HostExitInfo] = {info.code: info for info in HOST_EXITS}
+
+
+def exit_table() -> str:
+    """The exit codes as a Markdown table (the module docstring's and the README's)."""
+    rows = [f"| {int(i.code)} | `{i.code.name}` | `{i.error}` | {i.help} |" for i in HOST_EXITS]
+    return "\n".join(["| code | name | error | what to do |", "|---|---|---|---|", *rows])
+
+
+def error_tree() -> str:
+    """The error classes as a tree, each with its cause (and whether it is retried)."""
+    lines: list[str] = []
+
+    def walk(info: HostExitInfo, prefix: str, branch: str) -> None:
+        name = f"{info.error} ({info.home})" if info.home else info.error
+        note = f"{info.cause} (retryable)" if info.retryable else info.cause
+        lines.append(f"    {prefix}{branch}{name}".ljust(39) + note)
+        children = [c for c in HOST_EXITS if c.parent == info.error]
+        inner = prefix + ("" if not branch else "    " if branch == "└── " else "│   ")
+        for i, child in enumerate(children):
+            walk(child, inner, "└── " if i == len(children) - 1 else "├── ")
+
+    walk(HOST_EXITS[0], "", "")
+    return "\n".join(lines)
+
+
+__doc__ = (__doc__ or "").replace("{tree}", error_tree()).replace("{table}", exit_table())
+
+
+def host_error(code: HostExit) -> Callable[[E], E]:
+    """Give an error class its exit ``code``, retry flag and, as its docstring's first line, the
+    cause, all from :data:`HOST_EXITS` (whose entry must name the class)."""
+
+    def mark(cls: E) -> E:
+        info = _INFO[code]
+        if cls.__name__ != info.error:
+            raise TypeError(f"HOST_EXITS gives {code.name} to {info.error}, not {cls.__name__}")
+        cls.exit_code = code
+        cls.retryable = info.retryable
+        own = f"\n\n{cls.__doc__}" if cls.__doc__ else ""
+        cls.__doc__ = f"{info.cause[0].upper()}{info.cause[1:]}.{own}"
+        return cls
+
+    return mark
+
+
+@host_error(HostExit.PIPELINE)
 class PipelineError(Exception):
     """Base of every error the pipeline raises on purpose."""
 
-    retryable: bool = False
-    exit_code: int = HostExit.PIPELINE
+    retryable: bool  # set with exit_code by @host_error, from HOST_EXITS
+    exit_code: int
 
 
+@host_error(HostExit.RECIPE)
 class RecipeError(PipelineError):
-    """A recipe field is wrong; the message names the field and what was expected."""
-
-    exit_code = HostExit.RECIPE
+    """The message names the field and what was expected."""
 
     def __init__(self, field: str, expected: str, got: object = None, *, source: str = "") -> None:
         self.field = field
@@ -141,89 +202,73 @@ class RecipeError(PipelineError):
         super().__init__(f"{where}recipe field '{field}': expected {expected}{got_txt}")
 
 
+@host_error(HostExit.MODEL)
 class ModelError(PipelineError):
-    """The model cannot be built, loaded or exported."""
-
-    exit_code = HostExit.MODEL
+    """Built from the recipe's model entry: torchvision, a module:callable or an ONNX file."""
 
 
+@host_error(HostExit.ARTIFACT)
 class ArtifactError(PipelineError):
-    """Training artifacts cannot be generated, or a board with ORT 1.19.2 could not load them."""
-
-    exit_code = HostExit.ARTIFACT
+    """ORT training artifacts for a board with ORT 1.19.2."""
 
 
+@host_error(HostExit.VALIDATION)
 class ValidationFailed(PipelineError):
     """The offline dry-run of a recipe failed one of its checks."""
-
-    exit_code = HostExit.VALIDATION
 
     def __init__(self, check: str, message: str) -> None:
         self.check = check
         super().__init__(f"validation check '{check}' failed: {message}")
 
 
+@host_error(HostExit.DATA)
 class DataError(PipelineError):
-    """A dataset is missing or does not match the model (shape, dtype, label range, NaN)."""
-
-    exit_code = HostExit.DATA
+    """Missing, or not matching the model: shape, dtype, label range, NaN."""
 
 
+@host_error(HostExit.NO_NEW_DATA)
 class NoNewData(DataError):
-    """The board's dataset folder holds nothing to retrain on (no file, or none new): a nightly
-    run ends as "No new data" rather than failing."""
-
-    exit_code = HostExit.NO_NEW_DATA
+    """No file, or none new: a nightly run ends as "No new data" rather than failing."""
 
 
+@host_error(HostExit.BOARD)
 class BoardError(PipelineError):
     """An inventory entry or the virtual board is wrong or unusable."""
 
-    exit_code = HostExit.BOARD
 
-
+@host_error(HostExit.INVALID_JOB)
 class InvalidJob(PipelineError):
     """A job id or job spec is unsafe or conflicts with the job already on the board; never retried."""
 
-    exit_code = HostExit.INVALID_JOB
 
-
+@host_error(HostExit.DEVICE)
 class DeviceError(PipelineError):
     """Something went wrong while talking to a board."""
 
-    exit_code = HostExit.DEVICE
 
-
+@host_error(HostExit.UNREACHABLE)
 class DeviceUnreachable(DeviceError):
-    """The board cannot be reached now (link down, timeout, connection refused)."""
-
-    retryable = True
-    exit_code = HostExit.UNREACHABLE
+    """Retried: the link may come back."""
 
 
+@host_error(HostExit.HOST_KEY)
 class HostKeyRejected(DeviceError):
-    """The board's host key is unknown or changed: never retried, never auto-accepted."""
-
-    exit_code = HostExit.HOST_KEY
+    """Never retried, never auto-accepted."""
 
 
+@host_error(HostExit.INCOMPATIBLE)
 class DeviceIncompatible(DeviceError):
-    """The board cannot run this job (protocol, ORT version, training API, RAM or disk)."""
-
-    exit_code = HostExit.INCOMPATIBLE
+    """Checked before a job is sent: protocol, ORT version, training API, RAM or disk."""
 
 
+@host_error(HostExit.TRANSFER)
 class TransferError(DeviceError):
-    """An upload or download failed or its hash did not match."""
-
-    retryable = True
-    exit_code = HostExit.TRANSFER
+    """Retried: blobs are content-addressed and renamed into place only when whole."""
 
 
+@host_error(HostExit.REMOTE_COMMAND)
 class RemoteCommandFailed(DeviceError):
-    """A remote command exited non-zero; carries the command, exit code and output tail."""
-
-    exit_code = HostExit.REMOTE_COMMAND
+    """Carries the command, its exit code and the tail of its output."""
 
     def __init__(self, command: list[str] | str, code: int, output: str = "") -> None:
         self.command = command
@@ -234,35 +279,29 @@ class RemoteCommandFailed(DeviceError):
         super().__init__(f"remote command failed with exit code {code}: {cmd}{tail}")
 
 
+@host_error(HostExit.TRAINING_FAILED)
 class TrainingFailed(DeviceError):
-    """The training job ended as failed on the board."""
-
-    exit_code = HostExit.TRAINING_FAILED
+    """The training job ended as failed on the board; never retried."""
 
 
+@host_error(HostExit.EVALUATION)
 class EvaluationError(PipelineError):
     """Host-side evaluation of a model failed."""
 
-    exit_code = HostExit.EVALUATION
 
-
+@host_error(HostExit.REGISTRY)
 class RegistryError(PipelineError):
     """The local model registry refused an operation."""
 
-    exit_code = HostExit.REGISTRY
 
-
+@host_error(HostExit.FLEET)
 class FleetError(PipelineError):
-    """A fleet round could not go on: fewer boards than its quorum finished (each board's cause named)."""
-
-    exit_code = HostExit.FLEET
+    """Each board's cause is named."""
 
 
+@host_error(HostExit.STRAGGLER)
 class Straggler(FleetError):
-    """A board did not finish its part of a round before the round's deadline (never retried: the
-    round goes on without it while the quorum holds)."""
-
-    exit_code = HostExit.STRAGGLER
+    """Never retried: the round goes on without the board while the quorum holds."""
 
 
 def should_retry(exc: BaseException) -> bool:

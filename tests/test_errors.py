@@ -1,5 +1,9 @@
 """The host's exit codes and retry policy (tasks/errors.py): one code per error class, each with help,
-none shared with the agent, the table in the module's docstring in step with the enum."""
+none shared with the agent; the tree, the table, the classes' codes, retry flags and docstrings all
+rendered from ``HOST_EXITS``, and the README's table equal to it.
+
+``.venv/bin/python -m tests.test_errors`` rewrites the README's table from ``HOST_EXITS``.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +11,14 @@ import re
 
 import pytest
 
-import flows.stack  # noqa: F401 - registers StackError, the one PipelineError outside tasks/
+import tasks.stack  # noqa: F401 - registers StackError, the one PipelineError outside tasks/errors.py
 from device_agent.protocol import EXIT_HELP, NEVER_RETRY, ExitCode
 from tasks import errors
-from tasks.errors import HOST_EXIT_HELP, HostExit, PipelineError
+from tasks.errors import HOST_EXIT_HELP, HOST_EXITS, HostExit, PipelineError, exit_table
 from tasks.paths import PROJECT_ROOT
+
+README = PROJECT_ROOT / "README.md"
+HEADER = exit_table().splitlines()[0]
 
 
 def _error_classes() -> list[type[PipelineError]]:
@@ -50,8 +57,40 @@ def test_docstring_table_matches_the_enum() -> None:
     name_of = {cls.exit_code: cls.__name__ for cls in _error_classes()}
     rows = [line for line in doc.splitlines() if re.match(r"^\| \d+ \|", line)]
     assert rows == [f"| {int(c)} | `{c.name}` | `{name_of[c]}` | {HOST_EXIT_HELP[c]} |" for c in HostExit]
-    readme = (PROJECT_ROOT / "README.md").read_text()
-    assert [line for line in readme.splitlines() if re.match(r"^\| \d+ \|", line)] == rows
+    assert [i.code for i in HOST_EXITS] == list(HostExit)
+
+
+def _readme_table(lines: list[str]) -> slice:
+    """Where the README's exit-code table is: its header line and the table lines after it."""
+    start = lines.index(HEADER)
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return slice(start, end)
+
+
+def test_the_readme_table_is_rendered_from_host_exits() -> None:
+    lines = README.read_text().splitlines()
+    assert lines[_readme_table(lines)] == exit_table().splitlines(), (
+        "run: .venv/bin/python -m tests.test_errors"
+    )
+
+
+def test_each_class_takes_code_retry_flag_parent_and_cause_from_host_exits() -> None:
+    by_name = {cls.__name__: cls for cls in _error_classes()}
+    for info in HOST_EXITS:
+        cls = by_name[info.error]
+        assert (cls.exit_code, cls.retryable) == (info.code, info.retryable)
+        assert cls.__bases__[0].__name__ == (info.parent or "Exception")
+        assert cls.__module__ == (info.home or "tasks.errors")
+        if not info.home:  # classes elsewhere write their own docstring
+            assert (cls.__doc__ or "").startswith(info.cause[0].upper() + info.cause[1:] + ".")
+    assert all(info.cause in (errors.__doc__ or "") for info in HOST_EXITS)  # the tree
+
+
+def write_readme_table() -> None:
+    """Replace the README's exit-code table with the one rendered from ``HOST_EXITS``."""
+    lines = README.read_text().splitlines()
+    lines[_readme_table(lines)] = exit_table().splitlines()
+    README.write_text("\n".join(lines) + "\n")
 
 
 @pytest.mark.parametrize(
@@ -78,3 +117,7 @@ def test_agent_exit_retryable_is_never_retry_complement() -> None:
     assert not errors.agent_exit_retryable(ExitCode.DIVERGED) and errors.agent_exit_retryable(
         ExitCode.NO_MEMORY
     )
+
+
+if __name__ == "__main__":
+    write_readme_table()

@@ -1,4 +1,5 @@
-"""Datasets of a recipe: generate them when missing, load ``.npz`` files, check they fit the model.
+"""Datasets of a recipe: the host files it names, ``.npz`` loading, and checks that they fit the model
+(generating missing ones with ``[data].make`` is :mod:`tasks.prepare.datasets`).
 
 An ``.npz`` dataset holds ``x`` (float32, ``[N, *input_shape]``) and ``y`` (labels: int64 class ids
 for classification, float32 for binary/regression); extra arrays (e.g. a second target) are allowed
@@ -7,17 +8,13 @@ and reach the model through ``[data].feeds``.
 
 from __future__ import annotations
 
-import fcntl
-import logging
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
-from tasks.errors import DataError, RecipeError
+from tasks.errors import DataError
 from tasks.recipe.schema import Recipe
-
-log = logging.getLogger(__name__)
 
 
 def recipe_files(recipe: Recipe) -> dict[str, Path]:
@@ -34,37 +31,6 @@ def recipe_files(recipe: Recipe) -> dict[str, Path]:
     }
     files.update({f"data.extra_tests.{k}": v for k, v in d.extra_tests.items()})
     return {k: v for k, v in files.items() if v is not None}
-
-
-def make_dir(recipe: Recipe) -> Path:
-    """The folder a ``[data].make`` callable writes into: the folder of the train (else test) file."""
-    return (recipe.data.train or recipe.data.test).parent
-
-
-def ensure_datasets(recipe: Recipe) -> None:
-    """Run ``[data].make`` (once, under a file lock) when a file the recipe needs is missing."""
-    missing = {k: p for k, p in recipe_files(recipe).items() if not p.exists()}
-    if not missing:
-        return
-    if recipe.data.make is None:
-        field, path = next(iter(missing.items()))
-        raise DataError(f"recipe field '{field}': file {path} does not exist and [data].make is not set")
-    from tasks.prepare.torch_model import load_ref
-
-    out_dir = make_dir(recipe)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / ".make.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if any(not p.exists() for p in missing.values()):
-            log.info("generating data with %s into %s", recipe.data.make, out_dir)
-            load_ref(recipe.base_dir, recipe.data.make, "data.make")(out_dir)
-    still = {k: str(p) for k, p in missing.items() if not p.exists()}
-    if "model.onnx" in still:
-        raise RecipeError(
-            "model.onnx", "an existing ONNX file (or one [data].make writes)", still["model.onnx"]
-        )
-    if still:
-        raise DataError(f"[data].make {recipe.data.make} did not write {still}")
 
 
 def load_npz(path: Path | str) -> tuple[np.ndarray, np.ndarray]:
