@@ -17,10 +17,10 @@ PORT=${ODL_PREFECT_PORT:-4200}
 BOARD=${ODL_BOARD:-vboard}
 FLEET_PREFIX=${ODL_FLEET_PREFIX:-lab}   # the fleet demo's boards: lab1 .. lab4
 
-stack_env() {  # the environment flows.stack gives every process of the stack
+stack_env() {  # the environment tasks.stack.server gives every process of the stack
   eval "$("$BIN/python" - "$PORT" <<'PY'
 import shlex, sys
-from flows.stack import stack_env
+from tasks.stack.server import stack_env
 env = stack_env(port=int(sys.argv[1]))
 for k in ("ODL_HOME", "ODL_PROJECT_ROOT", "ODL_TIMEZONE", "PREFECT_HOME", "PREFECT_API_URL",
           "PREFECT_SERVER_ANALYTICS_ENABLED", "DO_NOT_TRACK", "PREFECT_LOGGING_EXTRA_LOGGERS"):

@@ -18,7 +18,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from prefect import flow
 from prefect.futures import wait
@@ -30,9 +30,11 @@ from pydantic import BaseModel, Field
 from tasks import stages
 from tasks.board.inventory import BOARD_NAME_PATTERN, get_group
 from tasks.fleet.rounds import FleetRun, check_fleet
+from tasks.judge.report import gate_md
 from tasks.prefect import fleet as ft
 from tasks.prefect import tasks as pt
 from tasks.recipe.load import load_recipe
+from tasks.recipe.schema import DeadlineS, Epochs, FleetStrategy, LearningRate, MinBoards, Rounds
 
 log = logging.getLogger(__name__)
 
@@ -44,16 +46,12 @@ class FleetParams(BaseModel):
     group: str = Field(
         "lab", pattern=BOARD_NAME_PATTERN, description="board group of the inventory's [groups]"
     )
-    rounds: int | None = Field(None, ge=1, le=1000, description="override [fleet].rounds")
-    min_boards: int | None = Field(None, ge=1, description="override [fleet].min_boards (the quorum)")
-    deadline_s: float | None = Field(None, gt=0, description="override [fleet].deadline_s (per round)")
-    strategy: Literal["fedavg", "fedavgm", "fedadam"] | None = Field(
-        None, description="override [fleet].strategy"
-    )
-    epochs: int | None = Field(
-        None, ge=1, le=10000, description="override [training].epochs (local, per round)"
-    )
-    lr: float | None = Field(None, gt=0, lt=10, description="override [optimizer].lr")
+    rounds: Rounds | None = Field(None, description="override [fleet].rounds")
+    min_boards: MinBoards | None = Field(None, description="override [fleet].min_boards (the quorum)")
+    deadline_s: DeadlineS | None = Field(None, description="override [fleet].deadline_s (per round)")
+    strategy: FleetStrategy | None = Field(None, description="override [fleet].strategy")
+    epochs: Epochs | None = Field(None, description="override [training].epochs (local, per round)")
+    lr: LearningRate | None = Field(None, description="override [optimizer].lr")
     overrides: dict[str, Any] = Field(default_factory=dict, description="more dotted-key recipe overrides")
 
     def recipe_overrides(self) -> dict[str, Any]:
@@ -79,9 +77,7 @@ class FleetOutcome:
 
 
 def _run_name() -> str:
-    from prefect.runtime import flow_run as fr
-
-    params = (fr.parameters or {}).get("params")
+    params = (flow_run.parameters or {}).get("params")
     group = params.get("group") if isinstance(params, dict) else getattr(params, "group", None)
     return f"fleet-{group or 'lab'}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -137,8 +133,6 @@ def odl_fleet(params: FleetParams | None = None) -> FleetOutcome | None:
                 ft.rollout(b, recipe.name, promotion.version, p.group)
         served = f"; serving on {', '.join(last)}"
     verdict = _verdict(promotion, served)
-    from tasks.judge.report import gate_md
-
     ft.publish_fleet(fleet.summary(), verdict, gate_md(decision))
     outcome = FleetOutcome(fleet.summary(), decision.promote, promotion.version, decision.reason)
     name = "Promoted" if decision.promote else "Not promoted"

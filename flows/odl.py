@@ -8,6 +8,7 @@ retried flow run reattaches to its job on the board instead of starting another.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -26,8 +27,10 @@ from tasks.board.inventory import BOARD_NAME_PATTERN, get_board
 from tasks.judge.report import report_key
 from tasks.paths import state_dir
 from tasks.prefect import tasks as pt
+from tasks.prefect.limits import ensure_board_limit
 from tasks.prefect.publish import publish, report_input
 from tasks.recipe.load import load_recipe
+from tasks.recipe.schema import BatchSize, Epochs, LearningRate, MinGain
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +44,10 @@ class OdlParams(BaseModel):
         "for deployment odl/full)",
     )
     board: str = Field("vboard", pattern=BOARD_NAME_PATTERN, description="board name in the inventory")
-    epochs: int | None = Field(None, ge=1, le=10000, description="override [training].epochs")
-    batch_size: int | None = Field(None, ge=1, le=4096, description="override [training].batch_size")
-    lr: float | None = Field(None, gt=0, lt=10, description="override [optimizer].lr")
-    promotion_min_gain: float | None = Field(None, description="override [promotion].min_gain")
+    epochs: Epochs | None = Field(None, description="override [training].epochs")
+    batch_size: BatchSize | None = Field(None, description="override [training].batch_size")
+    lr: LearningRate | None = Field(None, description="override [optimizer].lr")
+    promotion_min_gain: MinGain | None = Field(None, description="override [promotion].min_gain")
     overrides: dict[str, Any] = Field(default_factory=dict, description="more dotted-key recipe overrides")
 
     def recipe_overrides(self) -> dict[str, Any]:
@@ -73,24 +76,6 @@ class Outcome:
     summary: str
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)  # column -> metrics (test set)
     timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds
-
-
-def ensure_board_limit(board: str) -> str:
-    """Create the global concurrency limit ``board-<name>`` (1 slot) if it does not exist."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
-
-    name = f"board-{board}"
-    with get_client(sync_client=True) as client:
-        try:
-            client.read_global_concurrency_limit_by_name(name)
-        except ObjectNotFound:
-            try:
-                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
-            except ObjectAlreadyExists:
-                pass
-    return name
 
 
 @flow(name="odl", log_prints=False)
@@ -156,6 +141,4 @@ def odl(params: OdlParams | None = None) -> Outcome | None:
 
 def _files_key(data: Any) -> str:
     """A hash of the pinned board files (their sha256 in order)."""
-    import hashlib
-
     return hashlib.sha256("".join(f["sha256"] for f in data.record["files"]).encode()).hexdigest()

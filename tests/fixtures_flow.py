@@ -80,17 +80,17 @@ def flow_board(flow_home):
 
 @pytest.fixture(scope="session")
 def prefect_stack(virtual_board, virtual_board_home):
-    """A real Prefect server + process worker + deployment odl/full (flows.stack) on a free port."""
+    """A real Prefect server + process worker + deployment odl/full (tasks.stack) on a free port."""
     import socket
 
-    from flows import stack
+    from tasks.stack import server
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = stack.stack_env(port=port, home=virtual_board_home)
+    env = server.stack_env(port=port, home=virtual_board_home)
     try:
-        stack.up(env)
+        server.up(env)
         yield env
     finally:
-        stack.down(virtual_board_home)
+        server.down(virtual_board_home)

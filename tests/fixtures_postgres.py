@@ -1,5 +1,5 @@
 """Fixture of the stack on PostgreSQL: a real Prefect server on a private PostgreSQL cluster
-(flows.postgres) with two process workers on odl-pool, for tests/e2e."""
+(tasks.stack.postgres) with two process workers on odl-pool, for tests/e2e."""
 
 from __future__ import annotations
 
@@ -35,20 +35,20 @@ def _processes_under(folder: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def postgres_stack(tmp_path_factory: pytest.TempPathFactory):
-    """``flows.stack.up(env, workers=2)`` with ``db="postgres"`` in a fresh ODL_HOME on free ports; yields
+    """``tasks.stack.server.up(env, workers=2)`` with ``db="postgres"`` in a fresh ODL_HOME on free ports; yields
     the stack's environment (``env["ODL_HOME"]``, ``env["ODL_PG_PORT"]``, ``env["PREFECT_API_URL"]``).
     At the end: ``down``, the cluster removed, and no process of it or of the stack left."""
-    from flows import postgres, stack
+    from tasks.stack import postgres, server
 
     home = tmp_path_factory.mktemp("pgstack") / "odl"
     port, pg_port = free_ports(2)
-    env = stack.stack_env(port=port, home=home, db="postgres", pg_port=pg_port)
+    env = server.stack_env(port=port, home=home, db="postgres", pg_port=pg_port)
     try:
-        stack.up(env, workers=2)
+        server.up(env, workers=2)
         yield env
     finally:
-        stack.down(home)
-        left = {name: pid for name, pid in stack.status(home).items() if pid}
+        server.down(home)
+        left = {name: pid for name, pid in server.status(home).items() if pid}
         cluster = postgres.cluster_dir(home)
         left_pg = _processes_under(cluster) if cluster else []
         postgres.remove(home)

@@ -1,61 +1,31 @@
 """The ``odl`` command line: every pipeline stage runs from here without a Prefect server.
 
-Each subcommand lives in its own ``flows.cli.<area>`` module exposing ``register(subparsers)``;
-handlers import heavy packages (torch, onnx, prefect) lazily so ``odl --help`` stays fast.
+:mod:`flows.cli.parser` declares every command's arguments (argparse only, so ``odl --help`` is
+quick); each command runs in its area's module ``flows.cli.<area>`` (``prepare``, ``home``,
+``run``, ``board``, ``nightly``, ``recipe``), which imports what its commands need at its top and is
+itself imported only when one of its commands runs (:func:`area_module`).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
+from types import ModuleType
 
+from flows.cli.parser import build_parser
+from flows.cli.terminal import error_line, setup_logging
 from tasks.errors import PipelineError
 
-COMMAND_MODULES = [
-    "flows.cli.prepare",  # prepare / export / artifacts / validate
-    "flows.cli.flow",  # stack / flow / evaluate / registry / report
-    "flows.cli.board",  # board up / down / status / list / info
-    "flows.cli.run",  # run: prepare -> deploy -> train -> retrieve without Prefect
-    "flows.cli.nightly",  # rollout / rollback / models / data push|list
-]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """Build the argument parser with every registered subcommand."""
-    parser = argparse.ArgumentParser(
-        prog="odl", description="On-device learning pipeline for STM32MP2 boards."
-    )
-    parser.add_argument(
-        "-v", "--verbose", action="store_true", help="debug logging, library messages and tracebacks"
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
-    _verbose_everywhere(sub)
-    return parser
-
-
-def _verbose_everywhere(sub: argparse._SubParsersAction) -> None:
-    """Accept ``-v`` after the subcommand too (``odl flow RECIPE -v``)."""
-    for parser in sub.choices.values():
-        parser.add_argument(
-            "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
-        )
-        for action in parser._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                _verbose_everywhere(action)
+__all__ = ["area_module", "build_parser", "dispatch", "main"]
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``odl`` console script; returns the process exit status."""
-    from flows.cli.terminal import error_line, setup_logging
-
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
     try:
-        return int(args.func(args) or 0)
+        return dispatch(args)
     except PipelineError as exc:
         if args.verbose:
             logging.getLogger("flows").exception("failed")
@@ -66,5 +36,27 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def dispatch(args: argparse.Namespace) -> int:
+    """Run the parsed command: ``flows.cli.<args.area>.<args.handler>(args)``; its exit status."""
+    return int(getattr(area_module(args.area), args.handler)(args) or 0)
+
+
+def area_module(area: str) -> ModuleType:
+    """The module of a command area, imported on first use: only the area of the command that runs
+    is loaded (none for ``odl --help``), so a light command never pays for torch, onnx or Prefect."""
+    match area:
+        case "prepare":
+            from flows.cli import prepare as module  # lazy: export and artifacts load torch and onnx
+        case "home":
+            from flows.cli import home as module  # lazy: the stack's processes and PostgreSQL, no stage
+        case "run":
+            from flows.cli import run as module  # lazy: every stage (onnx, numpy), and Prefect for odl flow
+        case "board":
+            from flows.cli import board as module  # lazy: virtual boards, SSH transports, the agent
+        case "nightly":
+            from flows.cli import nightly as module  # lazy: the registry (numpy), the stages, board releases
+        case "recipe":
+            from flows.cli import recipe as module  # lazy: the recipe schema (pydantic)
+        case _:
+            raise ValueError(f"no command area {area!r}")
+    return module

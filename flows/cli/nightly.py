@@ -1,5 +1,7 @@
-"""``odl rollout | rollback | models | data``: the model a board serves and the data it grows.
+"""``odl registry | rollout | rollback | models | data``: the model versions, the one a board serves,
+and the data it grows.
 
+* ``odl registry RECIPE [BOARD]``: the versions of the model registry, the current one marked;
 * ``odl rollout RECIPE BOARD [--version vNNNN]``: install the registry's current version (or the
   one named) as the board's ``models/<recipe>/current``, hash-verified;
 * ``odl rollback RECIPE BOARD``: serve the previous version again, on the board and in the registry;
@@ -16,56 +18,44 @@ import argparse
 import json
 import posixpath
 import secrets
-from pathlib import Path
+
+from tasks.board.agent import install_agent
+from tasks.board.control import list_dataset
+from tasks.board.inventory import get_board
+from tasks.board.releases import board_models
+from tasks.board.transport import connect
+from tasks.errors import DataError, RegistryError
+from tasks.hashing import file_sha256
+from tasks.judge.registry import Registry
+from tasks.paths import odl_home
+from tasks.stages import nightly, registry
 
 # append only: a file already there is never rewritten (jobs pin files by sha256)
 APPEND = 'if [ -e "$2" ]; then echo "$2 exists: a dataset folder only grows" >&2; exit 17; fi; cat > "$1" && mv "$1" "$2"'
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add the nightly commands to the ``odl`` parser."""
-    out = sub.add_parser("rollout", help="install a registry version as the board's current model")
-    out.add_argument("recipe")
-    out.add_argument("board")
-    out.add_argument("--version", help="a registry version (default: the registry's current)")
-    out.set_defaults(func=_rollout)
-    back = sub.add_parser("rollback", help="serve the previous version again (board and registry)")
-    back.add_argument("recipe")
-    back.add_argument("board")
-    back.set_defaults(func=_rollback)
-    models = sub.add_parser("models", help="the model the board serves for a recipe, and the registry's")
-    models.add_argument("recipe")
-    models.add_argument("board")
-    models.set_defaults(func=_models)
-    data = sub.add_parser("data", help="a board dataset folder: push files to it, list it")
-    dsub = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
-    push = dsub.add_parser("push", help="append files to a board dataset folder (atomic renames)")
-    push.add_argument("board")
-    push.add_argument("files", nargs="+", type=Path)
-    push.add_argument("--to", required=True, help="the folder on the board, e.g. datasets/digits")
-    push.set_defaults(func=_push)
-    lst = dsub.add_parser("list", help="the folder's files with sha256 and samples")
-    lst.add_argument("board")
-    lst.add_argument("path")
-    lst.add_argument("--format", default="npz-shards", choices=("npz-shards", "image-folder"))
-    lst.set_defaults(func=_list)
-
-
-def _board(name: str):  # noqa: ANN202
-    from tasks.board.inventory import get_board
-
-    return get_board(name)
 
 
 def _print(obj: object) -> None:
     print(json.dumps(obj, indent=2, sort_keys=True, default=str))
 
 
-def _rollout(args: argparse.Namespace) -> int:
-    from tasks.errors import RegistryError
-    from tasks.stages import nightly, registry
+def cmd_registry(args: argparse.Namespace) -> int:
+    """``odl registry``: the versions of a recipe+board in the model registry, the current one marked."""
+    reg = Registry(odl_home() / "registry")
+    current = reg.current(args.recipe, args.board)
+    for v in reg.versions(args.recipe, args.board):
+        mark = "*" if current and v.name == current.name else " "
+        verdict = "promoted" if v.promoted else "rejected"
+        print(
+            f"{mark} {v.name}  {verdict:<8}  run {v.info.get('flow_run_id', '-')}  {v.info.get('reason', '')}"
+        )
+    if current is None:
+        print("(no current version)")
+    return 0
 
-    board = _board(args.board)
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    """``odl rollout``: install the registry's current version (or ``--version``) on the board."""
+    board = get_board(args.board)
     version = args.version
     if version is None:
         current = registry().current(args.recipe, board.name)
@@ -79,10 +69,9 @@ def _rollout(args: argparse.Namespace) -> int:
     return 0
 
 
-def _rollback(args: argparse.Namespace) -> int:
-    from tasks.stages import nightly
-
-    board = _board(args.board)
+def cmd_rollback(args: argparse.Namespace) -> int:
+    """``odl rollback``: serve the previous version again, on the board and in the registry."""
+    board = get_board(args.board)
     done = nightly.rollback(board, args.recipe)
     print(
         f"rolled back {args.recipe} on {board.name}: {done.version} is in service again "
@@ -91,12 +80,9 @@ def _rollback(args: argparse.Namespace) -> int:
     return 0
 
 
-def _models(args: argparse.Namespace) -> int:
-    from tasks.board.transport import connect
-    from tasks.nightly.board_ops import board_models
-    from tasks.stages import registry
-
-    board = _board(args.board)
+def cmd_models(args: argparse.Namespace) -> int:
+    """``odl models``: what the board serves for a recipe, beside the registry's current."""
+    board = get_board(args.board)
     current = registry().current(args.recipe, board.name)
     conn = connect(board)
     try:
@@ -107,12 +93,9 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
-def _push(args: argparse.Namespace) -> int:
-    from tasks.board.transport import connect
-    from tasks.errors import DataError
-    from tasks.hashing import file_sha256
-
-    board = _board(args.board)
+def cmd_push(args: argparse.Namespace) -> int:
+    """``odl data push``: append files to a board dataset folder (hidden name, then rename)."""
+    board = get_board(args.board)
     folder = args.to.strip("/")
     if not folder or ".." in folder.split("/"):
         raise DataError(f"--to: a folder under the agent root without '..' (got {args.to!r})")
@@ -141,12 +124,9 @@ def _push(args: argparse.Namespace) -> int:
     return 0
 
 
-def _list(args: argparse.Namespace) -> int:
-    from tasks.board.agent import install_agent
-    from tasks.board.transport import connect
-    from tasks.nightly.board_ops import list_dataset
-
-    board = _board(args.board)
+def cmd_list(args: argparse.Namespace) -> int:
+    """``odl data list``: a board dataset folder's files with sha256 and samples."""
+    board = get_board(args.board)
     conn = connect(board)
     try:
         install_agent(conn, board)

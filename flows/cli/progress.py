@@ -8,21 +8,13 @@ import sys
 import time
 from typing import Any
 
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 from device_agent.protocol import Event
+from flows.cli.terminal import console
 
 PLAIN_EVERY_S = 2.0
 QUIET_EVENTS = ("eval", "checkpoint")  # the epoch line that follows carries the same figures
-
-
-def console() -> Console:
-    """The console everything of the ``odl`` command writes to stderr through."""
-    return _CONSOLE[0]
-
-
-_CONSOLE = [Console(stderr=True)]
 
 
 class Bars:

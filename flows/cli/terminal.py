@@ -8,12 +8,18 @@ from __future__ import annotations
 import logging
 import sys
 
+from rich.console import Console
 from rich.logging import RichHandler
-
-from flows.cli.progress import console
 
 OWN = ("tasks", "flows", "device_agent")
 CHATTY = ("prefect.task_runs",)  # per-task INFO lines repeat what the bars and the summary show
+_CONSOLE = [Console(stderr=True)]
+
+
+def console() -> Console:
+    """The console everything of the ``odl`` command writes to stderr through (log lines here, the
+    progress bars of :mod:`flows.cli.progress`)."""
+    return _CONSOLE[0]
 
 
 class Quiet(logging.Filter):

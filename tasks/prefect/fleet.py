@@ -7,14 +7,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.concurrency.sync import concurrency
 
 from tasks import stages
 from tasks.board.inventory import Board
 from tasks.errors import Straggler
 from tasks.fleet import rounds
+from tasks.fleet.report import render_fleet_report
+from tasks.judge.report import report_key
+from tasks.paths import state_dir
+from tasks.prefect.limits import ensure_board_limit
 from tasks.prepare import Prepared
+from tasks.stages import nightly
 
 
 @task(name="board round", task_run_name="round {r} on {board.name}", cache_policy=NO_CACHE)
@@ -30,11 +37,6 @@ def board_round(
 ) -> rounds.BoardUpdate:
     """One board's part of round ``r``, holding the board's concurrency slot; Straggler when the
     slot, the training or the download is not done by ``deadline_wall`` (a ``time.time()``)."""
-    from prefect import get_run_logger
-    from prefect.concurrency.sync import concurrency
-
-    from flows.odl import ensure_board_limit
-
     logger = get_run_logger()
     remaining = deadline_wall - time.time()
     if remaining <= 0:
@@ -70,12 +72,6 @@ def close_round(fleet: rounds.FleetRun, r: int, results: dict[str, Any], started
 
 def publish_fleet(summary: dict[str, Any], verdict: str = "", gate: list[str] | None = None) -> str:
     """The fleet report as a markdown artifact (updated each round) and ``$ODL_HOME/reports``."""
-    from prefect.artifacts import create_markdown_artifact
-
-    from tasks.fleet.report import render_fleet_report
-    from tasks.judge.report import report_key
-    from tasks.paths import state_dir
-
     markdown = render_fleet_report(summary, verdict, gate)
     key = report_key(summary["recipe"], summary["group"], "fleet")
     create_markdown_artifact(
@@ -89,6 +85,4 @@ def publish_fleet(summary: dict[str, Any], verdict: str = "", gate: list[str] | 
 @task(name="rollout", task_run_name="rollout to {board.name}")
 def rollout(board: Board, recipe: str, version: str, group: str) -> Any:
     """Install the fleet's promoted version (registered under ``group``) on one of its boards."""
-    from tasks.stages import nightly
-
     return nightly.rollout(board, recipe, version, registry_key=group)

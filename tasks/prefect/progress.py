@@ -62,7 +62,7 @@ class BoardProgress:
 
     def __call__(self, event: Event) -> None:
         """Record the event, log a progress line and move the progress artifact."""
-        from prefect.logging import get_run_logger
+        from prefect.logging import get_run_logger  # Prefect only inside a flow run
 
         if self.echo is not None:
             self.echo(event)
@@ -77,7 +77,7 @@ class BoardProgress:
         self._update(force=event.type in ("finished", "failed"))
 
     def _update(self, force: bool = False) -> None:
-        from prefect.artifacts import update_progress_artifact
+        from prefect.artifacts import update_progress_artifact  # Prefect only inside a flow run
 
         value = round(min(self.percent, 100.0), 1)
         if value == self.shown:

@@ -71,8 +71,11 @@ def report_input(
 
 def publish(inp: ReportInput) -> str:
     """Create the report artifacts, keep a copy under ``$ODL_HOME/reports``; returns the summary."""
-    from prefect import get_run_logger
-    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+    from prefect import get_run_logger  # Prefect only inside a flow run
+    from prefect.artifacts import (  # Prefect only inside a flow run
+        create_markdown_artifact,
+        create_table_artifact,
+    )
 
     markdown, summary = render_report(inp), summary_text(inp)
     create_markdown_artifact(

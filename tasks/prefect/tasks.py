@@ -16,14 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from prefect import task
+from prefect.artifacts import create_progress_artifact
 from prefect.cache_policies import CacheKeyFnPolicy
 
 from tasks import stages
 from tasks.board.inventory import Board
-from tasks.errors import should_retry
+from tasks.errors import NoNewData, should_retry
 from tasks.prefect.progress import BoardProgress, terminal
 from tasks.prepare import Prepared
 from tasks.recipe.schema import Recipe
+from tasks.stages import nightly
+from tasks.stages import warm_start as warm
 
 
 def retry_if_retryable(task: Any, task_run: Any, state: Any) -> bool:
@@ -88,8 +91,6 @@ def deploy(board: Board, spec: Any, files: dict[str, Path]) -> stages.Deployment
 @task(name="train", task_run_name="train on {board.name}", **RETRY)
 def train(board: Board, spec: Any, files: dict[str, Path], progress_key: str) -> stages.Training:
     """Run (or reattach to) the job on the board, streaming progress to the UI and the terminal."""
-    from prefect.artifacts import create_progress_artifact
-
     artifact_id = create_progress_artifact(
         0.0, key=progress_key, description=f"training {spec.job_id} on {board.name}"
     )
@@ -133,9 +134,6 @@ def promote(
 def board_data(recipe: Recipe, board: Board) -> Any:
     """List the board's dataset folder and pin the files this run trains on (None: host data);
     the reason as a string when there is nothing new to train on (the run ends "No new data")."""
-    from tasks.errors import NoNewData
-    from tasks.stages import nightly
-
     try:
         return nightly.board_data(recipe, board)
     except NoNewData as exc:
@@ -145,16 +143,12 @@ def board_data(recipe: Recipe, board: Board) -> Any:
 @task(name="warm start")
 def warm_start(recipe: Recipe, prep: Prepared, board: str) -> Any:
     """The job's checkpoint from the model in service (``training.start_from = "current"``)."""
-    from tasks.stages import nightly
-
-    return nightly.warm_start(recipe, prep, board)
+    return warm.warm_start(recipe, prep, board)
 
 
 @task(name="rollout", task_run_name="rollout to {board.name}", **RETRY)
 def rollout(board: Board, recipe: str, version: str) -> Any:
     """Install the promoted version as the board's models/<recipe>/current, hash-verified."""
-    from tasks.stages import nightly
-
     return nightly.rollout(board, recipe, version)
 
 

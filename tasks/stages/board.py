@@ -6,17 +6,23 @@ Each takes the board's inventory entry and opens its own connection through the 
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from device_agent.protocol import Event, JobResult, JobSpec
+from tasks.board.agent import install_agent
+from tasks.board.blobs import upload_blobs
+from tasks.board.follow import FollowStats
 from tasks.board.inventory import Board
-from tasks.board.transport import ByteProgress, Transport, connect
+from tasks.board.jobs import job_dir
+from tasks.board.retrieve import retrieve as download
+from tasks.board.run import drive_job
+from tasks.board.transport import ByteProgress, Transport, connection
 from tasks.errors import TransferError
+from tasks.prepare.prefix import stitch
 
 log = logging.getLogger(__name__)
 
@@ -64,18 +70,6 @@ class Retrieved:
         return self.files["inference"]
 
 
-@contextlib.contextmanager
-def _link(board: Board, conn: Transport | None) -> Iterator[Transport]:
-    if conn is not None:
-        yield conn
-        return
-    own = connect(board)
-    try:
-        yield own
-    finally:
-        own.close()
-
-
 def deploy(
     board: Board,
     spec: JobSpec,
@@ -85,10 +79,7 @@ def deploy(
     conn: Transport | None = None,
 ) -> Deployment:
     """Install/check the agent (refusing a board that cannot run ``spec``), upload missing blobs."""
-    from tasks.board.agent import install_agent
-    from tasks.board.blobs import upload_blobs
-
-    with _link(board, conn) as link:
+    with connection(board, conn) as link:
         info = install_agent(link, board, spec.memory_estimate_mb)
         report = upload_blobs(link, board, files, progress)
     return Deployment(board.name, info, tuple(report.uploaded), tuple(report.skipped), report.bytes_sent)
@@ -112,10 +103,6 @@ def train(
     Training then names that job), else ended when ``end_orphans``, else refused (BoardError).
     Past ``deadline`` (a ``time.monotonic()`` instant) it raises Straggler.
     """
-    from tasks.board.follow import FollowStats
-    from tasks.board.jobs import job_dir
-    from tasks.board.run import drive_job
-
     job_dir(board, spec.job_id)  # an unsafe job id is refused before anything connects
     events: list[Event] = []
 
@@ -125,7 +112,7 @@ def train(
             on_event(event)
 
     stats = FollowStats()
-    with _link(board, conn) as link:
+    with connection(board, conn) as link:
         _, result = drive_job(
             link, board, spec, files, record, deployed=True, end_orphans=end_orphans, deadline=deadline,
             stats=stats,
@@ -146,13 +133,9 @@ def retrieve(
     """Download the job's outputs into ``out_dir`` (or the ``only`` ones), each checked against its
     sha256. When the board trained the suffix of a split model, its inference model is joined to
     the prefix here: ``inference`` is the whole model, ``inference_suffix`` what the board wrote."""
-    from tasks.board.retrieve import retrieve as download
-
-    with _link(board, conn) as link:
+    with connection(board, conn) as link:
         files = download(link, training.job_id, training.result, Path(out_dir), board, progress, only)
     if training.prefix_model is not None and "inference" in files:
-        from tasks.prepare.prefix import stitch
-
         suffix = files["inference"].replace(files["inference"].with_name("inference_suffix.onnx"))
         files["inference_suffix"] = suffix
         files["inference"] = stitch(training.prefix_model, suffix, Path(out_dir) / "inference.onnx")

@@ -12,7 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.judge.registry import Decision, Registry
+from tasks.judge.evaluate import base_inference_model, evaluate_cached
+from tasks.judge.losses import GRAPH_LOSSES, host_loss, task_loss
+from tasks.judge.quantize import int8_verdict, quantize_int8
+from tasks.judge.registry import Decision, Registry, decide
 from tasks.paths import state_dir
 from tasks.prepare import Prepared
 from tasks.recipe.schema import Recipe
@@ -76,8 +79,6 @@ def base_model(prep: Prepared) -> Path:
 def inference_of(prep: Prepared, checkpoint: Path, out: Path) -> Path:
     """A checkpoint of the prepared artifacts exported as an inference model, exactly as the
     board exports after training."""
-    from tasks.judge.evaluate import base_inference_model
-
     arts = prep.artifacts_dir
     return base_inference_model(
         arts / "training_model.onnx",
@@ -95,9 +96,6 @@ def evaluate(recipe: Recipe, prep: Prepared, candidate: Path, reference: Referen
     kind it trains with, or its custom or embedded loss run by the prepared eval graph with that
     model's weights; the current version is evaluated again, so it is compared on the same loss.
     """
-    from tasks.judge.evaluate import evaluate_cached
-    from tasks.judge.losses import host_loss
-
     models = {"base": base_model(prep)}
     if reference.model is not None:
         models["current"] = reference.model
@@ -124,8 +122,6 @@ def evaluate(recipe: Recipe, prep: Prepared, candidate: Path, reference: Referen
         for name, path in sets.items()
     }
     if int8 is not None:
-        from tasks.judge.quantize import int8_verdict
-
         spec = recipe.quantize
         int8["verdict"] = int8_verdict(
             columns["test"]["candidate"], columns["test"][INT8], recipe.promotion.metric, spec.max_drop
@@ -138,8 +134,6 @@ INT8 = "candidate int8"  # the quantized candidate's column
 
 def quantize(recipe: Recipe, candidate: Path) -> dict[str, Any]:
     """The candidate as a static int8 QDQ model (batch 1) beside it: ``inference.int8.onnx``."""
-    from tasks.judge.quantize import quantize_int8
-
     assert recipe.quantize is not None
     return quantize_int8(candidate, recipe.quantize, candidate.with_name("inference.int8.onnx"))
 
@@ -147,8 +141,6 @@ def quantize(recipe: Recipe, candidate: Path) -> dict[str, Any]:
 def _int8_loss(recipe: Recipe, loss: Any) -> Any:
     """The int8 model's loss: the recipe's built-in kind; a graph loss (custom) cannot take
     quantized weights, so the task's usual loss stands in (named in ``loss_kind``)."""
-    from tasks.judge.losses import GRAPH_LOSSES, task_loss
-
     return task_loss(recipe.task) if loss.kind in GRAPH_LOSSES else loss
 
 
@@ -162,8 +154,6 @@ def promote(
     reg: Registry | None = None,
 ) -> Promotion:
     """Record the candidate; it becomes current only if it beats the evaluation's reference."""
-    from tasks.judge.registry import decide
-
     ref = evaluation.reference
     test = evaluation.test
     sets = (

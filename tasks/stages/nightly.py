@@ -1,7 +1,6 @@
-"""Nightly stages: warm start from the model in service, the board's growing dataset, rollout and
-rollback of the model the board serves.
+"""Nightly stages: the board's growing dataset, rollout and rollback of the model the board serves
+(the warm start from the model in service is :mod:`tasks.stages.warm_start`).
 
-    warm = warm_start(recipe, prep, board.name)          # -> WarmStart | None
     data = board_data(recipe, board)                      # -> BoardData | None (files + hashes)
     spec, files = job_spec(inp, prep, job, checkpoint=warm.checkpoint, train_data=data.ref)
     ...
@@ -15,33 +14,18 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from tasks.board.agent import install_agent
+from tasks.board.control import list_dataset
 from tasks.board.inventory import Board
+from tasks.board.releases import install_version
+from tasks.board.transport import connect
 from tasks.judge.registry import Registry
 from tasks.nightly.board_data import BoardData
-from tasks.nightly.warm_start import WarmStart, build_warm_checkpoint
-from tasks.paths import state_dir
-from tasks.prepare import Prepared
+from tasks.nightly.board_data import board_data as choose
 from tasks.recipe.schema import Recipe
 from tasks.stages.judge import registry
 
 log = logging.getLogger(__name__)
-
-
-def warm_start(recipe: Recipe, prep: Prepared, board: str, reg: Registry | None = None) -> WarmStart | None:
-    """The job's checkpoint with the current version's weights when ``training.start_from`` is
-    "current" and a version is in service; None otherwise (the prepared checkpoint is used)."""
-    if recipe.training.start_from != "current":
-        return None
-    current = (reg or registry()).current(recipe.name, board)
-    if current is None:
-        log.info("training.start_from = current: no version of %s in service on %s yet, starting "
-                 "from the recipe's base weights", recipe.name, board)  # fmt: skip
-        return None
-    base = prep.artifacts_dir / "checkpoint"
-    out = state_dir("warm", f"{recipe.name}-{board}-{current.name}-{prep.out_dir.name}") / "checkpoint"
-    warm = build_warm_checkpoint(base, current, out)
-    log.info("warm start from %s (weights sha256 %s)", current.name, warm.record["weights_sha256"][:12])
-    return warm
 
 
 def board_data(recipe: Recipe, board: Board, reg: Registry | None = None) -> BoardData | None:
@@ -49,17 +33,9 @@ def board_data(recipe: Recipe, board: Board, reg: Registry | None = None) -> Boa
     listed and hashed on the board and chosen by ``board_select``; None for other recipes."""
     if recipe.data.board_dataset is None:
         return None
-    from tasks.board.agent import install_agent
-    from tasks.board.transport import connect
-    from tasks.nightly.board_data import board_data as choose
-    from tasks.nightly.board_ops import list_dataset
-
-    conn = connect(board)
-    try:
+    with connect(board) as conn:
         install_agent(conn, board)
         listing = list_dataset(conn, board, recipe.data.board_dataset, recipe.data.board_format)
-    finally:
-        conn.close()
     data = choose(recipe, board.name, listing, reg or registry())
     rec = data.record
     log.info("board %s: training on %d of %d files of %s (%d new, %d replayed, %d samples)", board.name,
@@ -85,17 +61,10 @@ def rollout(
 ) -> Installed:
     """Install registry ``version`` as the board's ``models/<recipe>/current`` (hash-verified);
     ``registry_key`` names the registry entry when it is not the board's (a fleet's group)."""
-    from tasks.board.agent import install_agent
-    from tasks.board.transport import connect
-    from tasks.nightly.board_ops import install_version
-
     chosen = (reg or registry()).version(recipe, registry_key or board.name, version)
-    conn = connect(board)
-    try:
+    with connect(board) as conn:
         install_agent(conn, board)
         answer = install_version(conn, board, recipe, chosen)
-    finally:
-        conn.close()
     current, previous = answer["current"], answer.get("previous") or {}
     log.info("board %s: models/%s/current is %s (previous %s)", board.name, recipe, version,
              previous.get("version"))  # fmt: skip

@@ -1,94 +1,59 @@
-"""Host-side stages: the job's inputs and their hash, the job id, and the prepare cache.
+"""Host-side stages: the job's inputs and their hash, the job id, the prepared folder and the job spec.
 
-What a job is built from is hashed once, here: the recipe (canonical, overrides applied, without
-its ``[promotion]`` table, which judges a result but builds nothing), every host file it names
-(data sets, weights, an ONNX model), the source of a ``module:callable`` model and the pipeline's
-own preparation code. The hash names
-the prepared folder ``$ODL_HOME/prepared/<recipe>-<hash12>`` and the job on the board, so ``odl
-run`` and the flow reuse the same folder and editing a model module re-exports under both.
-
-Each step of the folder (export, artifacts, validation) leaves a ``.done-<step>`` marker holding
-the input hash; a step whose marker matches is skipped, so a folder is never half reused.
+The inputs, their hash and the prepare cache are :mod:`tasks.prepare.pipeline`'s (the one prepare
+path, also behind ``odl prepare``); the stages take it cached: the folder
+``$ODL_HOME/prepared/<recipe>-<hash12>`` of the job's inputs, each step once. The hash also names
+the job on the board (:func:`job_id`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import logging
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from device_agent.protocol import DataRef, JobSpec
-from tasks.hashing import file_sha256
-from tasks.paths import state_dir
-from tasks.prepare import Prepared
+from tasks.prepare import Prepared, pipeline
+from tasks.prepare.board_job import build_job_spec
+from tasks.prepare.datasets import ensure_datasets
+from tasks.prepare.pipeline import (
+    STEPS,
+    Inputs,
+    export,
+    generate_artifacts,
+    inputs,
+    prepared,
+    recipe_build_hash,
+    step_done,
+    validate,
+)
 from tasks.recipe.schema import Recipe
 
-log = logging.getLogger(__name__)
-
-STEPS = ("export", "artifacts", "validate")
-
-
-@dataclass(frozen=True)
-class Inputs:
-    """A recipe and the sha256 of everything a job is built from (``hashes``: field -> sha256)."""
-
-    recipe: Recipe
-    hashes: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def key(self) -> str:
-        """sha256 over ``hashes``: equal keys build and train the same job."""
-        return hashlib.sha256(json.dumps(self.hashes, sort_keys=True).encode()).hexdigest()
-
-    @property
-    def folder(self) -> Path:
-        """The prepared folder of these inputs: ``$ODL_HOME/prepared/<recipe>-<key12>``."""
-        return state_dir("prepared", f"{self.recipe.name}-{self.key[:12]}")
+__all__ = [
+    "STEPS",
+    "Inputs",
+    "export",
+    "generate_artifacts",
+    "inputs",
+    "job_id",
+    "job_spec",
+    "prepare",
+    "prepare_data",
+    "prepared",
+    "recipe_build_hash",
+    "step_done",
+    "validate",
+]
 
 
 def prepare_data(recipe: Recipe) -> None:
     """Write the recipe's data files (and base weights) with ``[data].make`` when one is missing."""
-    from tasks.recipe.datafiles import ensure_datasets
-
     ensure_datasets(recipe)
 
 
-def recipe_build_hash(recipe: Recipe) -> str:
-    """sha256 of the canonical recipe without what builds nothing: ``[promotion]`` (it judges),
-    ``[fleet]`` (it schedules rounds) and ``training.start_from`` (the warm checkpoint is made per
-    run, from the registry)."""
-    raw = {k: v for k, v in recipe.raw.items() if k not in ("promotion", "fleet")}
-    if isinstance(raw.get("training"), dict) and "start_from" in raw["training"]:
-        raw["training"] = {k: v for k, v in raw["training"].items() if k != "start_from"}
-    return hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def prepare_code_hash() -> str:
-    """sha256 of the preparation code (``tasks/prepare/``): a pipeline upgrade rebuilds the folder."""
-    import tasks.prepare
-
-    digest = hashlib.sha256()
-    for path in sorted(Path(tasks.prepare.__file__).parent.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
-
-
-def inputs(recipe: Recipe) -> Inputs:
-    """Hash the recipe, the host files it names and a callable model's module source."""
-    from tasks.recipe.datafiles import recipe_files
-
-    files: dict[str, Path] = dict(recipe_files(recipe))
-    if recipe.model.kind == "callable":
-        module = recipe.model.ref.split(":", 1)[0].replace(".", "/") + ".py"
-        files["model.callable"] = recipe.base_dir / module
-    elif recipe.model.kind == "onnx":
-        files["model.onnx"] = Path(recipe.model.ref)
-    hashes = {"recipe": recipe_build_hash(recipe), "code.prepare": prepare_code_hash()}
-    hashes |= {k: file_sha256(p) for k, p in sorted(files.items()) if Path(p).is_file()}
-    return Inputs(recipe, hashes)
+def prepare(inp: Inputs, *, validate_recipe: bool = True) -> Prepared:
+    """Data, export, artifacts and (by default) validation in the inputs' folder, each step once:
+    :func:`tasks.prepare.pipeline.prepare` with its cache."""
+    return pipeline.prepare(inp, validate=validate_recipe, cache=True)
 
 
 def job_id(inp: Inputs, run: str | None = None, extra: str = "") -> str:
@@ -105,85 +70,6 @@ def job_id(inp: Inputs, run: str | None = None, extra: str = "") -> str:
     return f"{base}-{tag}" if tag else base
 
 
-def step_done(inp: Inputs, step: str) -> bool:
-    """True when ``step`` (export, artifacts, validate) of these inputs is complete on disk."""
-    marker = inp.folder / f".done-{step}"
-    return marker.is_file() and marker.read_text().strip() == inp.key
-
-
-def _mark(folder: Path, step: str, inp: Inputs) -> None:
-    (folder / f".done-{step}").write_text(inp.key + "\n")
-
-
-def export(inp: Inputs) -> Path:
-    """Export the recipe's model to ``<folder>/model.onnx`` (training mode); reused when done."""
-    from tasks.prepare.export import export_model
-
-    folder, path = inp.folder, inp.folder / "model.onnx"
-    if step_done(inp, "export") and path.is_file():
-        return path
-    for step in STEPS:  # what was built from an older export is stale
-        (folder / f".done-{step}").unlink(missing_ok=True)
-    export_model(inp.recipe, folder)
-    _mark(folder, "export", inp)
-    return path
-
-
-def generate_artifacts(inp: Inputs) -> dict[str, Any]:
-    """ORT training artifacts and ``manifest.json`` from the exported model; reused when done."""
-    from tasks.prepare.artifacts import generate
-
-    model = export(inp)
-    folder = inp.folder
-    manifest = folder / "manifest.json"
-    if step_done(inp, "artifacts") and manifest.is_file():
-        return json.loads(manifest.read_text())
-    (folder / ".done-validate").unlink(missing_ok=True)
-    result = generate(inp.recipe, model, folder)
-    _mark(folder, "artifacts", inp)
-    return result
-
-
-def validate(inp: Inputs) -> dict[str, Any]:
-    """The host dry-run of the recipe on the generated artifacts; reused when done."""
-    from tasks.prepare.validate import validate as run_validation
-
-    generate_artifacts(inp)
-    folder = inp.folder
-    report = folder / "validation.json"
-    if step_done(inp, "validate") and report.is_file():
-        return json.loads(report.read_text())
-    result = run_validation(inp.recipe, folder)
-    _mark(folder, "validate", inp)
-    return result
-
-
-def prepare(inp: Inputs, *, validate_recipe: bool = True) -> Prepared:
-    """Data, export, artifacts and (by default) validation in the inputs' folder, each step once."""
-    prepare_data(inp.recipe)
-    if validate_recipe:
-        validate(inp)
-    else:
-        generate_artifacts(inp)
-    return prepared(inp)
-
-
-def prepared(inp: Inputs) -> Prepared:
-    """The :class:`~tasks.prepare.Prepared` view of the inputs' folder (validation None if skipped)."""
-    folder = inp.folder
-    validation = folder / "validation.json"
-    has_validation = step_done(inp, "validate") and validation.is_file()
-    return Prepared(
-        out_dir=folder,
-        model_onnx=folder / "model.onnx",
-        artifacts_dir=folder / "artifacts",
-        manifest_path=folder / "manifest.json",
-        validation_path=validation,
-        manifest=json.loads((folder / "manifest.json").read_text()),
-        validation=json.loads(validation.read_text()) if has_validation else None,
-    )
-
-
 def job_spec(
     inp: Inputs,
     prep: Prepared,
@@ -195,6 +81,4 @@ def job_spec(
     """The board's job spec for ``job`` and the local files it needs, keyed by sha256;
     ``checkpoint`` replaces the prepared one (a warm start), ``train_data`` the recipe's train
     data (the pinned files of a board dataset folder)."""
-    from tasks.prepare.board_job import build_job_spec
-
     return build_job_spec(inp.recipe, prep, job, checkpoint=checkpoint, train_data=train_data)

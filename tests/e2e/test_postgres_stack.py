@@ -19,13 +19,13 @@ PING_FILE = Path(__file__).with_name("pg_prefect.yaml")
 
 
 def _sql(env, sql: str) -> str:
-    from flows import postgres
+    from tasks.stack import postgres
 
     return postgres.query(Path(env["ODL_HOME"]), int(env["ODL_PG_PORT"]), sql)
 
 
 def test_server_is_healthy_and_its_database_is_postgres(postgres_stack):
-    from flows.stack import api_healthy, stack_config, stack_env, status
+    from tasks.stack.server import api_healthy, stack_config, stack_env, status
 
     env = postgres_stack
     assert api_healthy(env)
@@ -42,7 +42,7 @@ def test_server_is_healthy_and_its_database_is_postgres(postgres_stack):
 
 
 def test_a_deployment_run_completes_and_is_stored_in_postgres(postgres_stack):
-    from flows.stack import prefect_cli
+    from tasks.stack.server import prefect_cli
 
     prefect_cli(postgres_stack, "deploy", "--all", "--prefect-file", str(PING_FILE))  # odl-pool: made by up
     out = prefect_cli(postgres_stack, "deployment", "run", "pg/ping", "--watch", "--watch-timeout", "90",
@@ -53,7 +53,7 @@ def test_a_deployment_run_completes_and_is_stored_in_postgres(postgres_stack):
 
 
 def test_two_workers_are_online_on_the_pool(postgres_stack):
-    from flows.stack import POOL, worker_name
+    from tasks.stack.server import POOL, worker_name
 
     names, deadline = set(), time.monotonic() + 30
     expected = {worker_name("worker"), worker_name("worker-2")}
@@ -85,12 +85,12 @@ def test_fleet_deployment_runs_two_rounds_and_survives_a_board_down_mid_round(po
     started; round 1 closes with A alone when the deadline cuts B, and B takes part in round 2."""
     import os
 
-    from flows.stack import prefect_cli
     from tasks import stages
     from tasks.board.inventory import save_group
     from tasks.board.transport import connect
     from tasks.paths import PROJECT_ROOT
     from tasks.recipe.load import load_recipe
+    from tasks.stack.server import prefect_cli
     from tasks.vboard.faults import set_link
     from tasks.vboard.lifecycle import board_down, board_up
     from tests.fixtures_board import BOARD_VENV, odl_home_env

@@ -26,7 +26,7 @@ def _key_fragments(key: Path) -> list[str]:
 def test_full_run_leaks_no_key_and_leaves_no_writable_file(
     virtual_board: Board, virtual_board_home: Path, tmp_path: Path, caplog
 ) -> None:
-    from flows.cli.run import run_on_board
+    from tasks.stages.run import run_on_board
 
     caplog.set_level(logging.DEBUG)
     out = tmp_path / "run"

@@ -1,4 +1,4 @@
-"""End to end: a real Prefect server + worker (flows.stack), deployment odl/full from deploy/prefect.yaml,
+"""End to end: a real Prefect server + worker (tasks.stack), deployment odl/full from deploy/prefect.yaml,
 `prefect deployment run odl/full`, the nightly schedule, and the report rendered in the UI (headless Chromium)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ SCREENSHOTS = PROJECT_ROOT / "tests" / "artifacts"
 
 @pytest.fixture(scope="module")
 def deployment_run(prefect_stack, virtual_board):
-    from flows.stack import prefect_cli
+    from tasks.stack.server import prefect_cli
 
     params = json.dumps({"board": virtual_board.name, "epochs": 3})
     out = prefect_cli(

@@ -27,30 +27,31 @@ PROJECT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def real_server(local_board_home):
     """A Prefect server process (not the test harness: that one never revokes expired leases)."""
-    from flows import stack
+    from tasks.stack import server
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = stack.stack_env(port=port, home=local_board_home)
+    env = server.stack_env(port=port, home=local_board_home)
     env["PREFECT_SERVER_SERVICES_REPOSSESSOR_LOOP_SECONDS"] = "2"
     env.update(ODL_AGENT_STEP_DELAY_S="0.5", ODL_BOARD_LEASE_S="60")  # 60 s: Prefect's minimum lease
-    stack.start_server(env)
+    server.start_server(env)
     try:
         yield env
     finally:
-        stack.down(local_board_home)
+        server.down(local_board_home)
 
 
 def _board_call(home: Path, fn_name: str, *args):
+    from tasks.board.control import agent_json
     from tasks.board.inventory import load_inventory
+    from tasks.board.orphans import running_job
     from tasks.board.transport import connect
-    from tasks.nightly import board_ops
 
     board = load_inventory(home / "inventory.toml")["here"]
     conn = connect(board)
     try:
-        return getattr(board_ops, fn_name)(conn, board, *args)
+        return {"agent_json": agent_json, "running_job": running_job}[fn_name](conn, board, *args)
     finally:
         conn.close()
 

@@ -23,8 +23,8 @@ def _odl(*args: str) -> int:
 
 
 def _board_models(board) -> dict:
+    from tasks.board.releases import board_models
     from tasks.board.transport import connect
-    from tasks.nightly.board_ops import board_models
 
     conn = connect(board)
     try:

@@ -27,7 +27,7 @@ def _registry_with_current(root, recipe, model) -> Registry:
 
 
 def test_l1_recipe_is_evaluated_and_promoted_on_its_l1_loss(tmp_path, monkeypatch):
-    from tasks.prepare import prepare
+    from tasks.prepare.pipeline import prepare
 
     monkeypatch.setenv("ODL_HOME", str(tmp_path / "home"))
     changes = {"promotion": {"metric": "loss"}, "data": {"extra_tests": {"train_set": "data/train.npz"}}}
@@ -84,7 +84,7 @@ def test_an_int8_model_that_does_not_hold_up_blocks_promotion(tmp_path, monkeypa
     """[quantize] max_drop: the float candidate earns its promotion, but an int8 model whose accuracy
     falls further than max_drop keeps it from being promoted, with both reasons; within max_drop
     it is promoted and the int8 model is stored beside the float one."""
-    from tasks.prepare import prepare
+    from tasks.prepare.pipeline import prepare
 
     monkeypatch.setenv("ODL_HOME", str(tmp_path / "home"))
     quantize = {"calibration": "data/train.npz", "samples": 16, "max_drop": 0.5}

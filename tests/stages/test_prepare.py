@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -66,3 +67,19 @@ def test_prepare_reuses_each_done_step_and_redoes_what_is_missing(tmp_path, monk
     skipped = stages.prepare(stages.inputs(load_recipe(RECIPES / "digits.toml", {"training.epochs": 2})),
                              validate_recipe=False)  # fmt: skip
     assert skipped.validation is None
+
+
+def test_one_prepare_builds_a_named_folder_or_the_cached_one(tmp_path, monkeypatch, digits_recipe):
+    from tasks.prepare.pipeline import prepare
+
+    monkeypatch.setenv("ODL_HOME", str(tmp_path / "home"))
+    recipe = load_recipe(RECIPES / "digits.toml", {"training.epochs": 1})
+    built = prepare(recipe, tmp_path / "out", validate=False)  # odl prepare: every step, no markers
+    assert built.out_dir == (tmp_path / "out").resolve() and built.validation is None
+    assert built.manifest == json.loads(built.manifest_path.read_text())
+    assert not list(built.out_dir.glob(".done-*"))
+    cached = prepare(recipe, validate=False, cache=True)  # odl run and the flow: the inputs' folder
+    assert cached == stages.prepared(stages.inputs(recipe))
+    assert cached.manifest["trainable"] == built.manifest["trainable"]
+    with pytest.raises(ValueError, match="pass no out_dir"):
+        prepare(recipe, tmp_path / "elsewhere", cache=True)

@@ -1,20 +1,20 @@
 """The local Prefect stack of the demo: server, process work pool, deployments, process worker(s).
 
-The database is embedded SQLite (default) or a private PostgreSQL cluster (flows.postgres); ``up``
-records the choice in ``$ODL_HOME/stack.json`` for later ``stack_env`` calls (status, deploy, down, CLI).
+The database is embedded SQLite (default) or a private PostgreSQL cluster (:mod:`tasks.stack.postgres`);
+``up`` records the choice in ``$ODL_HOME/stack.json`` for later ``stack_env`` calls (status, deploy,
+down, CLI).
 
 State lives under the ODL state folder: ``$ODL_HOME/prefect`` (PREFECT_HOME: SQLite database, results),
 ``$ODL_HOME/run/*.pid`` (processes this module started), ``$ODL_HOME/logs/*.log``. Processes are
-started in their own session and stopped by the pids recorded here, never by name.
+started in their own session and stopped by the pids recorded there, never by name
+(:mod:`tasks.stack.processes`).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -22,20 +22,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tasks.errors import HostExit, PipelineError
 from tasks.paths import PROJECT_ROOT, odl_home
-
-log = logging.getLogger(__name__)
+from tasks.stack import StackError, postgres
+from tasks.stack.processes import running_pid, spawn, stop_service
 
 POOL = "odl-pool"
 PREFECT_FILE = PROJECT_ROOT / "deploy" / "prefect.yaml"
 DATABASES = ("sqlite", "postgres")
-
-
-class StackError(PipelineError):
-    """The local Prefect stack could not be started, deployed or stopped."""
-
-    exit_code = HostExit.STACK
 
 
 def local_timezone() -> str:
@@ -93,8 +86,6 @@ def stack_env(
     )
     env.pop("PREFECT_PROFILES_PATH", None)
     if db == "postgres":
-        from flows import postgres
-
         env["ODL_PG_PORT"] = str(pg_port or config.get("pg_port") or postgres.DEFAULT_PORT)
         env.pop("PREFECT_SERVER_DATABASE_CONNECTION_URL", None)  # it would win over the one below
         url = postgres.connection_url(home, int(env["ODL_PG_PORT"]))  # None until up creates the cluster
@@ -105,49 +96,6 @@ def stack_env(
 
 def _bin(name: str) -> str:
     return str(Path(sys.executable).parent / name)
-
-
-def _pidfile(home: Path, service: str) -> Path:
-    run = home / "run"
-    run.mkdir(parents=True, exist_ok=True)
-    return run / f"{service}.pid"
-
-
-def running_pid(home: Path, service: str) -> int | None:
-    """The pid recorded for a service if that process is still alive and is a prefect (postgres) process."""
-    pidfile = _pidfile(home, service)
-    if not pidfile.is_file():
-        return None
-    pid = int(pidfile.read_text().split()[0])
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, IndexError):
-        return None
-    if state in ("Z", "X"):
-        return None
-    # an empty cmdline is a child still between fork and exec; any other command is a reused pid
-    marker = b"postgres" if service == "postgres" else b"prefect"
-    return pid if not cmdline or marker in cmdline else None
-
-
-def _spawn(env: dict[str, str], service: str, argv: list[str]) -> int:
-    home = Path(env["ODL_HOME"])
-    logs = home / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    with open(logs / f"{service}.log", "ab") as out:
-        proc = subprocess.Popen(
-            argv,
-            env=env,
-            cwd=PROJECT_ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    _pidfile(home, service).write_text(f"{proc.pid}\n")
-    log.info("started %s (pid %d), log %s", service, proc.pid, logs / f"{service}.log")
-    return proc.pid
 
 
 def api_healthy(env: dict[str, str]) -> bool:
@@ -173,7 +121,7 @@ def start_server(env: dict[str, str], timeout: float = 120.0) -> int:
             "--port",
             env["PREFECT_SERVER_API_PORT"],
         ]
-        pid = _spawn(env, "prefect-server", argv)
+        pid = spawn(env, "prefect-server", argv)
     deadline = time.monotonic() + timeout
     while not api_healthy(env):
         if running_pid(home, "prefect-server") is None:
@@ -228,7 +176,7 @@ def start_worker(env: dict[str, str], pool: str = POOL, service: str = "worker")
     if pid is None:
         argv = [_bin("prefect"), "worker", "start", "--pool", pool, "--type", "process"]
         wenv = {k: v for k, v in env.items() if not k.endswith("_DATABASE_CONNECTION_URL")}
-        pid = _spawn(wenv, service, [*argv, "--name", worker_name(service)])
+        pid = spawn(wenv, service, [*argv, "--name", worker_name(service)])
     return pid
 
 
@@ -245,8 +193,6 @@ def up(env: dict[str, str], workers: int = 1) -> dict[str, int]:
     (home / "stack.json").write_text(json.dumps(config) + "\n")  # first: down stops what starts here
     pids = {}
     if db == "postgres":
-        from flows import postgres
-
         pids["postgres"] = postgres.start(home, pg_port)
         env["PREFECT_API_DATABASE_CONNECTION_URL"] = postgres.connection_url(home, pg_port)
     pids["prefect-server"] = start_server(env)
@@ -254,38 +200,15 @@ def up(env: dict[str, str], workers: int = 1) -> dict[str, int]:
     for n in range(1, workers + 1):
         pids[worker_service(n)] = start_worker(env, service=worker_service(n))
     for extra in worker_services(home)[max(workers, 1) :]:
-        _stop_one(home, extra, 10.0)
+        stop_service(home, extra, 10.0)
     return pids
-
-
-def _stop_one(home: Path, service: str, timeout: float) -> bool:
-    pid = running_pid(home, service)
-    _pidfile(home, service).unlink(missing_ok=True) if pid is None else None
-    if pid is None:
-        return False
-    deadline = time.monotonic() + timeout
-    for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGKILL):  # a worker needs SIGTERM twice
-        try:
-            os.killpg(pid, sig)  # its own session: the group id is its pid
-        except ProcessLookupError:
-            break
-        while running_pid(home, service) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if not running_pid(home, service):
-            break
-        deadline = time.monotonic() + timeout
-    _pidfile(home, service).unlink(missing_ok=True)
-    log.info("stopped %s (pid %d)", service, pid)
-    return True
 
 
 def down(home: Path | None = None, timeout: float = 10.0) -> list[str]:
     """Stop the workers, the server and PostgreSQL started by :func:`up` (recorded pids); keeps the data."""
     home = Path(home) if home else odl_home()
-    stopped = [s for s in [*worker_services(home), "prefect-server"] if _stop_one(home, s, timeout)]
+    stopped = [s for s in [*worker_services(home), "prefect-server"] if stop_service(home, s, timeout)]
     if (home / "run" / "postgres.pid").is_file() or (home / "postgres").exists():
-        from flows import postgres
-
         stopped += ["postgres"] if postgres.stop(home) else []
     return stopped
 

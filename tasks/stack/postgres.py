@@ -29,7 +29,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from flows.stack import StackError, _pidfile, _stop_one, running_pid
+from tasks.stack import StackError
+from tasks.stack.processes import pidfile, running_pid, stop_service
 
 DEFAULT_PORT = 5433
 SYSTEM_USER = "postgres"
@@ -179,7 +180,7 @@ def start(home: Path, port: int = DEFAULT_PORT, timeout: int = 60) -> int:
         if done.returncode != 0 or running is None:
             tail = log.read_text(errors="replace")[-1500:]
             raise StackError(f"PostgreSQL did not start on 127.0.0.1:{port} (port in use?); {log}:\n{tail}")
-    _pidfile(home, "postgres").write_text(f"{running[0]}\n")
+    pidfile(home, "postgres").write_text(f"{running[0]}\n")
     _create_database(cluster, port)
     return running[0]
 
@@ -218,13 +219,13 @@ def stop(home: Path, timeout: int = 30) -> bool:
     cluster = cluster_dir(home)
     running = _postmaster(cluster)
     if running is None and running_pid(home, "postgres") is None:
-        _pidfile(home, "postgres").unlink(missing_ok=True)
+        pidfile(home, "postgres").unlink(missing_ok=True)
         return False
     if running is not None:
         _run(cluster, [str(bindir() / "pg_ctl"), "-D", str(cluster / "data"), "-m", "fast", "-w",
                        "-t", str(timeout), "stop"])  # fmt: skip
-    _stop_one(home, "postgres", timeout)  # signals, if pg_ctl could not stop it
-    _pidfile(home, "postgres").unlink(missing_ok=True)
+    stop_service(home, "postgres", timeout)  # signals, if pg_ctl could not stop it
+    pidfile(home, "postgres").unlink(missing_ok=True)
     return True
 
 

@@ -1,0 +1,86 @@
+"""``odl stack`` and ``odl report``: what this ODL_HOME runs and keeps - the local Prefect stack's
+services, the last run's report of a recipe+board.
+
+These commands load no stage and no Prefect. :func:`prefect_api` also points an in-process flow run
+(``odl flow``) at the stack before Prefect is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from tasks.paths import odl_home
+from tasks.stack import StackError, postgres, server
+from tasks.stack.processes import running_pid
+
+
+def cmd_stack(args: argparse.Namespace) -> int:
+    """``odl stack up | down | status | deploy``: the local Prefect stack of this ODL_HOME."""
+    if args.action == "up":
+        if args.workers < 1:
+            raise StackError(f"--workers {args.workers}: at least one worker")
+        env = server.stack_env(port=args.port, db=args.db, pg_port=args.pg_port, host=args.host)
+        pids = server.up(env, workers=args.workers)
+        print(", ".join(f"{name} pid {pid}" for name, pid in pids.items()) + f"; database {database(env)}")
+        print(f"UI: {env['PREFECT_API_URL'].removesuffix('/api')}   (stop with: odl stack down)")
+        return 0
+    env = server.stack_env(port=args.port)  # the database and address up last used for this ODL_HOME
+    if args.action == "deploy":
+        server.deploy(env)
+        print("deployed deploy/prefect.yaml (odl/full)")
+    elif args.action == "down":
+        stopped = server.down()
+        print("stopped: " + (", ".join(stopped) or "nothing was running"))
+    else:
+        print(f"database: {database(env)}")
+        for name, pid in server.status().items():
+            print(f"{name}: {'running, pid ' + str(pid) if pid else 'not running'}")
+    return 0
+
+
+def database(env: dict[str, str]) -> str:
+    """The stack's database backend, for ``odl stack up``, ``odl stack status`` and ``odl flow``."""
+    if env["ODL_STACK_DB"] == "sqlite":
+        return f"sqlite ({env['PREFECT_HOME']}/prefect.db)"
+    cluster = postgres.cluster_dir(Path(env["ODL_HOME"]))
+    return f"postgres (PostgreSQL on 127.0.0.1:{env['ODL_PG_PORT']}, cluster {cluster})"
+
+
+def prefect_api() -> str:
+    """Point this process at the local stack's server when it runs (the run shows in its UI), else
+    at a temporary server on the stack's database; library defaults as the stack sets them. Call it
+    before Prefect is imported (it reads its settings once); returns where runs go, for a message."""
+    env = server.stack_env()
+    for key in (
+        "PREFECT_HOME",
+        "PREFECT_SERVER_ANALYTICS_ENABLED",
+        "DO_NOT_TRACK",
+        "PREFECT_LOGGING_EXTRA_LOGGERS",
+        "PREFECT_RESULTS_PERSIST_BY_DEFAULT",
+    ):
+        os.environ.setdefault(key, env[key])
+    # a temporary server on a new database migrates it first: ~10 s here, more on a loaded machine
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    if "PREFECT_API_URL" in os.environ:
+        return os.environ["PREFECT_API_URL"]
+    if server.api_healthy(env):
+        os.environ["PREFECT_API_URL"] = env["PREFECT_API_URL"]
+        return f"the local stack's server ({env['PREFECT_API_URL'].removesuffix('/api')})"
+    db_url = env.get("PREFECT_API_DATABASE_CONNECTION_URL")
+    if db_url and running_pid(Path(env["ODL_HOME"]), "postgres"):  # the stack's PostgreSQL
+        os.environ.setdefault("PREFECT_API_DATABASE_CONNECTION_URL", db_url)
+        return f"a temporary Prefect server (database: {database(env)}; `odl stack up` for the UI)"
+    return f"a temporary Prefect server (database in {env['PREFECT_HOME']}; `odl stack up` for the UI)"
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """``odl report``: the summary (or ``--markdown``: the whole report) of the last run of a recipe+board."""
+    folder = odl_home() / "reports" / f"{args.recipe}-{args.board}"
+    path = folder / ("latest.md" if args.markdown else "latest.txt")
+    if not path.is_file():
+        print(f"no report yet at {path}")
+        return 1
+    print(path.read_text())
+    return 0

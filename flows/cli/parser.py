@@ -1,0 +1,209 @@
+"""The arguments of every ``odl`` command, and which command module runs each.
+
+This module imports only argparse and pathlib, so ``odl --help`` (and a usage error) costs no import of
+the pipeline. Each command sets ``area`` (its module: ``flows.cli.<area>``, imported by the
+dispatcher only when one of its commands runs) and ``handler`` (the function there that runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+Sub = argparse._SubParsersAction
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the argument parser with every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="odl", description="On-device learning pipeline for STM32MP2 boards."
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="debug logging, library messages and tracebacks"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (add_prepare, add_flow, add_board, add_run, add_nightly, add_recipe):
+        add(sub)
+    _verbose_everywhere(sub)
+    return parser
+
+
+def _command(sub: Sub, name: str, area: str, handler: str, **kw: object) -> argparse.ArgumentParser:
+    """A subcommand run by ``flows.cli.<area>.<handler>(args)``."""
+    p = sub.add_parser(name, **kw)
+    p.set_defaults(area=area, handler=handler)
+    return p
+
+
+def add_prepare(sub: Sub) -> None:
+    """``odl prepare | export | artifacts | validate``: the host's offline stages."""
+
+    def add(name: str, help_text: str, handler: str) -> argparse.ArgumentParser:
+        p = _command(sub, name, "prepare", handler, help=help_text, description=help_text)
+        p.add_argument("recipe", type=Path, help="recipe TOML file")
+        p.add_argument("--out", type=Path, required=True, help="output folder")
+        p.add_argument(
+            "--set", action="append", metavar="KEY=VALUE", help="override a recipe field (TOML value)"
+        )
+        return p
+
+    p = add("prepare", "export, generate training artifacts and validate a recipe", "cmd_prepare")
+    p.add_argument("--no-validate", action="store_true", help="skip the offline validation")
+    add("export", "export the recipe's model to OUT/model.onnx (training mode)", "cmd_export")
+    p = add("artifacts", "generate ORT training artifacts and manifest.json", "cmd_artifacts")
+    p.add_argument("--model", type=Path, required=True, help="the exported model.onnx")
+    p = add("validate", "validate prepared artifacts offline (writes validation.json)", "cmd_validate")
+    p.add_argument("--steps", type=int, default=5, help="training steps of the probe")
+
+
+def add_flow(sub: Sub) -> None:
+    """``odl stack | flow | evaluate | registry | report`` (areas ``home``, ``run`` and ``nightly``)."""
+    stack = _command(sub, "stack", "home", "cmd_stack",
+                     help="local Prefect server + work pool + deployment + worker(s)")  # fmt: skip
+    stack.add_argument("action", choices=["up", "down", "status", "deploy"])
+    stack.add_argument("--port", type=int, default=4200, help="server port (default 4200)")
+    stack.add_argument("--db", choices=["sqlite", "postgres"],
+                       help="up: the server's database (default: the one up last used here, else sqlite)")  # fmt: skip
+    stack.add_argument("--workers", type=int, default=1, help="up: process workers on odl-pool (default 1)")
+    stack.add_argument("--pg-port", type=int, help="up: PostgreSQL port (default: as last time, else 5433)")
+    stack.add_argument("--host", help="up: address the server listens on (default: as last time, else "
+                       "127.0.0.1; a private address for workers on other hosts, see deploy/MULTIHOST.md)")  # fmt: skip
+
+    run = _command(sub, "flow", "run", "cmd_flow",
+                   help="run the whole Prefect flow odl (evaluation and promotion included) in this process")  # fmt: skip
+    run.add_argument(
+        "recipe",
+        nargs="?",
+        type=Path,
+        help="recipe TOML, relative to the current folder (default: the digits demo)",
+    )
+    run.add_argument("--board", default="vboard", help="board name in the inventory (default vboard)")
+    run.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="override a recipe field (TOML value)"
+    )
+    run.add_argument("--epochs", type=int)
+    run.add_argument("--batch-size", type=int)
+    run.add_argument("--lr", type=float)
+    run.add_argument("--min-gain", type=float, dest="promotion_min_gain")
+
+    ev = _command(sub, "evaluate", "run", "cmd_evaluate",
+                  help="evaluate an inference ONNX model on an npz test set")  # fmt: skip
+    ev.add_argument("model", type=Path)
+    ev.add_argument("test", type=Path)
+    ev.add_argument("--task", default="classification")
+    ev.add_argument("--loss", choices=("mse", "l1", "cross-entropy", "bce-with-logits"),
+                    help="the loss to report (default: the task's usual one)")  # fmt: skip
+    ev.add_argument("--recipe", type=Path, help="take task and loss from this prepared recipe "
+                    "(custom and embedded losses are run by its eval graph)")  # fmt: skip
+
+    reg = _command(sub, "registry", "nightly", "cmd_registry",
+                   help="list the versions of a recipe+board in the model registry")  # fmt: skip
+    reg.add_argument("recipe")
+    reg.add_argument("board", nargs="?", default="vboard")
+
+    rep = _command(sub, "report", "home", "cmd_report",
+                   help="print the summary of the last run of a recipe+board")  # fmt: skip
+    rep.add_argument("recipe")
+    rep.add_argument("board", nargs="?", default="vboard")
+    rep.add_argument("--markdown", action="store_true", help="print the whole markdown report")
+
+
+def add_board(sub: Sub) -> None:
+    """``odl board up | down | status | group | list | info | check``."""
+    board = sub.add_parser("board", help="virtual boards (up/down/status) and the inventory (list/info)")
+    bsub = board.add_subparsers(dest="board_command", required=True, metavar="ACTION")
+    up = _command(bsub, "up", "board", "cmd_up",
+                  help="bring up a virtual board (private sshd, own user and netns)")  # fmt: skip
+    up.add_argument("--name", default="vboard")
+    up.add_argument(
+        "--profile", help="a board model's RAM, CPUs and CPU quota, e.g. stm32mp25 (flags below override)"
+    )
+    up.add_argument("--mem-mb", type=int, help="cap the board's RAM (cgroup memory limit, no swap)")
+    up.add_argument("--cpus", type=int, help="pin the board to this many CPUs (taskset)")
+    up.add_argument("--loopback", action="store_true", help="listen on 127.0.0.1 instead of a netns")
+    up.add_argument(
+        "--cpu-quota", type=float, metavar="CPUS", help="cap the board's total CPU time (cgroup), e.g. 0.5"
+    )
+    up.add_argument(
+        "--link", metavar="SPEC", help='shape its link, e.g. "rate=10mbit,delay=50ms,loss=1%%" (any subset)'
+    )
+    up.add_argument(
+        "--env", action="append", metavar="NAME=VALUE", help="set in the board's sessions (repeatable)"
+    )
+    down = _command(bsub, "down", "board", "cmd_down", help="stop a virtual board (keeps its user and data)")
+    down.add_argument("--name", default="vboard")
+    down.add_argument("--purge", action="store_true", help="also remove its user, data and inventory entry")
+    status = _command(bsub, "status", "board", "cmd_status", help="is the virtual board running, and where")
+    status.add_argument("--name", default="vboard")
+    grp = _command(bsub, "group", "board", "cmd_group",
+                   help="set an inventory group (a fleet): odl board group lab b1 b2 b3")  # fmt: skip
+    grp.add_argument("group")
+    grp.add_argument("boards", nargs="+")
+    _command(bsub, "list", "board", "cmd_list", help="the boards and groups of the inventory")
+    info = _command(bsub, "info", "board", "cmd_info",
+                    help="install/upgrade the agent on a board and print its 'info'")  # fmt: skip
+    info.add_argument("name", nargs="?", default="vboard")
+    check = _command(bsub, "check", "board", "cmd_check",
+                     help="is a board ready? SSH, host key, python, numpy, ORT, agent, RAM, disk, clock")  # fmt: skip
+    check.add_argument("name", nargs="?", default="vboard")
+    check.add_argument("--json", action="store_true", help="print the items as a JSON list")
+
+
+def add_run(sub: Sub) -> None:
+    """``odl run``: prepare, deploy, train on a board and retrieve, without Prefect."""
+    p = _command(sub, "run", "run", "cmd_run",
+                 help="prepare, deploy, train on a board and retrieve (no Prefect)")  # fmt: skip
+    p.add_argument("recipe", type=Path, help="recipe TOML file (relative to the current folder)")
+    p.add_argument("--board", required=True, help="board name in the inventory")
+    p.add_argument("--out", type=Path, help="output folder (default $ODL_HOME/runs/JOB_ID)")
+    p.add_argument("--job-id", help="job id (default: recipe name + hash of the job's inputs)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a recipe field (TOML value)")
+    p.add_argument("--no-validate", action="store_true", help="skip the host dry-run of the recipe")
+
+
+def add_nightly(sub: Sub) -> None:
+    """``odl rollout | rollback | models | data push | data list``."""
+    out = _command(sub, "rollout", "nightly", "cmd_rollout",
+                   help="install a registry version as the board's current model")  # fmt: skip
+    out.add_argument("recipe")
+    out.add_argument("board")
+    out.add_argument("--version", help="a registry version (default: the registry's current)")
+    back = _command(sub, "rollback", "nightly", "cmd_rollback",
+                    help="serve the previous version again (board and registry)")  # fmt: skip
+    back.add_argument("recipe")
+    back.add_argument("board")
+    models = _command(sub, "models", "nightly", "cmd_models",
+                      help="the model the board serves for a recipe, and the registry's")  # fmt: skip
+    models.add_argument("recipe")
+    models.add_argument("board")
+    data = sub.add_parser("data", help="a board dataset folder: push files to it, list it")
+    dsub = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    push = _command(dsub, "push", "nightly", "cmd_push",
+                    help="append files to a board dataset folder (atomic renames)")  # fmt: skip
+    push.add_argument("board")
+    push.add_argument("files", nargs="+", type=Path)
+    push.add_argument("--to", required=True, help="the folder on the board, e.g. datasets/digits")
+    lst = _command(dsub, "list", "nightly", "cmd_list", help="the folder's files with sha256 and samples")
+    lst.add_argument("board")
+    lst.add_argument("path")
+    lst.add_argument("--format", default="npz-shards", choices=("npz-shards", "image-folder"))
+
+
+def add_recipe(sub: Sub) -> None:
+    """``odl recipe schema``: the recipe's JSON Schema for editors."""
+    recipe = sub.add_parser("recipe", help="the recipe format: its JSON Schema for editors")
+    rsub = recipe.add_subparsers(dest="recipe_command", required=True, metavar="ACTION")
+    schema = _command(rsub, "schema", "recipe", "cmd_schema",
+                      help="write the recipe's JSON Schema (Taplo / Even Better TOML check recipes with it)")  # fmt: skip
+    schema.add_argument("--out", type=Path, help="the file to write (default: stdout)")
+
+
+def _verbose_everywhere(sub: Sub) -> None:
+    """Accept ``-v`` after the subcommand too (``odl flow RECIPE -v``)."""
+    for parser in sub.choices.values():
+        parser.add_argument(
+            "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+        )
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _verbose_everywhere(action)
