@@ -32,6 +32,7 @@ test: install
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 # virtual board + Prefect server (SQLite) + pool + deployment odl/full + worker, then
 # `prefect deployment run odl/full --watch`; everything stays up for the UI until `make down`

@@ -104,8 +104,8 @@ def make_job(
     """The bench job of ``recipe_file`` (``steps`` steps in ``epochs`` epochs over its tiled train
     set, no eval set, no intermediate checkpoint): its spec, files, agent root and the bare loop's
     args. Both loops are timed from the last epoch's first step event (``warm``) to the end."""
-    from tasks.prepare import prepare
     from tasks.prepare.board_job import build_job_spec
+    from tasks.prepare.pipeline import prepare
     from tasks.recipe.load import load_recipe
 
     recipe = load_recipe(PROJECT_ROOT / "recipes" / recipe_file)

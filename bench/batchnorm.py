@@ -3,7 +3,7 @@
 For each recipe and each ``trainable.batchnorm`` option it trains on a board (the agent in the
 torch-free board venv, reached through the local transport: the same agent and ONNX Runtime as
 the virtual board, without sshd), then evaluates the retrieved inference model on the host on the
-same eval set with the recipe's loss (:mod:`tasks.judge.agreement`). The table gives the board's
+same eval set with the recipe's loss (:mod:`tasks.stages.agreement`). The table gives the board's
 final train and eval loss, the host's eval loss, their relative difference (target < 1e-4 with
 frozen BN), the training graph's loss on the same set with the same weights (what training
 optimises) and its gap to the inference model's, and the accuracy after fine-tuning on the test set.
@@ -38,7 +38,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, help="result JSON (default bench/results/batchnorm.json)")
     args = ap.parse_args()
     from tasks.board.inventory import Board, save_board
-    from tasks.judge.agreement import board_vs_host
+    from tasks.stages.agreement import board_vs_host
     from tasks.vboard.venv import ensure_board_venv
 
     python = ensure_board_venv(BOARD_VENV)

@@ -145,7 +145,7 @@ print(json.dumps({"samples_per_s": steps * bs / dt, "seconds": dt, "peak_rss_mb"
 def prepare_once(recipe_file: str) -> tuple[Any, Path]:
     """Export + artifacts of the recipe (no validation), and its exported weights as a torch
     state_dict file (``torch_weights.pt``), so the torch loop starts from the board's weights."""
-    from tasks.prepare import prepare
+    from tasks.prepare.pipeline import prepare
     from tasks.recipe.load import load_recipe
 
     recipe = load_recipe(PROJECT_ROOT / "recipes" / recipe_file)

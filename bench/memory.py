@@ -33,7 +33,7 @@ COLUMNS = [("batch_size", "batch"), ("estimate_mb", "estimate MB"), ("probe_peak
 
 def prepare_once() -> Any:
     """Export + artifacts of the recipe (no validation) in a bench cache folder; returns Prepared."""
-    from tasks.prepare import prepare
+    from tasks.prepare.pipeline import prepare
     from tasks.recipe.load import load_recipe
 
     recipe = load_recipe(RECIPE)

@@ -87,7 +87,7 @@ print(json.dumps({"samples_per_s": (steps - warm) * bs / dt, "seconds": dt, "pea
 
 def prepared_recipe(recipe_file: str, prefix_cache: str) -> tuple[Any, Any]:
     """The recipe with ``training.prefix_cache`` set, prepared (cached per setting)."""
-    from tasks.prepare import prepare
+    from tasks.prepare.pipeline import prepare
     from tasks.recipe.load import load_recipe
 
     recipe = load_recipe(PROJECT_ROOT / "recipes" / recipe_file)

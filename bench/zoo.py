@@ -65,7 +65,7 @@ def child(name: str, size: int, strategy: str, work: Path) -> dict:
     import numpy as np
 
     from tasks.errors import ModelError, PipelineError
-    from tasks.prepare import prepare
+    from tasks.prepare.pipeline import prepare
     from tasks.recipe.load import load_recipe
 
     rng = np.random.default_rng(0)

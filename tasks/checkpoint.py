@@ -15,7 +15,9 @@ Weights = dict[str, np.ndarray]
 
 def checkpoint_weights(checkpoint: Path, *, trainable_only: bool = False) -> Weights:
     """The parameters of an ORT training checkpoint by name (only the trainable ones if asked)."""
-    from onnxruntime.training.api import CheckpointState
+    from onnxruntime.training.api import (
+        CheckpointState,  # ORT training (loads torch) only to touch a checkpoint
+    )
 
     state = CheckpointState.load_checkpoint(str(checkpoint))
     return {name: np.array(p.data) for name, p in state.parameters if p.requires_grad or not trainable_only}
@@ -26,9 +28,13 @@ def write_checkpoint(base: Path, weights: Weights, out: Path, *, every: bool = F
     by ``weights``, the others kept, no optimizer state. ``weights`` must hold exactly those
     parameters with their shapes and dtypes (callers check first and word their own errors; this
     is the last guard, an ArtifactError)."""
-    from onnx import numpy_helper
-    from onnxruntime.training.api import CheckpointState
-    from onnxruntime.training.onnxblock.checkpoint_utils import save_checkpoint
+    from onnx import numpy_helper  # onnx only to write a checkpoint
+    from onnxruntime.training.api import (
+        CheckpointState,  # ORT training (loads torch) only to touch a checkpoint
+    )
+    from onnxruntime.training.onnxblock.checkpoint_utils import (
+        save_checkpoint,  # ORT training (loads torch) only to touch a checkpoint
+    )
 
     state = CheckpointState.load_checkpoint(str(base))
     split: tuple[list, list] = ([], [])  # (trainable, frozen) as the base checkpoint has them

@@ -22,14 +22,14 @@ def digits_recipe():
 @pytest.fixture(scope="session")
 def prepared_digits(tmp_path_factory: pytest.TempPathFactory, digits_recipe):
     """tasks.prepare.Prepared for recipes/digits.toml (export, artifacts, validation) in a session tmp dir."""
-    from tasks.prepare import prepare
+    from tasks.prepare.pipeline import prepare
 
     out: Path = tmp_path_factory.mktemp("prepared_digits")
     return prepare(digits_recipe, out)
 
 
 def _prepared(tmp_path_factory: pytest.TempPathFactory, recipe_file: str):
-    from tasks.prepare import prepare
+    from tasks.prepare.pipeline import prepare
     from tasks.recipe.load import load_recipe
 
     return prepare(load_recipe(RECIPES / recipe_file), tmp_path_factory.mktemp(Path(recipe_file).stem))

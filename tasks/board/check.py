@@ -140,11 +140,9 @@ def check_board(board: Board) -> list[Check]:
     sections: dict[str, dict[str, Any]] = {}
     clock = None
     if conn is not None:
-        try:
+        with conn:
             clock = measure_clock(conn)
             sections = run_probe(conn, board)
-        finally:
-            conn.close()
     for name, section, needs, judge in ITEMS:
         blocker = checks[needs]
         if blocker.status in (FAIL, SKIPPED):

@@ -40,11 +40,8 @@ def retrieve(
     result does not list is a TransferError.
     """
     if isinstance(conn_or_board, Board):
-        conn = connect(conn_or_board)
-        try:
+        with connect(conn_or_board) as conn:
             return retrieve(conn, job_id, result, out_dir, conn_or_board, progress, only)
-        finally:
-            conn.close()
     if board is None:
         raise TypeError("retrieve(conn, ...) needs board= to locate the job directory")
     jdir = job_dir(board, job_id)

@@ -13,6 +13,7 @@ from tasks.board.blobs import UploadReport, upload_blobs
 from tasks.board.follow import EventCallback, FollowStats, follow_job
 from tasks.board.inventory import Board
 from tasks.board.jobs import create_job, job_dir, read_result, resumable, start_job
+from tasks.board.orphans import settle_orphan
 from tasks.board.transport import ByteProgress, Transport
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,6 @@ def drive_job(
     if conn.exists(posixpath.join(jdir, "job.json")):
         log.info("job %s already on board %s: reattaching", spec.job_id, board.name)
     else:
-        from tasks.nightly.board_ops import settle_orphan
-
         adopted = settle_orphan(conn, board, spec, end=end_orphans)
         if adopted != spec.job_id:  # the same training, started by a run that was killed
             return report, follow_job(conn, board, adopted, 0, on_event, deadline=deadline, stats=stats)

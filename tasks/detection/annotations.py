@@ -147,7 +147,7 @@ def images(
 ) -> np.ndarray:
     """The images of ``items`` as float32 NCHW ``[N, 3, size, size]``: RGB in [0, 1], resized
     (boxes are normalised, so they stay valid), then ``(pixel - mean) / std`` per channel."""
-    from PIL import Image
+    from PIL import Image  # Pillow only for image files
 
     out = np.empty((len(items), 3, size, size), np.float32)
     m = np.asarray(mean, np.float32).reshape(-1, 1, 1)

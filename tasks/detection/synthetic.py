@@ -72,7 +72,7 @@ def make_image(rng: np.random.Generator, size: int) -> tuple[np.ndarray, list[tu
 def write_set(out_dir: Path, n: int, size: int, seed: int = 0) -> Path:
     """Write ``n`` images with ``instances.json`` (COCO) and ``<image>.xml`` (VOC) into ``out_dir``;
     returns the COCO file."""
-    from PIL import Image
+    from PIL import Image  # Pillow only for image files
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -11,12 +11,9 @@ import base64
 import io
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+import numpy as np
 from PIL import Image, ImageDraw, ImageFont
-
-if TYPE_CHECKING:
-    import numpy as np
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"]
 Series = dict[str, Sequence[tuple[float, float]]]
@@ -132,8 +129,6 @@ def detections_chart(
     model's detections (``panels[name]`` with ``boxes`` corners in [0, 1], ``labels``, ``scores``)
     coloured by class with their score. ``image`` is ``[3, H, W]`` in any range (stretched to
     0-255 for display). PNG bytes."""
-    import numpy as np
-
     arr = np.asarray(image, np.float64)
     lo, hi = float(arr.min()), float(arr.max())
     rgb = ((arr - lo) / ((hi - lo) or 1.0) * 255).astype(np.uint8).transpose(1, 2, 0)

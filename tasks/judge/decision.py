@@ -10,11 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tasks.errors import RegistryError
+from tasks.judge.direction import LOWER_IS_BETTER
+from tasks.judge.gate import guardrails, significance
 from tasks.recipe.schema import PromotionSpec
-
-LOWER_IS_BETTER = frozenset(
-    {"loss", "mse", "mae", "latency_ms_per_sample", "latency_ms_batch1", "model_size_bytes"}
-)
 
 
 @dataclass(frozen=True)
@@ -47,8 +45,6 @@ def decide(
     the candidate's and the reference's metrics per test set for the guardrails (default: the
     main test set only).
     """
-    from tasks.judge.gate import guardrails, significance
-
     metric = rule.metric
     for side, metrics in (("candidate", candidate), (reference_name, reference)):
         if not isinstance(metrics.get(metric), (int, float)):

@@ -85,8 +85,8 @@ def coco_eval(
     Boxes are corners in [0, 1]; they are scaled to ``size`` (width, height) pixels so COCO's
     area ranges mean what they usually do. Classes without a ground-truth box get ``None`` AP.
     """
-    from pycocotools.coco import COCO
-    from pycocotools.cocoeval import COCOeval
+    from pycocotools.coco import COCO  # pycocotools only for a detector's mAP
+    from pycocotools.cocoeval import COCOeval  # pycocotools only for a detector's mAP
 
     width, height = size
     scale = np.asarray([width, height, width, height], np.float64)

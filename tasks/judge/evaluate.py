@@ -29,7 +29,18 @@ from typing import Any
 import numpy as np
 
 from tasks.errors import EvaluationError
-from tasks.judge.losses import HostLoss, class_logits, l1_loss, loss_value, mse_loss, task_loss
+from tasks.hashing import file_sha256
+from tasks.judge.detection import detection_metrics
+from tasks.judge.losses import (
+    GRAPH_LOSSES,
+    HostLoss,
+    class_logits,
+    l1_loss,
+    loss_value,
+    mse_loss,
+    per_sample_loss,
+    task_loss,
+)
 from tasks.judge.runtime import load_test_set, run_model, single_sample_latency_ms
 from tasks.recipe.schema import DetectionSpec
 
@@ -121,8 +132,6 @@ def evaluate(
     model_onnx = Path(model_onnx)
     x, y = load_test_set(test_npz)
     if detection is not None:
-        from tasks.judge.detection import detection_metrics
-
         if priors is None:
             raise EvaluationError("detection: the detector's priors file is needed to decode its boxes")
         metrics, spent, _ = detection_metrics(model_onnx, Path(test_npz), detection, priors)
@@ -151,8 +160,6 @@ def per_sample(task: str, loss: HostLoss, out: np.ndarray, y: np.ndarray) -> dic
     """Per-sample outcomes the promotion gate pairs between two models (tasks.judge.gate):
     ``correct`` (0/1) for classifiers, ``loss`` for a built-in loss, ``mse`` and ``mae`` for
     regression. Graph losses have none (their eval graph averages over a batch)."""
-    from tasks.judge.losses import GRAPH_LOSSES, per_sample_loss
-
     found: dict[str, list] = {}
     if task == "classification":
         logits, labels = class_logits(out, y)
@@ -182,8 +189,6 @@ def evaluate_cached(
     A nightly run evaluates the unchanged base and current models again; their metrics (and the
     latencies measured then) are taken from ``cache_dir`` instead. Only new models are run.
     """
-    from device_agent.protocol import file_sha256
-
     loss = loss or task_loss(task)
     detector = ""
     if detection is not None:
@@ -226,7 +231,10 @@ def base_inference_model(
     out_path: Path,
 ) -> Path:
     """Export the untrained checkpoint as an inference model, exactly as the board does after training."""
-    from onnxruntime.training.api import CheckpointState, Module
+    from onnxruntime.training.api import (  # ORT training (loads torch) only to export a checkpoint
+        CheckpointState,
+        Module,
+    )
 
     try:
         state = CheckpointState.load_checkpoint(str(checkpoint))

@@ -22,14 +22,14 @@ from typing import Any
 import numpy as np
 
 from tasks.errors import RegistryError
-from tasks.judge.registry import LOWER_IS_BETTER
+from tasks.judge.direction import LOWER_IS_BETTER
 
 BOOTSTRAP_RESAMPLES = 2000
 
 
 def mcnemar(candidate_correct: list[int], reference_correct: list[int]) -> dict[str, Any]:
     """One-sided exact McNemar test that the candidate is right more often than the reference."""
-    from scipy.stats import binomtest
+    from scipy.stats import binomtest  # scipy (heavy) only when a gate runs a test
 
     c, r = np.asarray(candidate_correct, bool), np.asarray(reference_correct, bool)
     if c.shape != r.shape:
@@ -48,7 +48,7 @@ def paired_bootstrap(
     candidate: list[float], reference: list[float], lower_is_better: bool, confidence: float, seed: int = 0
 ) -> dict[str, Any]:
     """Confidence interval of the mean per-sample improvement (positive = the candidate is better)."""
-    from scipy.stats import bootstrap
+    from scipy.stats import bootstrap  # scipy (heavy) only when a gate runs a test
 
     c, r = np.asarray(candidate, np.float64), np.asarray(reference, np.float64)
     if c.shape != r.shape:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tasks.errors import EvaluationError
+from tasks.hashing import file_sha256
 from tasks.judge.runtime import npz_arrays, session
 
 if TYPE_CHECKING:
@@ -50,8 +51,6 @@ class HostLoss:
 
     def cache_key(self) -> str:
         """What the reported loss depends on besides the model and test set."""
-        from device_agent.protocol import file_sha256
-
         graph = file_sha256(self.eval_model) if self.eval_model else "-"
         return f"{self.kind}:{graph}:{json.dumps(self.feeds, sort_keys=True)}"
 
@@ -159,7 +158,7 @@ def eval_graph_loss(
     trained weights of a retrieved model. ``arrays`` feed its other inputs (name -> all samples);
     batch losses are weighted by batch size, as the board's eval step does.
     """
-    import onnx
+    import onnx  # onnx only for a graph loss
 
     graph = onnx.load(str(eval_model))
     weights = {t.name: t for t in onnx.load(str(model_onnx)).graph.initializer}
@@ -185,7 +184,7 @@ def eval_graph_loss(
 
 
 def _np_dtype(value_info: Any) -> np.dtype:
-    from onnx.helper import tensor_dtype_to_np_dtype
+    from onnx.helper import tensor_dtype_to_np_dtype  # onnx only for a graph loss
 
     return tensor_dtype_to_np_dtype(value_info.type.tensor_type.elem_type)
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from tasks.errors import EvaluationError, RecipeError, ort_message
 from tasks.judge.calibration import Reader, calibration_inputs, chunk
-from tasks.judge.registry import LOWER_IS_BETTER
+from tasks.judge.direction import LOWER_IS_BETTER
 from tasks.judge.runtime import session
 from tasks.recipe.schema import QUANT_METHODS, QuantizeSpec
 
@@ -47,7 +47,7 @@ def fixed_batch(model_onnx: Path, out: Path, batch: int = 1) -> Path:
     Intermediate shapes are inferred again from the fixed inputs (strictly: a graph that cannot
     run at this batch size is refused) and the result passes ``onnx.checker``.
     """
-    import onnx
+    import onnx  # onnx only when [quantize] runs
 
     if batch < 1:
         raise EvaluationError(f"fixed_batch: expected a batch size >= 1, got {batch}")
@@ -82,7 +82,11 @@ def quantize_int8(model_onnx: Path, spec: QuantizeSpec, out: Path) -> dict[str, 
     pre-processing steps skipped, if any) and the counts ``quantize_linear`` and
     ``dequantize_linear`` of QDQ nodes.
     """
-    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import (  # ORT quantization (heavy) only when [quantize] runs
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
 
     model_onnx, out = Path(model_onnx), Path(out)
     method = _calibrate_method(spec.method)
@@ -170,7 +174,9 @@ def int8_verdict(
 
 
 def _calibrate_method(method: str) -> Any:
-    from onnxruntime.quantization import CalibrationMethod
+    from onnxruntime.quantization import (
+        CalibrationMethod,  # ORT quantization (heavy) only when [quantize] runs
+    )
 
     methods = dict(zip(QUANT_METHODS, ("MinMax", "Entropy", "Percentile"), strict=True))
     if method not in methods:
@@ -179,7 +185,7 @@ def _calibrate_method(method: str) -> Any:
 
 
 def _load_onnx(model_onnx: Path) -> Any:
-    import onnx
+    import onnx  # onnx only when [quantize] runs
 
     if not model_onnx.is_file():
         raise EvaluationError(f"model {model_onnx}: file not found")
@@ -192,7 +198,7 @@ def _load_onnx(model_onnx: Path) -> Any:
 def _model_input(model_onnx: Path) -> tuple[str, tuple[int | str, ...], np.dtype]:
     """The name, sample shape (without the batch axis; names for free axes) and numpy dtype of
     the model's single graph input."""
-    import onnx
+    import onnx  # onnx only when [quantize] runs
 
     graph = _load_onnx(model_onnx).graph
     initializers = {i.name for i in graph.initializer}
@@ -212,7 +218,9 @@ def _model_input(model_onnx: Path) -> tuple[str, tuple[int | str, ...], np.dtype
 def _pre_process(model_onnx: Path, work: Path) -> tuple[Path, str]:
     """ORT's quantization pre-processing, skipping the steps that fail; returns the model to
     quantize and which steps were skipped ("" when none)."""
-    from onnxruntime.quantization.shape_inference import quant_pre_process
+    from onnxruntime.quantization.shape_inference import (
+        quant_pre_process,  # ORT quantization (heavy) only when [quantize] runs
+    )
 
     for options in PRE_PROCESS_ATTEMPTS:
         out = work / f"pre{len(options)}.onnx"
@@ -229,7 +237,7 @@ def _pre_process(model_onnx: Path, work: Path) -> tuple[Path, str]:
 
 def _qdq_counts(model_onnx: Path, source: Path) -> dict[str, int]:
     """QuantizeLinear/DequantizeLinear node counts; a model without any was not quantized."""
-    import onnx
+    import onnx  # onnx only when [quantize] runs
 
     ops = [n.op_type for n in onnx.load(str(model_onnx), load_external_data=False).graph.node]
     counts = {

@@ -33,12 +33,12 @@ from typing import Any
 from tasks.board.inventory import valid_board_name
 from tasks.errors import BoardError, RegistryError
 from tasks.hashing import file_sha256
-from tasks.judge.decision import LOWER_IS_BETTER, Decision, decide, decision_from_dict
+from tasks.judge.decision import Decision, decide, decision_from_dict
 from tasks.recipe.load import NAME_RE as RECIPE_NAME_RE
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LOWER_IS_BETTER", "Decision", "Registry", "Version", "decide", "decision_from_dict"]
+__all__ = ["Decision", "Registry", "Version", "decide", "decision_from_dict"]
 
 VERSION_RE = re.compile(r"^v(\d{4,})$")
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from tasks.judge.charts import data_url, detections_chart, line_chart
 
 
@@ -47,8 +49,6 @@ def example_images(evaluations: dict[str, dict[str, Any]], test_path: Path | Non
     cols = [c for c, m in evaluations.items() if m.get("examples") is not None]
     if not cols or test_path is None or not Path(test_path).is_file():
         return []
-    import numpy as np
-
     with np.load(test_path) as data:
         if not {"x", "gt_boxes", "gt_labels"} <= set(data.files):
             return []

@@ -43,7 +43,7 @@ def load_test_set(test_npz: Path, x_key: str = "x", y_key: str = "y") -> tuple[n
 
 def session(model_onnx: Path, model_bytes: bytes | None = None) -> Any:
     """A CPU ``InferenceSession`` of ``model_onnx`` (or of ``model_bytes``, named by it in errors)."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # onnxruntime (heavy) only when a model runs
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1

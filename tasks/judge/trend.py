@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from tasks.judge.charts import data_url, trend_chart
-from tasks.judge.registry import LOWER_IS_BETTER, Version
+from tasks.judge.direction import LOWER_IS_BETTER
+from tasks.judge.registry import Version
 
 HEADING = "## Promoted metric across versions"
 

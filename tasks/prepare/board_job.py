@@ -7,7 +7,6 @@ sha256, and the returned mapping says which local file to upload for each hash.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from device_agent.protocol import (
     ARTIFACT_KEYS,
@@ -20,11 +19,10 @@ from device_agent.protocol import (
     file_sha256,
     valid_job_id,
 )
+from tasks.checkpoint import checkpoint_weights, write_checkpoint
 from tasks.errors import ArtifactError, DataError, RecipeError
+from tasks.prepare import Prepared
 from tasks.recipe.schema import Recipe
-
-if TYPE_CHECKING:
-    from tasks.prepare import Prepared
 
 __all__ = ["build_job_spec", "file_sha256", "train_params"]
 
@@ -119,8 +117,6 @@ def _prefix(recipe: Recipe, prepared: Prepared, split: dict, files: dict[str, Pa
 def suffix_checkpoint(full: Path, suffix_base: Path) -> Path:
     """``full``'s weights (a warm start's or a fleet round's checkpoint of the whole graph) in a
     checkpoint of the suffix's graphs, written beside it."""
-    from tasks.checkpoint import checkpoint_weights, write_checkpoint
-
     weights = checkpoint_weights(full)
     wanted = checkpoint_weights(suffix_base)
     missing = sorted(set(wanted) - set(weights))

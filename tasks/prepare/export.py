@@ -28,13 +28,15 @@ import onnx
 
 from tasks.errors import ModelError, RecipeError
 from tasks.prepare.messages import export_failure
+from tasks.prepare.onnx_in import adapt_onnx
+from tasks.prepare.onnx_versions import OPSET
 from tasks.prepare.priors import PRIORS_FILE, write_priors
+from tasks.prepare.torch_model import build_model
 from tasks.prepare.tracing import has_auxiliary_outputs, restored
 from tasks.recipe.datafiles import load_arrays
 from tasks.recipe.schema import Recipe
 
 log = logging.getLogger(__name__)
-OPSET = 17
 EXAMPLE_BATCH = 2
 
 
@@ -116,7 +118,7 @@ def _dynamic_axes(names: tuple[str, ...], arrays: list[Any], batch: int) -> dict
 
 
 def _outputs_of(model: Any, inputs: tuple[Any, ...], recipe: Recipe) -> list[Any]:
-    import torch
+    import torch  # torch (heavy) only when a PyTorch model is built or run
 
     with torch.no_grad():
         out = model(*inputs)
@@ -132,7 +134,7 @@ def _outputs_of(model: Any, inputs: tuple[Any, ...], recipe: Recipe) -> list[Any
 
 def export_torch(recipe: Recipe, model: Any, path: Path) -> Path:
     """Export ``model`` (left as it was) to ``path`` in training mode with a dynamic batch axis."""
-    import torch
+    import torch  # torch (heavy) only when a PyTorch model is built or run
 
     inputs = tuple(
         torch.from_numpy(np.ascontiguousarray(a)) for a in example_arrays(recipe, recipe.model.input_names)
@@ -198,7 +200,7 @@ def _run_exporter(
 
     ``preserve`` keeps each module's training flag as set (else every module traces in training mode).
     """
-    import torch
+    import torch  # torch (heavy) only when a PyTorch model is built or run
 
     failure: Exception | None = None
     with quiet_output("torch.onnx.export") as out:
@@ -250,13 +252,9 @@ def export_model(recipe: Recipe, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / "model.onnx"
     if recipe.model.kind == "onnx":  # loaded, converted, cut and given its head (onnx_in)
-        from tasks.prepare.onnx_in import adapt_onnx
-
         adapt_onnx(recipe, target)
         write_priors(recipe, None, target, out_dir / PRIORS_FILE)
         return target
-    from tasks.prepare.torch_model import build_model
-
     module = build_model(recipe)
     export_torch(recipe, module, target)
     check_onnx(target)

@@ -9,8 +9,10 @@ from typing import Any
 
 import onnx
 
-from tasks.errors import ort_message
+from tasks.errors import RecipeError, ort_message
 from tasks.prepare.graph import downstream
+from tasks.prepare.onnx_versions import OPSET
+from tasks.prepare.trainable import bn_statistics, find_classifier, float_params
 from tasks.recipe.schema import Recipe
 
 _NO_GRADIENT = re.compile(r"gradient builder has not been registered:\s*(\w+)(?: for node\s*(\S*))?")
@@ -52,9 +54,6 @@ def no_gradient_message(error: str, model: onnx.ModelProto, trainable: list[str]
 
 def _what_works(model: onnx.ModelProto, node: onnx.NodeProto | None) -> str:
     """Whether the 'classifier' strategy avoids ``node``'s gradient, said as advice."""
-    from tasks.errors import RecipeError
-    from tasks.prepare.trainable import bn_statistics, find_classifier, float_params
-
     stats = bn_statistics(model)
     params = {k: v for k, v in float_params(model).items() if k not in stats}
     try:
@@ -131,8 +130,6 @@ def _reason(exc: BaseException) -> str:
 
 def _hint(recipe: Recipe, exc: BaseException, op: str, module: str) -> str:
     """What to change for this failure of ``op`` in ``module``."""
-    from tasks.prepare.export import OPSET
-
     if op.startswith(("adaptive_avg_pool", "adaptive_max_pool")):
         return (
             f"use a model.input_shape whose feature map before {module} is a multiple of its output "

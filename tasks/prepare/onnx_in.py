@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper, version_converter
 
 from tasks.errors import ModelError, RecipeError
 from tasks.recipe.schema import HeadSpec, Recipe
@@ -76,8 +76,6 @@ def convert_opset(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
     if MIN_OPSET <= opset <= MAX_OPSET:
         return model
     target = TARGET_OPSET if opset < MIN_OPSET else MAX_OPSET
-    from onnx import version_converter
-
     try:
         converted = version_converter.convert_version(model, target)
         onnx.checker.check_model(converted)

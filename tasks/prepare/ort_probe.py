@@ -22,7 +22,7 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from device_agent.ort import load_training_api, seed_runtime  # noqa: E402
+from device_agent.ort import load_onnxruntime, load_training_api, seed_runtime  # noqa: E402
 
 STAGE = ["load_artifacts"]  # the check a failure belongs to, reported to the parent
 
@@ -106,7 +106,6 @@ def probe(cfg: dict) -> dict:
 def split_check(api: Any, cfg: dict, feeds: dict[str, np.ndarray]) -> dict[str, float]:
     """The eval loss of one batch from the base weights: by the full eval graph, and by the split
     prefix (an inference session) followed by the suffix's eval graph, as a caching job computes it."""
-    from device_agent.ort import load_onnxruntime
 
     def eval_loss(training: str, checkpoint: str, eval_model: str, given: dict[str, np.ndarray]) -> float:
         module = api.Module(training, api.CheckpointState.load_checkpoint(checkpoint), eval_model)

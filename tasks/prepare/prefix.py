@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import compose, numpy_helper
 
 from tasks.errors import ArtifactError
 
@@ -157,8 +157,6 @@ def _batch_dim_symbolic(value: onnx.ValueInfoProto) -> None:
 
 def stitch(prefix_path: Path, suffix_path: Path, out: Path) -> Path:
     """One inference model: the prefix followed by the trained suffix (exported by the board)."""
-    from onnx import compose
-
     prefix, suffix = onnx.load(str(prefix_path)), onnx.load(str(suffix_path))
     cut = prefix.graph.output[0].name
     if cut not in {i.name for i in suffix.graph.input}:

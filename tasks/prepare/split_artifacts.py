@@ -13,7 +13,9 @@ from typing import Any
 import numpy as np
 import onnx
 
+from tasks.prepare.ort_training import build_loss, check_board_loadable, file_entry, run_generate
 from tasks.prepare.prefix import SPLIT_DIR, find_cut, split
+from tasks.prepare.trainable import float_params
 from tasks.recipe.schema import Recipe
 
 log = logging.getLogger(__name__)
@@ -31,9 +33,6 @@ def generate_split(
 ) -> dict[str, Any]:
     """Split ``model`` (fixed up as the full artifacts were) and write the split artifacts; returns
     the manifest's ``prefix_cache`` entry (``enabled`` False with the reason when it cannot split)."""
-    from tasks.prepare.artifacts import _run_generate, build_loss, check_board_loadable, file_entry
-    from tasks.prepare.trainable import float_params
-
     if recipe.training.prefix_cache == "off":
         return {"enabled": False, "reason": "training.prefix_cache = 'off'"}
     cut = find_cut(model, trainable, recipe.trainable.batchnorm)
@@ -44,7 +43,7 @@ def generate_split(
     counts = float_params(suffix)
     frozen = [n for n in counts if n not in set(trainable)]
     loss, _ = build_loss(recipe, suffix)
-    _run_generate(suffix, trainable, frozen, loss, recipe, out_dir / SPLIT_DIR)
+    run_generate(suffix, trainable, frozen, loss, recipe, out_dir / SPLIT_DIR)
     onnx.save(prefix, str(out_dir / SPLIT_FILES["prefix_model"]))
     for key in ("training_model", "eval_model", "optimizer_model"):
         check_board_loadable(onnx.load(str(out_dir / SPLIT_FILES[key])), f"generated split {key}")

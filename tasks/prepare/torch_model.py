@@ -125,7 +125,7 @@ def _load_file(path: Path) -> Any:
 
 def _torchvision_model(name: str, num_classes: int, kwargs: dict[str, Any]) -> Any:
     """Build a torchvision classification model with random init and a new ``num_classes`` head."""
-    from torchvision import models
+    from torchvision import models  # torchvision (heavy) only for its models
 
     try:
         builder = models.get_model_builder(name)
@@ -140,7 +140,7 @@ def _torchvision_model(name: str, num_classes: int, kwargs: dict[str, Any]) -> A
 
 
 def _callable_model(recipe: Recipe) -> Any:
-    import torch
+    import torch  # torch (heavy) only when a PyTorch model is built or run
 
     func = load_ref(recipe.base_dir, recipe.model.ref)
     kwargs = dict(recipe.model.kwargs)
@@ -161,7 +161,7 @@ def load_weights(model: Any, path: Path, *, replaced_head: bool = False) -> None
     With ``replaced_head`` (torchvision models with a new ``num_classes``), up to two tensors whose
     shape differs (the classifier's weight and bias, e.g. ImageNet's 1000 classes) keep their init.
     """
-    import torch
+    import torch  # torch (heavy) only when a PyTorch model is built or run
 
     if not path.is_file():
         raise RecipeError("model.weights", "an existing state_dict file", str(path))

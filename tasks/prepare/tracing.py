@@ -5,6 +5,7 @@ in training mode."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,9 +17,7 @@ def has_auxiliary_outputs(model: Any, inputs: tuple[Any, ...], n_eval: int) -> b
     their auxiliary branch cannot even run, which also counts. Only models whose top-level forward
     reads ``self.training`` are run a second time.
     """
-    import inspect
-
-    import torch
+    import torch  # torch (heavy) only when a PyTorch model is built or run
 
     try:
         source = inspect.getsource(type(model))
@@ -43,7 +42,7 @@ def restored(model: Any) -> Iterator[None]:
     objects (one rebound in ``forward`` is put back) and the values they held (in-place updates
     such as BatchNorm running statistics and ``num_batches_tracked`` are undone).
     """
-    import torch
+    import torch  # torch (heavy) only when a PyTorch model is built or run
 
     saved = [(m, _attrs(m), dict(m._parameters), dict(m._buffers)) for m in model.modules()]
     tensors = [t for *_, ps, bs in saved for t in (*ps.values(), *bs.values()) if t is not None]

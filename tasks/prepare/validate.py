@@ -20,9 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
+from onnx import numpy_helper
 
 from tasks.errors import DataError, ValidationFailed, ort_message
 from tasks.paths import PROJECT_ROOT
+from tasks.prepare.export import example_arrays, quiet_stderr
+from tasks.prepare.messages import layer_of
+from tasks.prepare.torch_model import build_model
 from tasks.recipe.datafiles import check_dataset, load_arrays, load_npz
 from tasks.recipe.load import recipe_hash
 from tasks.recipe.schema import Recipe
@@ -164,15 +169,10 @@ def compare_with_torch(recipe: Recipe, inference_path: Path, manifest: dict) -> 
     """Load the trained weights into the PyTorch model and compare outputs with the inference model."""
     if recipe.model.kind == "onnx":
         return {"skipped": "model.kind is onnx: no PyTorch model to compare with"}
-    import onnx
-    import torch
-    from onnx import numpy_helper
-
-    from tasks.prepare.export import example_arrays, quiet_stderr
-    from tasks.prepare.torch_model import build_model
+    import torch  # torch (heavy) only when a PyTorch model is built or run
 
     with quiet_stderr("import onnxruntime"):  # it imports torch's CUDA probe, which warns on stderr
-        import onnxruntime
+        import onnxruntime  # onnxruntime (heavy) only for this comparison
 
     model = build_model(recipe)
     state = model.state_dict()
@@ -222,10 +222,6 @@ def compare_with_torch(recipe: Recipe, inference_path: Path, manifest: dict) -> 
 
 def _random_nodes(inference_path: Path) -> str:
     """Why the exported model answers twice differently: its random nodes and their layers."""
-    import onnx
-
-    from tasks.prepare.messages import layer_of
-
     nodes = [
         n.name
         for n in onnx.load(str(inference_path)).graph.node

@@ -1,7 +1,7 @@
 """A virtual board on this machine: a private sshd for an unprivileged user, like a real board.
 
 ``board_up`` creates (idempotently) the user ``odl-NAME`` with a key-only login, a board-like
-Python env (numpy + onnxruntime-training-cpu, from :func:`tasks.boardenv.ensure_board_venv`), a
+Python env (numpy + onnxruntime-training-cpu, from :func:`tasks.vboard.venv.ensure_board_venv`), a
 private sshd with its own config and host key (pinned into ``$ODL_HOME/known_hosts``), in its own
 network namespace with its own address when ``ip netns`` works (else on loopback), and writes the
 board into the inventory exactly as a user would describe a real one. What it starts is recorded
@@ -27,6 +27,9 @@ from typing import Any
 from tasks.board.inventory import Board, remove_board, save_board, valid_board_name
 from tasks.errors import BoardError
 from tasks.paths import state_dir
+from tasks.vboard import cgroup
+from tasks.vboard import link as shaped
+from tasks.vboard.profiles import resolve
 from tasks.vboard.sshd import (
     ensure_sshd_installed,
     known_hosts_path,
@@ -39,6 +42,7 @@ from tasks.vboard.sshd import (
     unpin_host_key,
     write_sshd_config,
 )
+from tasks.vboard.venv import ensure_board_venv
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +78,6 @@ def board_up(
     (e.g. ``{"ODL_AGENT_STEP_DELAY_S": "0.2"}`` for a slow board), ``venv`` shares an existing board
     venv (default: ``~odl-NAME/venv``).
     """
-    from tasks.vboard import link as shaped
-    from tasks.vboard.profiles import resolve
-
     limits = resolve(profile, mem_mb=mem_mb, cpus=cpus, cpu_quota=cpu_quota, link=link)
     spec = shaped.parse_link(limits["link"]) if limits["link"] else None
     if spec and not netns:
@@ -124,9 +125,7 @@ def board_down(name: str, *, purge: bool = False) -> dict[str, Any]:
         subprocess.run(["ip", "netns", "del", state["netns"]], capture_output=True, check=False)
         subprocess.run(["ip", "link", "del", state["veth_host"]], capture_output=True, check=False)
     if state.get("proxy"):
-        from tasks.vboard import link
-
-        link.stop(bdir, state)
+        shaped.stop(bdir, state)
     if purge:
         user = f"odl-{name}"
         _kill_user_processes(user)
@@ -137,8 +136,6 @@ def board_down(name: str, *, purge: bool = False) -> dict[str, Any]:
         remove_board(name)
         shutil.rmtree(bdir, ignore_errors=True)
     if (state.get("cpu_quota") or state.get("mem_mb")) and (purge or stopped):
-        from tasks.vboard import cgroup
-
         cgroup.remove(name)
     return {"name": name, "stopped_sshd": stopped, "purged": purge}
 
@@ -147,20 +144,16 @@ def start_board_sshd(name: str, bdir: Path, state: dict[str, Any]) -> None:
     """Start the board's sshd and put it under the board's kernel limits (RAM cap, CPU quota)."""
     start_sshd(bdir, state)
     if state.get("cpu_quota") or state.get("mem_mb"):
-        from tasks.vboard import cgroup
-
         cgroup.join(name, state, int((bdir / "sshd.pid").read_text().split()[0]))
 
 
 def board_status(name: str) -> dict[str, Any]:
     """Whether the board's sshd runs, where it listens, its profile, link and kernel limits now."""
-    from tasks.vboard import cgroup, link
-
     bdir = board_dir(name)
     state = load_state(bdir)
     live = {"memory": cgroup.memory(name), "cpu_quota_now": cgroup.cpu_quota(name)}
     if state.get("proxy"):
-        live["proxy_running"] = link.proxy_alive(state)
+        live["proxy_running"] = shaped.proxy_alive(state)
     return {"name": name, "running": sshd_alive(bdir), **state, **live}
 
 
@@ -212,8 +205,6 @@ def _authorize(user: str, home: Path, pub: Path) -> None:
 
 
 def _ensure_env(venv: Path) -> str:
-    from tasks.vboard.venv import ensure_board_venv  # the agent area's board-like env
-
     return str(ensure_board_venv(venv))
 
 

@@ -42,7 +42,7 @@ class Graph:
 
     def cycles(self) -> list[list[str]]:
         """The strongly connected components (more than one module) of the top-level graph."""
-        return [sorted(c) for c in _components(self.top_level()) if len(c) > 1]
+        return [sorted(c) for c in components(self.top_level()) if len(c) > 1]
 
     def in_function(self) -> list[Import]:
         """Project imports inside functions (each hides an edge from the top of the file)."""
@@ -50,7 +50,11 @@ class Graph:
 
     def private_names(self) -> list[Import]:
         """Imports of a name starting with ``_`` from another project module."""
-        return [imp for imp in self.imports if any(n.startswith("_") and not n.startswith("__") for n in imp.names)]
+        return [
+            imp
+            for imp in self.imports
+            if any(n.startswith("_") and not n.startswith("__") for n in imp.names)
+        ]
 
 
 def module_name(path: Path) -> str:
@@ -78,7 +82,9 @@ def _owner(name: str, modules: set[str]) -> str | None:
 
 def build(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> Graph:
     """Parse every module of ``packages`` under ``root``."""
-    files = [p for pkg in packages for p in sorted((root / pkg).rglob("*.py")) if "__pycache__" not in p.parts]
+    files = [
+        p for pkg in packages for p in sorted((root / pkg).rglob("*.py")) if "__pycache__" not in p.parts
+    ]
     graph = Graph(modules={module_name(p) for p in files})
     for path in files:
         importer = module_name(path)
@@ -110,7 +116,7 @@ def _walk(node: ast.AST, in_fn: bool):
         yield from _walk(child, inner)
 
 
-def _components(edges: dict[str, set[str]]) -> list[set[str]]:
+def components(edges: dict[str, set[str]]) -> list[set[str]]:
     """Tarjan's strongly connected components."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}

@@ -24,3 +24,16 @@ class TestLocalTransport(TransportContract):
         folder = tmp_path / "board-side"
         folder.mkdir()
         return str(folder)
+
+
+def test_a_transport_is_a_context_manager_that_closes_on_exit(tmp_path: Path, monkeypatch) -> None:
+    link = connect(Board(name="here", transport="local", root=str(tmp_path / "root")))
+    closed: list[str] = []
+    monkeypatch.setattr(link, "close", lambda: closed.append("closed"))
+    with link as same:
+        assert same is link
+        assert closed == []
+    assert closed == ["closed"]
+    with pytest.raises(RuntimeError), link:
+        raise RuntimeError("the block failed")
+    assert closed == ["closed", "closed"]

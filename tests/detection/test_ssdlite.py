@@ -12,7 +12,7 @@ from tasks.paths import PROJECT_ROOT
 
 @pytest.fixture(scope="module")
 def prepared_ssd(tmp_path_factory):
-    from tasks.prepare import prepare
+    from tasks.prepare.pipeline import prepare
     from tasks.recipe.load import load_recipe
 
     recipe = load_recipe(PROJECT_ROOT / "recipes" / "ssdlite_small.toml")

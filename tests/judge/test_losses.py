@@ -20,7 +20,7 @@ from tests.prepare.kit import TASKS, tiny_recipe
 @pytest.fixture(scope="module")
 def tiny_prepared(tmp_path_factory: pytest.TempPathFactory):
     """loss kind -> (recipe, prepared, base inference model) of the kit's tiny recipe for that loss."""
-    from tasks.prepare import prepare
+    from tasks.prepare.pipeline import prepare
 
     made: dict = {}
 

@@ -38,8 +38,8 @@ def _start_orphan(board, spec, files) -> None:
 
 
 def _running(board):
+    from tasks.board.orphans import running_job
     from tasks.board.transport import connect
-    from tasks.nightly.board_ops import running_job
 
     conn = connect(board)
     try:

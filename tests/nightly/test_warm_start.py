@@ -9,9 +9,10 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from tasks.checkpoint import checkpoint_weights
 from tasks.errors import RegistryError
 from tasks.judge.registry import Decision, Registry
-from tasks.nightly.warm_start import build_warm_checkpoint, checkpoint_weights, model_weights
+from tasks.stages.warm_start import build_warm_checkpoint, model_weights
 
 
 def _decision(promote: bool = True) -> Decision:

@@ -11,8 +11,8 @@ import pytest
 
 from tasks.errors import ArtifactError, DataError, ModelError, RecipeError
 from tasks.prepare.artifacts import generate
+from tasks.prepare.datasets import ensure_datasets
 from tasks.prepare.export import export_model
-from tasks.recipe.datafiles import ensure_datasets
 from tests.prepare.kit import TASKS, tiny_recipe
 
 

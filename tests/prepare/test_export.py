@@ -171,7 +171,7 @@ def test_random_layers_never_reach_the_inference_model(tmp_path, own_random):
     import onnx
 
     from tasks.errors import ValidationFailed
-    from tasks.prepare import prepare
+    from tasks.prepare.pipeline import prepare
 
     recipe = tiny_recipe(
         tmp_path, {"model": {"callable": "tinymodels:random_depth", "kwargs": {"own_random": own_random}}}

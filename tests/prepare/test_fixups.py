@@ -14,8 +14,8 @@ from torch import nn
 
 from tasks.errors import ArtifactError
 from tasks.prepare import batchnorm, fixups, messages
-from tasks.prepare.artifacts import _run_generate
 from tasks.prepare.batchnorm import fix_batchnorm
+from tasks.prepare.ort_training import run_generate
 from tasks.prepare.trainable import bn_statistics, float_params
 from tests.prepare.kit import tiny_recipe
 
@@ -42,7 +42,7 @@ def generate(model: onnx.ModelProto, trainable: list[str], tmp_path) -> None:
     fix_batchnorm(model)
     frozen = [n for n in float_params(model) if n not in trainable and n not in bn_statistics(model)]
     recipe = tiny_recipe(tmp_path)
-    _run_generate(model, trainable, frozen, artifacts.LossType.MSELoss, recipe, tmp_path / "artifacts")
+    run_generate(model, trainable, frozen, artifacts.LossType.MSELoss, recipe, tmp_path / "artifacts")
 
 
 def run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:

@@ -22,7 +22,7 @@ CUT = "/Flatten_output_0"
 @pytest.fixture(scope="module")
 def foreign(tmp_path_factory):
     """The recipe's data folder (digits + the foreign eval-mode export), made once."""
-    from tasks.recipe.datafiles import ensure_datasets
+    from tasks.prepare.datasets import ensure_datasets
     from tasks.recipe.load import load_recipe
 
     recipe = load_recipe(RECIPE)
@@ -97,7 +97,7 @@ def test_train_from_freezes_everything_before_it_and_bn_is_folded(foreign, tmp_p
 
 
 def test_the_adapted_recipe_prepares_and_validates(foreign, tmp_path):
-    from tasks.prepare import prepare
+    from tasks.prepare.pipeline import prepare
 
     done = prepare(foreign, tmp_path / "out")
     assert done.validation["passed"] and done.validation["checks"]["loss_falls"]
@@ -224,7 +224,7 @@ def test_the_wiki_case_from_an_eval_mode_mobilenet_v2_export(tmp_path):
     """recipes/mobilenet_v2_onnx.toml: torchvision mobilenet_v2 exported as the wiki's section 4.1
     does (BN folded), cut before its classifier, a 2-class head; the last conv trains under the
     names the wiki shows (onnx::Conv_691 / 692), everything before it stays frozen."""
-    from tasks.prepare import prepare
+    from tasks.prepare.pipeline import prepare
     from tasks.recipe.load import load_recipe
 
     recipe = load_recipe(PROJECT_ROOT / "recipes" / "mobilenet_v2_onnx.toml")

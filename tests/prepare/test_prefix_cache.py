@@ -22,7 +22,7 @@ DEEP = {
 
 
 def _prepare(folder, changes):
-    from tasks.prepare import prepare
+    from tasks.prepare.pipeline import prepare
 
     folder.mkdir()
     recipe = tiny_recipe(folder, changes)

@@ -10,7 +10,7 @@ import pytest
 
 from flows.cli import main
 from tasks.errors import HostExit, ValidationFailed
-from tasks.prepare import prepare
+from tasks.prepare.pipeline import prepare
 from tasks.prepare.validate import validate
 from tests.prepare.kit import tiny_recipe
 

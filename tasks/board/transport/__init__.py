@@ -2,16 +2,28 @@
 
 ``connect(board)`` opens the transport the entry names: ``ssh`` (the default; a real or virtual
 board) or ``local`` (an agent root on this machine). Everything above this package talks to a
-:class:`Transport` and never to paramiko.
+:class:`Transport` and never to paramiko. A transport is a context manager (``with connect(board)
+as conn:`` closes it); ``connection(board, conn)`` is that, or a caller's open ``conn`` left open.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 from tasks.board.inventory import Board
 from tasks.board.transport.base import ByteProgress, Result, Transport, quote_argv
 from tasks.board.transport.local import LocalTransport
 
-__all__ = ["Board", "LocalTransport", "ByteProgress", "Result", "Transport", "connect", "quote_argv"]
+__all__ = [
+    "Board",
+    "LocalTransport",
+    "ByteProgress",
+    "Result",
+    "Transport",
+    "connect",
+    "connection",
+    "quote_argv",
+]
 
 
 def connect(board: Board) -> Transport:
@@ -21,3 +33,9 @@ def connect(board: Board) -> Transport:
     from tasks.board.transport.ssh import SSHTransport  # paramiko only when a board needs it
 
     return SSHTransport(board)
+
+
+def connection(board: Board, conn: Transport | None = None) -> contextlib.AbstractContextManager[Transport]:
+    """A ``with`` block's connection to ``board``: the caller's open ``conn`` (left open after the
+    block: it is the caller's to close), else a new one closed on exit."""
+    return contextlib.nullcontext(conn) if conn is not None else connect(board)

@@ -14,7 +14,8 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from types import TracebackType
+from typing import Protocol, Self
 
 ByteProgress = Callable[[int, int], None]  # (bytes done, bytes total) of one transfer
 
@@ -33,7 +34,11 @@ class Result:
 
 
 class Transport(Protocol):
-    """What the deployment code needs from a connection to a board."""
+    """What the deployment code needs from a connection to a board.
+
+    A transport is a context manager: ``with connect(board) as conn:`` closes it on exit (the
+    implementations subclass this protocol to inherit ``__enter__``/``__exit__``).
+    """
 
     def run(
         self, argv: list[str], *, input: bytes | None = None, check: bool = True, timeout: float | None = None
@@ -43,6 +48,16 @@ class Transport(Protocol):
     def exists(self, remote: str) -> bool: ...
     def read_from(self, remote: str, offset: int) -> bytes: ...
     def close(self) -> None: ...
+
+    def __enter__(self) -> Self:
+        """The open transport itself."""
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """Close the transport, whatever ended the block."""
+        self.close()
 
 
 def quote_argv(argv: list[str]) -> str:

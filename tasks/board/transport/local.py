@@ -10,13 +10,13 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from tasks.board.transport.base import ByteProgress, Result
+from tasks.board.transport.base import ByteProgress, Result, Transport
 from tasks.errors import DeviceUnreachable, RemoteCommandFailed, TransferError
 
 CHUNK = 1024 * 1024
 
 
-class LocalTransport:
+class LocalTransport(Transport):
     """The :class:`~tasks.board.transport.base.Transport` interface on this machine."""
 
     def __init__(self, name: str = "local") -> None:

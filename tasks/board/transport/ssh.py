@@ -18,7 +18,7 @@ from pathlib import Path
 import paramiko
 
 from tasks.board.inventory import Board
-from tasks.board.transport.base import ByteProgress, Result, quote_argv
+from tasks.board.transport.base import ByteProgress, Result, Transport, quote_argv
 from tasks.errors import DeviceUnreachable, HostKeyRejected, RemoteCommandFailed, TransferError
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def link_errors(board: str, what: str) -> Iterator[None]:
         ) from exc
 
 
-class SSHTransport:
+class SSHTransport(Transport):
     """A paramiko connection to one board of the inventory (RejectPolicy, keys only)."""
 
     def __init__(self, board: Board) -> None:

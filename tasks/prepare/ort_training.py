@@ -1,0 +1,158 @@
+"""ONNX Runtime's artifact generation for one model, shared by the full artifacts
+(:mod:`tasks.prepare.artifacts`) and the split ones of frozen-prefix caching
+(:mod:`tasks.prepare.split_artifacts`): the loss and optimizer blocks, the call itself (its log
+lines demoted, a refusal said in one line), the check that a board with ORT 1.19.2 can load what
+it wrote (IR <= 10, opset <= 21) and the manifest's file entries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from tasks.errors import ArtifactError, RecipeError
+from tasks.hashing import file_sha256
+from tasks.prepare.export import quiet_stderr
+from tasks.prepare.messages import generate_failure
+from tasks.prepare.onnx_versions import MAX_IR, MAX_OPSET
+from tasks.prepare.torch_model import load_ref
+from tasks.recipe.schema import Recipe
+
+log = logging.getLogger(__name__)
+
+
+def onnx_opset(model: onnx.ModelProto) -> int:
+    """The default-domain opset a model imports."""
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+
+
+def check_board_loadable(model: onnx.ModelProto, what: str) -> None:
+    """ArtifactError if ORT 1.19.2 (the board's) could not load ``model`` (IR > 10 or opset > 21)."""
+    if model.ir_version > MAX_IR:
+        raise ArtifactError(
+            f"{what} has ONNX IR version {model.ir_version}; ORT 1.19.2 on the board loads "
+            f"IR <= {MAX_IR} (was it written by onnx >= 1.18? pin onnx==1.17.0)"
+        )
+    if onnx_opset(model) > MAX_OPSET:
+        raise ArtifactError(
+            f"{what} uses opset {onnx_opset(model)}; ORT 1.19.2 on the board supports "
+            f"opset <= {MAX_OPSET} (export with opset 17)"
+        )
+
+
+@contextlib.contextmanager
+def _ort_logging_to_debug() -> Iterator[None]:
+    """generate_artifacts logs ~40 INFO lines on the root logger: re-log them at DEBUG here."""
+    root = logging.getLogger()
+
+    def demote(record: logging.LogRecord) -> bool:
+        if "onnxruntime" in record.pathname:
+            log.debug("generate_artifacts: %s", record.getMessage())
+            return False
+        return True
+
+    root.addFilter(demote)
+    try:
+        yield
+    finally:
+        root.removeFilter(demote)
+
+
+def _output_shapes(model: onnx.ModelProto) -> dict[str, list[Any]]:
+    return {
+        o.name: [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim] for o in model.graph.output
+    }
+
+
+def build_loss(recipe: Recipe, model: onnx.ModelProto) -> tuple[Any, str]:
+    """The loss for generate_artifacts (LossType, onnxblock.Block or None) and its manifest name."""
+    from onnxruntime.training import artifacts, onnxblock  # imports torch: only when graphs are generated
+
+    kind, shapes = recipe.loss.kind, _output_shapes(model)
+    outs = list(shapes)
+    if kind == "embedded":
+        if shapes[outs[0]]:
+            raise RecipeError(
+                "loss.kind",
+                "'embedded' only for a model whose first output is a scalar loss",
+                f"first output '{outs[0]}' has shape {shapes[outs[0]]}",
+            )
+        return None, "embedded"
+    if kind == "custom":
+        block = load_ref(recipe.base_dir, recipe.loss.factory or "", "loss.kind")()
+        if not isinstance(block, onnxblock.Block):
+            raise RecipeError(
+                "loss.kind",
+                "a factory returning an onnxruntime.training.onnxblock.Block",
+                type(block).__name__,
+            )
+        return block, f"custom:{recipe.loss.factory}"
+    if len(outs) != 1:
+        raise RecipeError(
+            "loss.kind",
+            f"a custom or embedded loss for a model with {len(outs)} outputs "
+            f"({outs}); '{kind}' takes exactly one",
+            kind,
+        )
+    shape = shapes[outs[0]]
+    if kind == "cross-entropy" and (len(shape) != 2 or shape[1] != (recipe.model.num_classes or shape[1])):
+        raise RecipeError(
+            "loss.kind",
+            f"a loss matching output '{outs[0]}' of shape {shape} (cross-entropy "
+            f"needs [batch, num_classes={recipe.model.num_classes}])",
+            kind,
+        )
+    loss_types = {
+        "mse": "MSELoss",
+        "cross-entropy": "CrossEntropyLoss",
+        "bce-with-logits": "BCEWithLogitsLoss",
+        "l1": "L1Loss",
+    }
+    return getattr(artifacts.LossType, loss_types[kind]), kind
+
+
+def build_optimizer(recipe: Recipe) -> Any:
+    """AdamW (with the recipe's weight decay) or SGD, for generate_artifacts."""
+    from onnxruntime.training import artifacts, onnxblock  # imports torch: only when graphs are generated
+
+    if recipe.optimizer.kind == "adamw":
+        return onnxblock.optim.AdamW(weight_decay=recipe.optimizer.weight_decay)
+    return artifacts.OptimType.SGD
+
+
+def file_entry(path: Path, rel: str) -> dict[str, Any]:
+    """``{"path", "sha256", "size"}`` for one file."""
+    return {"path": rel, "sha256": file_sha256(path), "size": path.stat().st_size}
+
+
+def run_generate(
+    model: onnx.ModelProto, trainable: list[str], frozen: list[str], loss: Any, recipe: Recipe, art_dir: Path
+) -> None:
+    """Write ORT's training, eval and optimizer graphs and checkpoint for ``model`` into ``art_dir``
+    (emptied first); ArtifactError with one line (:mod:`tasks.prepare.messages`) when ORT refuses."""
+    from onnxruntime.training import artifacts  # imports torch: only when graphs are generated
+
+    extra_outputs = [] if loss is None else [o.name for o in model.graph.output]
+    if art_dir.exists():
+        shutil.rmtree(art_dir)
+    art_dir.mkdir(parents=True)
+    with _ort_logging_to_debug(), quiet_stderr("generate_artifacts"):
+        try:
+            artifacts.generate_artifacts(
+                model,
+                requires_grad=trainable,
+                frozen_params=frozen,
+                loss=loss,
+                optimizer=build_optimizer(recipe),
+                artifact_directory=art_dir,
+                # keep the model's outputs beside the loss so the board can report accuracy
+                additional_output_names=extra_outputs,
+            )
+        except Exception as exc:  # ORT raises RuntimeError, TypeError, onnx errors ...
+            raise ArtifactError(generate_failure(str(exc), model, trainable)) from exc

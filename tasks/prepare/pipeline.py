@@ -1,0 +1,183 @@
+"""The one prepare path: data -> export -> training artifacts -> offline validation, in one folder.
+
+:func:`prepare` is how every caller gets a :class:`~tasks.prepare.Prepared`: ``odl prepare`` and the
+benches build every step into the folder they name (``cache=False``); ``odl run`` and the flow
+(through :mod:`tasks.stages`) reuse the folder of the job's inputs (``cache=True``).
+
+What a job is built from is hashed once, here (:func:`inputs`): the recipe (canonical, overrides
+applied, without its ``[promotion]`` table, which judges a result but builds nothing), every host
+file it names (data sets, weights, an ONNX model), the source of a ``module:callable`` model and
+the pipeline's own preparation code. The hash names the prepared folder
+``$ODL_HOME/prepared/<recipe>-<hash12>`` and the job on the board, so ``odl run`` and the flow reuse
+the same folder and editing a model module re-exports under both.
+
+Each step of a cached folder (export, artifacts, validation) leaves a ``.done-<step>`` marker
+holding the input hash; a step whose marker matches is skipped, so a folder is never half reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tasks.hashing import file_sha256
+from tasks.paths import state_dir
+from tasks.prepare import Prepared
+from tasks.prepare.artifacts import generate
+from tasks.prepare.datasets import ensure_datasets
+from tasks.prepare.export import export_model
+from tasks.prepare.validate import validate as run_validation
+from tasks.recipe.datafiles import recipe_files
+from tasks.recipe.schema import Recipe
+
+log = logging.getLogger(__name__)
+
+STEPS = ("export", "artifacts", "validate")
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """A recipe and the sha256 of everything a job is built from (``hashes``: field -> sha256)."""
+
+    recipe: Recipe
+    hashes: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        """sha256 over ``hashes``: equal keys build and train the same job."""
+        return hashlib.sha256(json.dumps(self.hashes, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def folder(self) -> Path:
+        """The prepared folder of these inputs: ``$ODL_HOME/prepared/<recipe>-<key12>``."""
+        return state_dir("prepared", f"{self.recipe.name}-{self.key[:12]}")
+
+
+def recipe_build_hash(recipe: Recipe) -> str:
+    """sha256 of the canonical recipe without what builds nothing: ``[promotion]`` (it judges),
+    ``[fleet]`` (it schedules rounds) and ``training.start_from`` (the warm checkpoint is made per
+    run, from the registry)."""
+    raw = {k: v for k, v in recipe.raw.items() if k not in ("promotion", "fleet")}
+    if isinstance(raw.get("training"), dict) and "start_from" in raw["training"]:
+        raw["training"] = {k: v for k, v in raw["training"].items() if k != "start_from"}
+    return hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def prepare_code_hash() -> str:
+    """sha256 of the preparation code (``tasks/prepare/``): a pipeline upgrade rebuilds the folder."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def inputs(recipe: Recipe) -> Inputs:
+    """Hash the recipe, the host files it names and a callable model's module source."""
+    files: dict[str, Path] = dict(recipe_files(recipe))
+    if recipe.model.kind == "callable":
+        module = recipe.model.ref.split(":", 1)[0].replace(".", "/") + ".py"
+        files["model.callable"] = recipe.base_dir / module
+    elif recipe.model.kind == "onnx":
+        files["model.onnx"] = Path(recipe.model.ref)
+    hashes = {"recipe": recipe_build_hash(recipe), "code.prepare": prepare_code_hash()}
+    hashes |= {k: file_sha256(p) for k, p in sorted(files.items()) if Path(p).is_file()}
+    return Inputs(recipe, hashes)
+
+
+def step_done(inp: Inputs, step: str) -> bool:
+    """True when ``step`` (export, artifacts, validate) of these inputs is complete on disk."""
+    marker = inp.folder / f".done-{step}"
+    return marker.is_file() and marker.read_text().strip() == inp.key
+
+
+def _mark(folder: Path, step: str, inp: Inputs) -> None:
+    (folder / f".done-{step}").write_text(inp.key + "\n")
+
+
+def export(inp: Inputs) -> Path:
+    """Export the recipe's model to ``<folder>/model.onnx`` (training mode); reused when done."""
+    folder, path = inp.folder, inp.folder / "model.onnx"
+    if step_done(inp, "export") and path.is_file():
+        return path
+    for step in STEPS:  # what was built from an older export is stale
+        (folder / f".done-{step}").unlink(missing_ok=True)
+    export_model(inp.recipe, folder)
+    _mark(folder, "export", inp)
+    return path
+
+
+def generate_artifacts(inp: Inputs) -> dict[str, Any]:
+    """ORT training artifacts and ``manifest.json`` from the exported model; reused when done."""
+    model = export(inp)
+    folder = inp.folder
+    manifest = folder / "manifest.json"
+    if step_done(inp, "artifacts") and manifest.is_file():
+        return json.loads(manifest.read_text())
+    (folder / ".done-validate").unlink(missing_ok=True)
+    result = generate(inp.recipe, model, folder)
+    _mark(folder, "artifacts", inp)
+    return result
+
+
+def validate(inp: Inputs) -> dict[str, Any]:
+    """The host dry-run of the recipe on the generated artifacts; reused when done."""
+    generate_artifacts(inp)
+    folder = inp.folder
+    report = folder / "validation.json"
+    if step_done(inp, "validate") and report.is_file():
+        return json.loads(report.read_text())
+    result = run_validation(inp.recipe, folder)
+    _mark(folder, "validate", inp)
+    return result
+
+
+def prepared(inp: Inputs) -> Prepared:
+    """The :class:`~tasks.prepare.Prepared` view of the inputs' folder (validation None if skipped)."""
+    folder = inp.folder
+    validation = folder / "validation.json"
+    has_validation = step_done(inp, "validate") and validation.is_file()
+    return Prepared.of(
+        folder,
+        json.loads((folder / "manifest.json").read_text()),
+        json.loads(validation.read_text()) if has_validation else None,
+    )
+
+
+def prepare(
+    recipe: Recipe | Inputs, out_dir: Path | None = None, *, validate: bool = True, cache: bool = False
+) -> Prepared:
+    """Generate the data if missing, export, generate artifacts and (by default) validate offline.
+
+    ``cache=False`` runs every step into ``out_dir`` (``odl prepare``, the benches). ``cache=True``
+    works in the folder of the recipe's :class:`Inputs` (``$ODL_HOME/prepared/<recipe>-<hash12>``)
+    and skips each step already done for the same inputs (``odl run``, the flow); ``recipe`` may be
+    those inputs, already hashed. Raises the stage's PipelineError subclass (RecipeError, DataError,
+    ModelError, ArtifactError, ValidationFailed) on the first problem.
+    """
+    if cache and out_dir is not None:
+        raise ValueError("prepare(cache=True) works in the folder of the recipe's inputs: pass no out_dir")
+    inp = recipe if isinstance(recipe, Inputs) else None
+    spec = recipe.recipe if isinstance(recipe, Inputs) else recipe
+    ensure_datasets(spec)
+    if cache:
+        return _cached(inp or inputs(spec), validated=validate)
+    folder = Path(out_dir).resolve() if out_dir is not None else (inp or inputs(spec)).folder
+    for step in STEPS:  # rebuilt here: no marker vouches for the folder's steps any more
+        (folder / f".done-{step}").unlink(missing_ok=True)
+    model_onnx = export_model(spec, folder)
+    manifest = generate(spec, model_onnx, folder)
+    report = run_validation(spec, folder) if validate else None
+    return Prepared.of(folder, manifest, report)
+
+
+def _cached(inp: Inputs, *, validated: bool) -> Prepared:
+    """The steps of ``inp``'s folder not done yet for these inputs (validation only if ``validated``)."""
+    if validated:
+        validate(inp)
+    else:
+        generate_artifacts(inp)
+    return prepared(inp)
