@@ -198,7 +198,8 @@ def bench_cache(python: Path, rows: int, epochs: int) -> list[dict[str, Any]]:
     bs = recipe.training.batch_size
     args = {"recipe": str(PROJECT_ROOT / "recipes" / "mobilenet_v2.toml"), "trainable": prepared.manifest["trainable"],
             "train": str(root / "blobs" / data.blob.sha256), "x": "x", "y": "y", "batch_size": bs,
-            "steps": rows // bs, "seed": recipe.training.seed, "threads": physical_cores()}  # fmt: skip
+            "steps": rows // bs, "seed": recipe.training.seed, "threads": physical_cores(),
+            "warmup": 0}  # fmt: skip  # the whole epoch, as the agent's epochs are timed
     torch_ = json_run([sys.executable, "-c", TORCH_LOOP, json.dumps(args)])
     torch_row = {"mode": "torch loop (full graph)", "epoch1_s": round(rows / torch_["samples_per_s"], 2),
                  "later_samples_per_s": round(torch_["samples_per_s"], 1),

@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import logging
 import math
-import mmap
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,54 +28,17 @@ from device_agent.checkpoints import Progress, save_checkpoint
 from device_agent.data import InputSpec, epoch_permutation, steps_per_epoch
 from device_agent.errors import AgentError
 from device_agent.events import EventLog
+from device_agent.hold import Hold
 from device_agent.jobdir import JobDir
-from device_agent.protocol import ExitCode, JobSpec, TrainParams
+from device_agent.protocol import ExitCode, JobSpec
+from device_agent.schedule import lr_at, step_seeder
 
 log = logging.getLogger(__name__)
 CANCEL_POLL_S = 0.2  # how often the loop looks for cancel.request (SIGTERM is seen at once)
-HOLD_POLL_S = 0.05  # how often a paused job looks whether its hold file is gone
 STEP_DELAY_ENV = "ODL_AGENT_STEP_DELAY_S"  # slows every step down (tests and demos of live progress)
 PENDING_STEPS = 64  # steps whose logits and labels are kept before their accuracy is counted
 PENDING_VALUES = 1 << 16  # ... fewer when a step's logits are large (at most ~256 KB of float32)
 CHUNK_BYTES = 1 << 20  # the rows of the next steps gathered at once, up to PENDING_STEPS steps
-# Op types whose kernels draw from ORT's global generators (Dropout and its fused variants,
-# the Random* ops, Bernoulli, Multinomial); a graph without any is deterministic.
-RANDOM_OPS = (b"Dropout", b"Random", b"Bernoulli", b"Multinomial")
-
-
-def lr_at(step: int, total: int, p: TrainParams) -> float:
-    """Linear warm-up to ``p.lr`` over ``warmup_steps``, then linear decay to ``lr*final_lr_ratio``."""
-    if step < p.warmup_steps:
-        return p.lr * (step + 1) / p.warmup_steps
-    span = max(1, total - p.warmup_steps - 1)
-    frac = min(1.0, (step - p.warmup_steps) / span)
-    return p.lr * (1.0 - frac * (1.0 - p.final_lr_ratio))
-
-
-def has_random_ops(model: Path) -> bool:
-    """Whether an ONNX file may hold a random op (its op type names are stored verbatim).
-
-    True when the file cannot be read: seeding is then done as if it had one.
-    """
-    try:
-        with open(model, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            return any(data.find(op) >= 0 for op in RANDOM_OPS)
-    except (OSError, ValueError):
-        return True
-
-
-def step_seeder(model: Path) -> Any:
-    """ORT's ``set_seed`` when the training graph ``model`` has a random op, else None.
-
-    Re-seeding before every step makes a Dropout mask a function of the step number (ORT's
-    Dropout draws from a global Philox generator that ``set_seed`` resets), which a resumed job
-    needs to reproduce an uninterrupted one. Without a random op it changes nothing.
-    """
-    if not has_random_ops(model):
-        return None
-    from onnxruntime.capi import _pybind_state as capi  # lazy: ORT loads through device_agent.ort only
-
-    return getattr(capi, "set_seed", None)
 
 
 @dataclass
@@ -115,8 +76,7 @@ class Trainer:
         self.cancel_flag = False
         self._perm: tuple[int, np.ndarray] | None = None
         self._cancel_path = str(job.cancel_file)
-        self._hold_path = str(job.hold_file)
-        self._hold_at: int | None = None  # the step the hold file names (read with cancel.request)
+        self._hold = Hold(job.hold_file, job.held_file)  # a test hook, read with cancel.request
         self._cancel_polled = 0.0
         self._feeds = [(s.name, s.dtype) for s in sess.inputs]
         self._seeder = step_seeder(job.blob(spec.artifacts["training_model"].sha256))
@@ -152,8 +112,8 @@ class Trainer:
                 first, last = start, min(stop, start + self._chunk_steps * bs)
                 chunk = self._gather(perm[first:last])
             self._step(progress, [a[start - first : start - first + bs] for a in chunk])
-            if self._hold_at is not None and progress.step >= self._hold_at:
-                self._hold(progress)
+            if self._hold.due(progress.step):
+                self._hold.wait(progress.step, self._cancel_requested)
             if progress.step == end:
                 self._end_epoch(progress)
                 return
@@ -279,36 +239,15 @@ class Trainer:
         if now - self._cancel_polled >= CANCEL_POLL_S:  # a stat per step costs more than a small step
             self._cancel_polled = now
             self.cancel_flag = self.cancel_flag or os.path.exists(self._cancel_path)
-            self._hold_at = _read_hold(self._hold_path)
+            self._hold.poll()
         if self.cancel_flag:
             self.checkpoint(progress)
             raise Cancelled(f"cancelled at step {progress.step}")
 
-    def _hold(self, progress: Progress) -> None:
-        """Pause after a known step while ``hold`` exists (a test hook: faults injected while a job
-        certainly runs). ``held`` says where the job waits; a cancel ends the pause."""
-        held = Path(self.job.held_file)
-        held.write_text(str(progress.step))
-        log.info("held after step %d (remove %s to go on)", progress.step, self._hold_path)
-        while os.path.exists(self._hold_path) and not self.cancel_flag:
-            time.sleep(HOLD_POLL_S)
-            self.cancel_flag = os.path.exists(self._cancel_path)
-        held.unlink(missing_ok=True)
-        self._hold_at = None
-        log.info("released at step %d", progress.step)
-
-
-def _read_hold(path: str) -> int | None:
-    """The step a hold file names (an empty or unreadable one: pause at once); None without one."""
-    try:
-        with open(path) as fh:
-            text = fh.read().strip()
-    except OSError:
-        return None
-    try:
-        return int(text) if text else 0
-    except ValueError:
-        return 0
+    def _cancel_requested(self) -> bool:
+        """A cancel seen now (used while the job is held)."""
+        self.cancel_flag = self.cancel_flag or os.path.exists(self._cancel_path)
+        return self.cancel_flag
 
 
 def _correct_of(task: str, logits: np.ndarray, labels: np.ndarray) -> int:

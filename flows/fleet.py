@@ -33,8 +33,9 @@ from tasks.fleet.rounds import FleetRun, check_fleet
 from tasks.judge.report import gate_md
 from tasks.prefect import fleet as ft
 from tasks.prefect import tasks as pt
+from tasks.recipe.extras import DeadlineS, FleetStrategy, MinBoards, Rounds
 from tasks.recipe.load import load_recipe
-from tasks.recipe.schema import DeadlineS, Epochs, FleetStrategy, LearningRate, MinBoards, Rounds
+from tasks.recipe.training import Epochs, LearningRate
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,9 @@ from tasks.paths import state_dir
 from tasks.prefect import tasks as pt
 from tasks.prefect.limits import ensure_board_limit
 from tasks.prefect.publish import publish, report_input
+from tasks.recipe.extras import MinGain
 from tasks.recipe.load import load_recipe
-from tasks.recipe.schema import BatchSize, Epochs, LearningRate, MinGain
+from tasks.recipe.training import BatchSize, Epochs, LearningRate
 
 log = logging.getLogger(__name__)
 

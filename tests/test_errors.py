@@ -1,4 +1,4 @@
-"""The host's exit codes and retry policy (tasks/errors.py): one code per error class, each with help,
+"""The host's exit codes and retry policy (tasks/exits.py, tasks/errors.py): one code per error class, each with help,
 none shared with the agent; the tree, the table, the classes' codes, retry flags and docstrings all
 rendered from ``HOST_EXITS``, and the README's table equal to it.
 
@@ -14,7 +14,8 @@ import pytest
 import tasks.stack  # noqa: F401 - registers StackError, the one PipelineError outside tasks/errors.py
 from device_agent.protocol import EXIT_HELP, NEVER_RETRY, ExitCode
 from tasks import errors
-from tasks.errors import HOST_EXIT_HELP, HOST_EXITS, HostExit, PipelineError, exit_table
+from tasks.errors import HostExit, PipelineError
+from tasks.exits import HOST_EXIT_HELP, HOST_EXITS, exit_table
 from tasks.paths import PROJECT_ROOT
 
 README = PROJECT_ROOT / "README.md"

@@ -12,7 +12,7 @@ from typing import Any
 from tasks.errors import RegistryError
 from tasks.judge.direction import LOWER_IS_BETTER
 from tasks.judge.gate import guardrails, significance
-from tasks.recipe.schema import PromotionSpec
+from tasks.recipe.extras import PromotionSpec
 
 
 @dataclass(frozen=True)

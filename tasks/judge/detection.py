@@ -26,7 +26,7 @@ import numpy as np
 from device_agent import detection as det
 from tasks.errors import EvaluationError
 from tasks.judge.runtime import npz_arrays, session
-from tasks.recipe.schema import DetectionSpec
+from tasks.recipe.extras import DetectionSpec
 
 EXAMPLES = 4  # test images whose detections the metrics keep for the report's drawings
 EXAMPLE_SCORE = 0.1  # drawn detections: at least this score

@@ -42,7 +42,7 @@ from tasks.judge.losses import (
     task_loss,
 )
 from tasks.judge.runtime import load_test_set, run_model, single_sample_latency_ms
-from tasks.recipe.schema import DetectionSpec
+from tasks.recipe.extras import DetectionSpec
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from tasks.errors import EvaluationError, RecipeError, ort_message
 from tasks.judge.calibration import Reader, calibration_inputs, chunk
 from tasks.judge.direction import LOWER_IS_BETTER
 from tasks.judge.runtime import session
-from tasks.recipe.schema import QUANT_METHODS, QuantizeSpec
+from tasks.recipe.extras import QUANT_METHODS, QuantizeSpec
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper, version_converter
 
 from tasks.errors import ModelError, RecipeError
-from tasks.recipe.schema import HeadSpec, Recipe
+from tasks.recipe.extras import HeadSpec
+from tasks.recipe.schema import Recipe
 
 log = logging.getLogger(__name__)
 

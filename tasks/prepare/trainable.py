@@ -18,7 +18,8 @@ from math import prod
 import onnx
 
 from tasks.errors import RecipeError
-from tasks.recipe.schema import Recipe, TrainableSpec
+from tasks.recipe.schema import Recipe
+from tasks.recipe.training import TrainableSpec
 
 FLOAT_TYPES = {
     onnx.TensorProto.FLOAT,

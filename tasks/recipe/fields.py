@@ -71,3 +71,8 @@ Texts = tuple[Text, ...]
 Ref = Annotated[str, Field(pattern=REF_PATTERN), Expect("a 'module:callable' reference")]
 FilePath = Annotated[Path, AfterValidator(_resolve)]
 BoardPath = Annotated[str, AfterValidator(_board_path), Expect(BOARD_PATH)]
+
+
+def present(data: Any, keys: tuple[str, ...]) -> list[str]:
+    """The ``keys`` a table gives in the file (a before-validator sees the TOML table as a dict)."""
+    return [k for k in keys if isinstance(data, dict) and k in data]

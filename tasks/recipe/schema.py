@@ -24,104 +24,37 @@ against the recipe file's folder). The flows' parameters reuse the shared types 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema, model_validator
+from pydantic import Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from device_agent.protocol import TASKS
 from tasks.errors import RecipeError
+from tasks.recipe.extras import DetectionSpec, FleetSpec, HeadSpec, PromotionSpec, QuantizeSpec
 from tasks.recipe.fields import (
     NAME_PATTERN,
-    REF_PATTERN,
     BoardPath,
-    Bool,
     FilePath,
     Int,
     Number,
     Ref,
     Text,
     Texts,
+    present,
     recipe_table,
 )
 from tasks.recipe.messages import Expect, expected
+from tasks.recipe.training import LossSpec, OptimizerSpec, ScheduleSpec, TrainableSpec, TrainingSpec
 
-BUILTIN_LOSSES = ("mse", "cross-entropy", "bce-with-logits", "l1")
-Strategy = Literal["classifier", "last-conv+classifier", "all", "freeze_net", "freeze_basenet"]
-BatchNorm = Literal["frozen", "batch-stats"]
-Optimizer = Literal["adamw", "sgd"]
-StartFrom = Literal["base", "current"]
-PrefixCache = Literal["auto", "off"]
-CacheDtype = Literal["float32", "float16"]
-CacheStore = Literal["auto", "ram", "disk"]
 BoardFormat = Literal["npz-shards", "image-folder"]
-QuantMethod = Literal["minmax", "entropy", "percentile"]
-FleetStrategy = Literal["fedavg", "fedavgm", "fedadam"]  # tasks.fleet.strategies.STRATEGIES' names
 Task = Literal[TASKS]  # type: ignore[valid-type]  # the board's task names (device_agent.protocol)
 
-CACHE_DTYPES: tuple[str, ...] = get_args(CacheDtype)
-CACHE_STORES: tuple[str, ...] = get_args(CacheStore)
-QUANT_METHODS: tuple[str, ...] = get_args(QuantMethod)
-FLEET_STRATEGIES: tuple[str, ...] = get_args(FleetStrategy)
 ACCURACY_TASKS = ("classification", "binary")
 DETECTION_METRICS = ("map50", "map", "map75")
 OPTIONAL_TABLES = ("head", "quantize", "detection")  # an empty table is the same as none
-CUSTOM_LOSS = "^custom:" + REF_PATTERN.removeprefix("^")
-
-# The fields the flows' parameters override: one definition of their bounds and help.
-Epochs = Annotated[Int, Field(ge=1, le=100_000, description="passes over the training set")]
-BatchSize = Annotated[Int, Field(ge=1, le=65536, description="samples per training step")]
-LearningRate = Annotated[Number, Field(gt=0, le=10, description="the optimizer's (peak) learning rate")]
-MinGain = Annotated[
-    Number,
-    Field(
-        ge=-(10**9),
-        le=10**9,
-        description="promote only if new - current > min_gain (for a loss, lower is better: "
-        "current - new > min_gain)",
-    ),
-]
-Rounds = Annotated[Int, Field(ge=1, le=1000, description="federated rounds")]
-MinBoards = Annotated[
-    Int, Field(ge=1, le=10000, description="quorum: a round with fewer boards finishing fails the run")
-]
-DeadlineS = Annotated[
-    Number,
-    Field(
-        gt=0,
-        le=7 * 86400,
-        description="seconds: a board not done this long after its round started is cut (a straggler)",
-    ),
-]
-
-
-def _loss_kind(kind: str) -> str:
-    if kind in (*BUILTIN_LOSSES, "embedded", "custom") or re.match(CUSTOM_LOSS, kind):
-        return kind
-    if kind.startswith("custom:"):
-        raise expected("custom:module:factory (a 'module:callable' reference after 'custom:')", got=kind)
-    raise expected(", ".join(BUILTIN_LOSSES) + ", custom:module:factory or embedded", got=kind)
-
-
-def _distinct(classes: tuple[str, ...]) -> tuple[str, ...]:
-    if len(set(classes)) != len(classes):
-        raise expected("a non-empty list of distinct object class names", got=list(classes))
-    return classes
-
-
-def _no_test(value: Any) -> Any:
-    """``significance = false``: no significance test (None)."""
-    if value is True:
-        raise expected("a level in (0, 0.5], or false", got=value)
-    return None if value is False else value
-
-
-def _present(data: Any, keys: tuple[str, ...]) -> list[str]:
-    """The ``keys`` a table gives in the file (a before-validator sees the TOML table as a dict)."""
-    return [k for k in keys if isinstance(data, dict) and k in data]
 
 
 @recipe_table("model")
@@ -171,12 +104,12 @@ class ModelSpec:
     @model_validator(mode="before")
     @classmethod
     def _no_empty_cut(cls, data: Any) -> Any:
-        sources = _present(data, ("torchvision", "callable", "onnx"))
+        sources = present(data, ("torchvision", "callable", "onnx"))
         if isinstance(data, dict) and len(sources) != 1:  # what the model is comes before its fields
             raise expected(
                 "exactly one of model.torchvision, model.callable, model.onnx", "torchvision", sources or None
             )
-        if _present(data, ("cut_at",)) and data["cut_at"] == []:
+        if present(data, ("cut_at",)) and data["cut_at"] == []:
             raise expected("a non-empty list of tensor names", "cut_at", [])
         return data
 
@@ -194,132 +127,6 @@ class ModelSpec:
                 "only with model.onnx (a PyTorch model is cut in its own code)", "cut_at", list(self.cut_at)
             )
         return self
-
-
-@recipe_table("trainable")
-class TrainableSpec:
-    """``[trainable]``: which parameters train; at least one of strategy / names / patterns / train_from."""
-
-    strategy: Strategy | None = Field(
-        None,
-        description="classifier | last-conv+classifier | all | freeze_net (the heads only) | "
-        "freeze_basenet (everything but the backbone)",
-    )
-    names: Texts = Field((), description="explicit parameter (initializer) names")
-    patterns: Texts = Field((), description="fnmatch globs over parameter names")
-    batchnorm: BatchNorm = Field(
-        "frozen",
-        description="frozen: every BatchNorm normalises with its running statistics in training as at "
-        "inference (scale and bias stay trainable when chosen) | batch-stats: ORT's training graph "
-        "normalises with batch statistics",
-    )
-    backbone: Texts = Field((), description="fnmatch globs: the backbone's parameters (freeze_basenet)")
-    heads: Texts = Field((), description="fnmatch globs: the heads' parameters (freeze_net)")
-    train_from: Annotated[Text, Expect("a node or tensor name")] | None = Field(
-        None,
-        description="an ONNX node or tensor name: nothing before it receives gradients (a [head] is "
-        "always after it)",
-    )
-
-    @model_validator(mode="after")
-    def _something_trains(self) -> TrainableSpec:
-        if not (self.strategy or self.names or self.patterns or self.train_from):
-            raise expected(
-                "at least one of trainable.strategy, trainable.names, trainable.patterns, trainable.train_from",
-                "strategy",
-            )
-        if self.strategy == "freeze_net" and not self.heads:
-            raise expected(
-                "globs of the heads' parameter names (strategy 'freeze_net' trains the heads)", "heads"
-            )
-        if self.strategy == "freeze_basenet" and not self.backbone:
-            raise expected(
-                "globs of the backbone's parameter names (strategy 'freeze_basenet' trains all but the "
-                "backbone)",
-                "backbone",
-            )
-        return self
-
-
-@recipe_table("loss")
-class LossSpec:
-    """``[loss]``: one of the four ORT losses, a custom onnxblock loss, or the model's first output."""
-
-    kind: Annotated[
-        str,
-        AfterValidator(_loss_kind),
-        WithJsonSchema(
-            {"anyOf": [{"enum": [*BUILTIN_LOSSES, "embedded"]}, {"type": "string", "pattern": CUSTOM_LOSS}]}
-        ),
-    ] = Field(
-        description="mse | cross-entropy | bce-with-logits | l1 | custom:module:factory (an onnxblock "
-        "loss) | embedded (the model's first output is the loss)"
-    )
-    factory: SkipJsonSchema[str | None] = None  # set from kind = "custom:module:factory"
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_factory_key(cls, data: Any) -> Any:
-        if _present(data, ("factory",)):
-            raise expected("a known key, this one is unknown (allowed: kind)", "factory")
-        return data
-
-    @model_validator(mode="after")
-    def _custom(self) -> LossSpec:
-        """``custom:module:factory`` becomes kind ``custom`` with its ``factory``."""
-        if self.kind.startswith("custom:"):
-            object.__setattr__(self, "factory", self.kind.removeprefix("custom:"))
-            object.__setattr__(self, "kind", "custom")
-        if (self.kind == "custom") != (self.factory is not None):
-            raise expected("custom:module:factory (a 'module:callable' reference)", "kind", self.kind)
-        return self
-
-
-@recipe_table("optimizer")
-class OptimizerSpec:
-    """``[optimizer]``."""
-
-    kind: Optimizer = Field("adamw", description="adamw | sgd")
-    lr: LearningRate = 1e-3
-    weight_decay: Number = Field(0.01, ge=0, le=1, description="adamw only")
-
-
-@recipe_table("schedule")
-class ScheduleSpec:
-    """``[schedule]``: linear warmup, then linear decay to lr * final_lr_ratio at the last step."""
-
-    warmup_steps: Int = Field(0, ge=0, le=10**9, description="steps of linear warmup")
-    final_lr_ratio: Number = Field(
-        0.0, ge=0, le=1, description="the last step's learning rate, as a share of lr"
-    )
-
-
-@recipe_table("training")
-class TrainingSpec:
-    """``[training]``: the board's training loop."""
-
-    batch_size: BatchSize = 16
-    epochs: Epochs = 3
-    checkpoint_every: Int = Field(
-        0, ge=0, le=10**9, description="steps between checkpoints; 0 = epoch ends only"
-    )
-    log_every: Int = Field(1, ge=1, le=10**9, description="steps between progress events")
-    seed: Int = Field(0, ge=0, le=2**32 - 1, description="seed of the shuffling")
-    start_from: StartFrom = Field(
-        "base",
-        description="base: the recipe's weights | current: the weights of the model in service for this "
-        "recipe and board (warm start)",
-    )
-    prefix_cache: PrefixCache = Field(
-        "auto",
-        description="auto: when every trainable parameter follows one tensor and the part before it is "
-        "deterministic, the board runs that frozen prefix once per sample and trains the rest on its "
-        "cached outputs (same results) | off",
-    )
-    cache_dtype: CacheDtype = Field("float32", description="float32 (exact) | float16 (half the memory)")
-    cache_store: CacheStore = Field(
-        "auto", description="auto (RAM when it fits half the free RAM, else disk) | ram | disk"
-    )
 
 
 @recipe_table("data")
@@ -359,8 +166,8 @@ class DataSpec:
     @model_validator(mode="before")
     @classmethod
     def _folder_keys(cls, data: Any) -> Any:
-        given = _present(data, ("board_format", "board_select", "replay"))
-        if given and not _present(data, ("board_dataset",)):
+        given = present(data, ("board_format", "board_select", "replay"))
+        if given and not present(data, ("board_dataset",)):
             raise expected("data.board_dataset too (it applies to a board dataset folder)", given[0])
         return data
 
@@ -376,114 +183,6 @@ class DataSpec:
         if self.replay > 0 and self.board_select != "new+replay":
             raise expected('0 unless data.board_select = "new+replay"', "replay", self.replay)
         return self
-
-
-@recipe_table("head")
-class HeadSpec:
-    """``[head]``: with one ``model.cut_at`` tensor, a new head on it."""
-
-    num_classes: Int = Field(ge=1, le=100000, description="a Linear to num_classes outputs")
-    hidden: Int = Field(0, ge=0, le=100000, description="> 0: a hidden Linear + ReLU of this width first")
-    pool: Literal["auto", "none"] = Field(
-        "auto", description="auto: global average pool + flatten a 4-D cut tensor | none: flatten only"
-    )
-    seed: Int = Field(0, ge=0, le=2**31 - 1, description="seeded initialisation (as torch.nn.Linear)")
-
-
-@recipe_table("quantize")
-class QuantizeSpec:
-    """``[quantize]``: a static int8 QDQ model for the NPU."""
-
-    calibration: FilePath = Field(description="host set (x) the activation ranges are calibrated on")
-    method: QuantMethod = Field("minmax", description="minmax | entropy | percentile")
-    per_channel: Bool = Field(True, description="per-channel weight scales")
-    samples: Int = Field(128, ge=1, le=10**6, description="calibration samples used (the first ones)")
-    max_drop: Annotated[Number, Field(ge=0)] | None = Field(
-        None,
-        description="promotion also needs the int8 model's promotion metric within max_drop of the float one",
-    )
-
-
-@recipe_table("detection")
-class DetectionSpec:
-    """``[detection]``, task embedded only: the model is a detector; the host decodes, runs per-class
-    NMS and reports COCO mAP (the test set also holds gt_boxes [N, M, 4] and gt_labels [N, M])."""
-
-    classes: Annotated[
-        Texts,
-        AfterValidator(_distinct),
-        Expect("a non-empty list of distinct object class names"),
-        WithJsonSchema(
-            {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "uniqueItems": True}
-        ),
-    ] = Field(min_length=1, description="object class names (class id 0 is the background)")
-    priors: FilePath | None = Field(
-        None, description="[P, 4] center-form priors in [0, 1]; default: the model's priors() at export"
-    )
-    scores_output: str = Field("scores", description="inference output: [N, P, C + 1] class probabilities")
-    offsets_output: str = Field(
-        "offsets", description="inference output: [N, P, 4] offsets (variances 0.1 / 0.2)"
-    )
-    score_threshold: Number = Field(0.01, ge=0, le=1, description="detections below are dropped")
-    iou_threshold: Number = Field(0.45, gt=0, le=1, description="per-class NMS")
-    max_detections: Int = Field(100, ge=1, le=10000, description="per image")
-
-
-@recipe_table("fleet")
-class FleetSpec:
-    """``[fleet]``: federated rounds over a group of boards (the fleet flow, deployment ``odl/fleet``)."""
-
-    rounds: Rounds = 3
-    min_boards: MinBoards = 1
-    deadline_s: DeadlineS = 1800.0
-    strategy: FleetStrategy = Field("fedavg", description="fedavg | fedavgm (server momentum) | fedadam")
-    server_lr: Number = Field(
-        1.0, gt=0, le=100, description="step on the aggregate: 1.0 = plain FedAvg (default 0.03 for fedadam)"
-    )
-    momentum: Number = Field(0.9, ge=0, le=0.999999, description="fedavgm: server momentum; fedadam: beta1")
-    beta2: Number = Field(0.99, ge=0, le=0.999999, description="fedadam")
-    tau: Number = Field(1e-3, ge=1e-12, le=10, description="fedadam: adaptivity (Adam's epsilon)")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _adam_lr(cls, data: Any) -> Any:
-        """A [fleet] table of fedadam without server_lr steps 0.03 (Adam's step size)."""
-        if isinstance(data, dict) and data.get("strategy") == "fedadam" and "server_lr" not in data:
-            return {**data, "server_lr": 0.03}
-        return data
-
-
-@recipe_table("promotion")
-class PromotionSpec:
-    """``[promotion]``: when a trained model replaces the one in service."""
-
-    metric: Annotated[Text, Expect("a metric name such as 'accuracy' or 'loss'")] = Field(
-        "accuracy",
-        description="any metric the evaluator reports: accuracy | loss | map50 | map | ...; default accuracy "
-        "for classification/binary, map50 for detectors, else loss",
-    )
-    min_gain: MinGain = 0.0
-    significance: Annotated[
-        Annotated[Number, Field(gt=0, le=0.5)] | None,
-        BeforeValidator(_no_test),
-        WithJsonSchema(
-            {"anyOf": [{"type": "number", "exclusiveMinimum": 0, "maximum": 0.5}, {"const": False}]}
-        ),
-        Expect("a level in (0, 0.5], or false"),
-    ] = Field(
-        0.05,
-        description="the gain must also be significant at this level on the paired test set (McNemar for "
-        "accuracy, paired bootstrap for losses); false: no test",
-    )
-    guardrails: Annotated[
-        dict[str, Annotated[Number, Field(ge=0)]], Expect('a table of "[set.]metric" = tolerance >= 0')
-    ] = Field(
-        default_factory=dict,
-        description='"[set.]metric" = the regression each may show (absolute) against the reference',
-    )
-    rollout: Bool = Field(
-        True, description="install a promoted model on the board (models/<recipe>/current.onnx)"
-    )
 
 
 @recipe_table("")

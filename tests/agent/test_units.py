@@ -11,7 +11,7 @@ import pytest
 from device_agent.data import epoch_permutation, load_npz_arrays
 from device_agent.events import EventLog, read_events
 from device_agent.protocol import JobSpec, TrainParams, file_sha256
-from device_agent.trainer import lr_at
+from device_agent.schedule import lr_at
 from tasks.errors import ArtifactError, RecipeError
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from tasks.errors import EvaluationError
 from tasks.judge.detection import check_outputs, coco_eval
-from tasks.recipe.schema import DetectionSpec
+from tasks.recipe.extras import DetectionSpec
 
 CLASSES = ("square", "disc", "triangle")
 GT_BOXES = np.array(

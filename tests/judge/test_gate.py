@@ -9,7 +9,7 @@ import pytest
 from tasks.errors import RegistryError
 from tasks.judge.gate import guardrails, mcnemar, paired_bootstrap, significance
 from tasks.judge.registry import decide
-from tasks.recipe.schema import PromotionSpec
+from tasks.recipe.extras import PromotionSpec
 
 
 def _classifier(correct, loss):

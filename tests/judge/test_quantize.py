@@ -14,7 +14,7 @@ from tasks.judge.evaluate import evaluate
 from tasks.judge.quantize import fixed_batch, int8_verdict, quantize_int8
 from tasks.judge.runtime import session
 from tasks.paths import PROJECT_ROOT
-from tasks.recipe.schema import QuantizeSpec
+from tasks.recipe.extras import QuantizeSpec
 
 DIGITS = PROJECT_ROOT / "recipes" / "data" / "digits"
 

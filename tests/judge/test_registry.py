@@ -8,7 +8,7 @@ import pytest
 
 from tasks.errors import RegistryError
 from tasks.judge.registry import Registry, decide
-from tasks.recipe.schema import PromotionSpec
+from tasks.recipe.extras import PromotionSpec
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from tasks.judge.report import (
     step_losses,
     summary_text,
 )
-from tasks.recipe.schema import PromotionSpec
+from tasks.recipe.extras import PromotionSpec
 
 
 def _metrics(acc, loss):

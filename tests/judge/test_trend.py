@@ -17,7 +17,7 @@ from tasks.judge.charts import trend_chart
 from tasks.judge.registry import Registry, Version, decide
 from tasks.judge.report import ReportInput, render_report
 from tasks.judge.trend import HEADING, trend_markdown, trend_points
-from tasks.recipe.schema import PromotionSpec
+from tasks.recipe.extras import PromotionSpec
 
 RULE = PromotionSpec(metric="accuracy", min_gain=0.0, significance=0.05)
 

@@ -19,16 +19,10 @@ from flows.fleet import FleetParams
 from flows.odl import OdlParams
 from tasks.errors import RecipeError
 from tasks.paths import PROJECT_ROOT
+from tasks.recipe.extras import FleetSpec, PromotionSpec, QuantizeSpec
 from tasks.recipe.load import json_schema, json_schema_text, load_recipe, parse_recipe
 from tasks.recipe.messages import describe
-from tasks.recipe.schema import (
-    FleetSpec,
-    LossSpec,
-    OptimizerSpec,
-    PromotionSpec,
-    QuantizeSpec,
-    TrainingSpec,
-)
+from tasks.recipe.training import LossSpec, OptimizerSpec, TrainingSpec
 from tests.prepare.kit import BASE, merge
 
 jsonschema = pytest.importorskip("jsonschema")  # Prefect's dependency: checks the schema as an editor would

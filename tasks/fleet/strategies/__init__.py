@@ -20,7 +20,7 @@ from tasks.fleet.strategies.base import Strategy, Update, weighted_mean
 from tasks.fleet.strategies.fedadam import FedAdam
 from tasks.fleet.strategies.fedavg import FedAvg
 from tasks.fleet.strategies.fedavgm import FedAvgM
-from tasks.recipe.schema import FleetSpec
+from tasks.recipe.extras import FleetSpec
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "fedavg": FedAvg,

@@ -19,7 +19,7 @@ import numpy as np
 
 from tasks.errors import FleetError
 from tasks.fleet.weights import Weights
-from tasks.recipe.schema import FleetSpec
+from tasks.recipe.extras import FleetSpec
 
 Update = tuple[Weights, int]  # one board's trained tensors and the samples it trained on
 

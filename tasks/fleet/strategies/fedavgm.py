@@ -6,7 +6,7 @@ import numpy as np
 
 from tasks.fleet.strategies.base import Strategy
 from tasks.fleet.weights import Weights
-from tasks.recipe.schema import FleetSpec
+from tasks.recipe.extras import FleetSpec
 
 
 class FedAvgM(Strategy):

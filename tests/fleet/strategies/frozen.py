@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tasks.recipe.schema import FleetSpec
+from tasks.recipe.extras import FleetSpec
 
 Weights = dict[str, np.ndarray]
 

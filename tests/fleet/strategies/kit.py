@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from tasks.fleet.strategies import Strategy
-from tasks.recipe.schema import FleetSpec
+from tasks.recipe.extras import FleetSpec
 from tests.fleet.strategies import recorded
 from tests.fleet.strategies.frozen import OldServerState, old_aggregate
 

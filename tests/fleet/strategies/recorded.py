@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.recipe.schema import FleetSpec
+from tasks.recipe.extras import FleetSpec
 
 Weights = dict[str, np.ndarray]
 

@@ -8,7 +8,7 @@ import pytest
 
 from tasks.errors import FleetError
 from tasks.fleet.strategies import Strategy, weighted_mean
-from tasks.recipe.schema import FleetSpec
+from tasks.recipe.extras import FleetSpec
 
 
 def _w(v: float) -> dict[str, np.ndarray]:

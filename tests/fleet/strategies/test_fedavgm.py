@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tasks.fleet.strategies import FedAvgM
-from tasks.recipe.schema import FleetSpec
+from tasks.recipe.extras import FleetSpec
 from tests.fleet.strategies import recorded
 from tests.fleet.strategies.kit import replay_frozen, replay_recorded
 

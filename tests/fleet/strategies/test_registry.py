@@ -15,7 +15,7 @@ import pytest
 from flows.fleet import FleetParams
 from tasks.errors import RecipeError
 from tasks.fleet.strategies import STRATEGIES, Strategy, make_strategy
-from tasks.recipe.schema import FLEET_STRATEGIES, FleetSpec
+from tasks.recipe.extras import FLEET_STRATEGIES, FleetSpec
 
 
 def test_the_recipe_schema_lists_the_registry_names():

@@ -1,0 +1,161 @@
+"""The tables a recipe may add around training: a new head on a cut ONNX model, int8 quantization,
+detection, the fleet's rounds and the promotion rule (``[head]``, ``[quantize]``, ``[detection]``,
+``[fleet]``, ``[promotion]``), each field's type, bounds, default and help written once; the
+flows' fleet and promotion parameters reuse the shared types (``Rounds``, ``MinBoards``, ...)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema, model_validator
+
+from tasks.recipe.fields import Bool, FilePath, Int, Number, Text, Texts, recipe_table
+from tasks.recipe.messages import Expect, expected
+
+QuantMethod = Literal["minmax", "entropy", "percentile"]
+FleetStrategy = Literal["fedavg", "fedavgm", "fedadam"]  # tasks.fleet.strategies.STRATEGIES' names
+QUANT_METHODS: tuple[str, ...] = get_args(QuantMethod)
+FLEET_STRATEGIES: tuple[str, ...] = get_args(FleetStrategy)
+
+MinGain = Annotated[
+    Number,
+    Field(
+        ge=-(10**9),
+        le=10**9,
+        description="promote only if new - current > min_gain (for a loss, lower is better: "
+        "current - new > min_gain)",
+    ),
+]
+Rounds = Annotated[Int, Field(ge=1, le=1000, description="federated rounds")]
+MinBoards = Annotated[
+    Int, Field(ge=1, le=10000, description="quorum: a round with fewer boards finishing fails the run")
+]
+DeadlineS = Annotated[
+    Number,
+    Field(
+        gt=0,
+        le=7 * 86400,
+        description="seconds: a board not done this long after its round started is cut (a straggler)",
+    ),
+]
+
+
+def _distinct(classes: tuple[str, ...]) -> tuple[str, ...]:
+    if len(set(classes)) != len(classes):
+        raise expected("a non-empty list of distinct object class names", got=list(classes))
+    return classes
+
+
+def _no_test(value: Any) -> Any:
+    """``significance = false``: no significance test (None)."""
+    if value is True:
+        raise expected("a level in (0, 0.5], or false", got=value)
+    return None if value is False else value
+
+
+@recipe_table("head")
+class HeadSpec:
+    """``[head]``: with one ``model.cut_at`` tensor, a new head on it."""
+
+    num_classes: Int = Field(ge=1, le=100000, description="a Linear to num_classes outputs")
+    hidden: Int = Field(0, ge=0, le=100000, description="> 0: a hidden Linear + ReLU of this width first")
+    pool: Literal["auto", "none"] = Field(
+        "auto", description="auto: global average pool + flatten a 4-D cut tensor | none: flatten only"
+    )
+    seed: Int = Field(0, ge=0, le=2**31 - 1, description="seeded initialisation (as torch.nn.Linear)")
+
+
+@recipe_table("quantize")
+class QuantizeSpec:
+    """``[quantize]``: a static int8 QDQ model for the NPU."""
+
+    calibration: FilePath = Field(description="host set (x) the activation ranges are calibrated on")
+    method: QuantMethod = Field("minmax", description="minmax | entropy | percentile")
+    per_channel: Bool = Field(True, description="per-channel weight scales")
+    samples: Int = Field(128, ge=1, le=10**6, description="calibration samples used (the first ones)")
+    max_drop: Annotated[Number, Field(ge=0)] | None = Field(
+        None,
+        description="promotion also needs the int8 model's promotion metric within max_drop of the float one",
+    )
+
+
+@recipe_table("detection")
+class DetectionSpec:
+    """``[detection]``, task embedded only: the model is a detector; the host decodes, runs per-class
+    NMS and reports COCO mAP (the test set also holds gt_boxes [N, M, 4] and gt_labels [N, M])."""
+
+    classes: Annotated[
+        Texts,
+        AfterValidator(_distinct),
+        Expect("a non-empty list of distinct object class names"),
+        WithJsonSchema(
+            {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "uniqueItems": True}
+        ),
+    ] = Field(min_length=1, description="object class names (class id 0 is the background)")
+    priors: FilePath | None = Field(
+        None, description="[P, 4] center-form priors in [0, 1]; default: the model's priors() at export"
+    )
+    scores_output: str = Field("scores", description="inference output: [N, P, C + 1] class probabilities")
+    offsets_output: str = Field(
+        "offsets", description="inference output: [N, P, 4] offsets (variances 0.1 / 0.2)"
+    )
+    score_threshold: Number = Field(0.01, ge=0, le=1, description="detections below are dropped")
+    iou_threshold: Number = Field(0.45, gt=0, le=1, description="per-class NMS")
+    max_detections: Int = Field(100, ge=1, le=10000, description="per image")
+
+
+@recipe_table("fleet")
+class FleetSpec:
+    """``[fleet]``: federated rounds over a group of boards (the fleet flow, deployment ``odl/fleet``)."""
+
+    rounds: Rounds = 3
+    min_boards: MinBoards = 1
+    deadline_s: DeadlineS = 1800.0
+    strategy: FleetStrategy = Field("fedavg", description="fedavg | fedavgm (server momentum) | fedadam")
+    server_lr: Number = Field(
+        1.0, gt=0, le=100, description="step on the aggregate: 1.0 = plain FedAvg (default 0.03 for fedadam)"
+    )
+    momentum: Number = Field(0.9, ge=0, le=0.999999, description="fedavgm: server momentum; fedadam: beta1")
+    beta2: Number = Field(0.99, ge=0, le=0.999999, description="fedadam")
+    tau: Number = Field(1e-3, ge=1e-12, le=10, description="fedadam: adaptivity (Adam's epsilon)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _adam_lr(cls, data: Any) -> Any:
+        """A [fleet] table of fedadam without server_lr steps 0.03 (Adam's step size)."""
+        if isinstance(data, dict) and data.get("strategy") == "fedadam" and "server_lr" not in data:
+            return {**data, "server_lr": 0.03}
+        return data
+
+
+@recipe_table("promotion")
+class PromotionSpec:
+    """``[promotion]``: when a trained model replaces the one in service."""
+
+    metric: Annotated[Text, Expect("a metric name such as 'accuracy' or 'loss'")] = Field(
+        "accuracy",
+        description="any metric the evaluator reports: accuracy | loss | map50 | map | ...; default accuracy "
+        "for classification/binary, map50 for detectors, else loss",
+    )
+    min_gain: MinGain = 0.0
+    significance: Annotated[
+        Annotated[Number, Field(gt=0, le=0.5)] | None,
+        BeforeValidator(_no_test),
+        WithJsonSchema(
+            {"anyOf": [{"type": "number", "exclusiveMinimum": 0, "maximum": 0.5}, {"const": False}]}
+        ),
+        Expect("a level in (0, 0.5], or false"),
+    ] = Field(
+        0.05,
+        description="the gain must also be significant at this level on the paired test set (McNemar for "
+        "accuracy, paired bootstrap for losses); false: no test",
+    )
+    guardrails: Annotated[
+        dict[str, Annotated[Number, Field(ge=0)]], Expect('a table of "[set.]metric" = tolerance >= 0')
+    ] = Field(
+        default_factory=dict,
+        description='"[set.]metric" = the regression each may show (absolute) against the reference',
+    )
+    rollout: Bool = Field(
+        True, description="install a promoted model on the board (models/<recipe>/current.onnx)"
+    )

@@ -1,0 +1,164 @@
+"""How a recipe trains: which parameters (``[trainable]``), the loss (``[loss]``), the optimizer
+and its schedule (``[optimizer]``, ``[schedule]``) and the training run (``[training]``), each
+field's type, bounds, default and help written once; the flows' parameters reuse the shared types
+(``Epochs``, ``BatchSize``, ``LearningRate``)."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import AfterValidator, Field, WithJsonSchema, model_validator
+from pydantic.json_schema import SkipJsonSchema
+
+from tasks.recipe.fields import REF_PATTERN, Int, Number, Text, Texts, present, recipe_table
+from tasks.recipe.messages import Expect, expected
+
+BUILTIN_LOSSES = ("mse", "cross-entropy", "bce-with-logits", "l1")
+Strategy = Literal["classifier", "last-conv+classifier", "all", "freeze_net", "freeze_basenet"]
+BatchNorm = Literal["frozen", "batch-stats"]
+Optimizer = Literal["adamw", "sgd"]
+StartFrom = Literal["base", "current"]
+PrefixCache = Literal["auto", "off"]
+CacheDtype = Literal["float32", "float16"]
+CacheStore = Literal["auto", "ram", "disk"]
+CACHE_DTYPES: tuple[str, ...] = get_args(CacheDtype)
+CACHE_STORES: tuple[str, ...] = get_args(CacheStore)
+CUSTOM_LOSS = "^custom:" + REF_PATTERN.removeprefix("^")
+Epochs = Annotated[Int, Field(ge=1, le=100_000, description="passes over the training set")]
+BatchSize = Annotated[Int, Field(ge=1, le=65536, description="samples per training step")]
+LearningRate = Annotated[Number, Field(gt=0, le=10, description="the optimizer's (peak) learning rate")]
+
+
+def _loss_kind(kind: str) -> str:
+    if kind in (*BUILTIN_LOSSES, "embedded", "custom") or re.match(CUSTOM_LOSS, kind):
+        return kind
+    if kind.startswith("custom:"):
+        raise expected("custom:module:factory (a 'module:callable' reference after 'custom:')", got=kind)
+    raise expected(", ".join(BUILTIN_LOSSES) + ", custom:module:factory or embedded", got=kind)
+
+
+@recipe_table("trainable")
+class TrainableSpec:
+    """``[trainable]``: which parameters train; at least one of strategy / names / patterns / train_from."""
+
+    strategy: Strategy | None = Field(
+        None,
+        description="classifier | last-conv+classifier | all | freeze_net (the heads only) | "
+        "freeze_basenet (everything but the backbone)",
+    )
+    names: Texts = Field((), description="explicit parameter (initializer) names")
+    patterns: Texts = Field((), description="fnmatch globs over parameter names")
+    batchnorm: BatchNorm = Field(
+        "frozen",
+        description="frozen: every BatchNorm normalises with its running statistics in training as at "
+        "inference (scale and bias stay trainable when chosen) | batch-stats: ORT's training graph "
+        "normalises with batch statistics",
+    )
+    backbone: Texts = Field((), description="fnmatch globs: the backbone's parameters (freeze_basenet)")
+    heads: Texts = Field((), description="fnmatch globs: the heads' parameters (freeze_net)")
+    train_from: Annotated[Text, Expect("a node or tensor name")] | None = Field(
+        None,
+        description="an ONNX node or tensor name: nothing before it receives gradients (a [head] is "
+        "always after it)",
+    )
+
+    @model_validator(mode="after")
+    def _something_trains(self) -> TrainableSpec:
+        if not (self.strategy or self.names or self.patterns or self.train_from):
+            raise expected(
+                "at least one of trainable.strategy, trainable.names, trainable.patterns, trainable.train_from",
+                "strategy",
+            )
+        if self.strategy == "freeze_net" and not self.heads:
+            raise expected(
+                "globs of the heads' parameter names (strategy 'freeze_net' trains the heads)", "heads"
+            )
+        if self.strategy == "freeze_basenet" and not self.backbone:
+            raise expected(
+                "globs of the backbone's parameter names (strategy 'freeze_basenet' trains all but the "
+                "backbone)",
+                "backbone",
+            )
+        return self
+
+
+@recipe_table("loss")
+class LossSpec:
+    """``[loss]``: one of the four ORT losses, a custom onnxblock loss, or the model's first output."""
+
+    kind: Annotated[
+        str,
+        AfterValidator(_loss_kind),
+        WithJsonSchema(
+            {"anyOf": [{"enum": [*BUILTIN_LOSSES, "embedded"]}, {"type": "string", "pattern": CUSTOM_LOSS}]}
+        ),
+    ] = Field(
+        description="mse | cross-entropy | bce-with-logits | l1 | custom:module:factory (an onnxblock "
+        "loss) | embedded (the model's first output is the loss)"
+    )
+    factory: SkipJsonSchema[str | None] = None  # set from kind = "custom:module:factory"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_factory_key(cls, data: Any) -> Any:
+        if present(data, ("factory",)):
+            raise expected("a known key, this one is unknown (allowed: kind)", "factory")
+        return data
+
+    @model_validator(mode="after")
+    def _custom(self) -> LossSpec:
+        """``custom:module:factory`` becomes kind ``custom`` with its ``factory``."""
+        if self.kind.startswith("custom:"):
+            object.__setattr__(self, "factory", self.kind.removeprefix("custom:"))
+            object.__setattr__(self, "kind", "custom")
+        if (self.kind == "custom") != (self.factory is not None):
+            raise expected("custom:module:factory (a 'module:callable' reference)", "kind", self.kind)
+        return self
+
+
+@recipe_table("optimizer")
+class OptimizerSpec:
+    """``[optimizer]``."""
+
+    kind: Optimizer = Field("adamw", description="adamw | sgd")
+    lr: LearningRate = 1e-3
+    weight_decay: Number = Field(0.01, ge=0, le=1, description="adamw only")
+
+
+@recipe_table("schedule")
+class ScheduleSpec:
+    """``[schedule]``: linear warmup, then linear decay to lr * final_lr_ratio at the last step."""
+
+    warmup_steps: Int = Field(0, ge=0, le=10**9, description="steps of linear warmup")
+    final_lr_ratio: Number = Field(
+        0.0, ge=0, le=1, description="the last step's learning rate, as a share of lr"
+    )
+
+
+@recipe_table("training")
+class TrainingSpec:
+    """``[training]``: the board's training loop."""
+
+    batch_size: BatchSize = 16
+    epochs: Epochs = 3
+    checkpoint_every: Int = Field(
+        0, ge=0, le=10**9, description="steps between checkpoints; 0 = epoch ends only"
+    )
+    log_every: Int = Field(1, ge=1, le=10**9, description="steps between progress events")
+    seed: Int = Field(0, ge=0, le=2**32 - 1, description="seed of the shuffling")
+    start_from: StartFrom = Field(
+        "base",
+        description="base: the recipe's weights | current: the weights of the model in service for this "
+        "recipe and board (warm start)",
+    )
+    prefix_cache: PrefixCache = Field(
+        "auto",
+        description="auto: when every trainable parameter follows one tensor and the part before it is "
+        "deterministic, the board runs that frozen prefix once per sample and trains the rest on its "
+        "cached outputs (same results) | off",
+    )
+    cache_dtype: CacheDtype = Field("float32", description="float32 (exact) | float16 (half the memory)")
+    cache_store: CacheStore = Field(
+        "auto", description="auto (RAM when it fits half the free RAM, else disk) | ram | disk"
+    )
