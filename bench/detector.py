@@ -223,7 +223,7 @@ def measure_batch(
     python: Path,
 ) -> dict[str, Any]:
     """The three loops at one batch size (interleaved, best of ``repeats``) and validation's estimate."""
-    from device_agent.trainer import lr_at
+    from device_agent.schedule import lr_at
     from tasks.prepare.board_job import build_job_spec
     from tasks.recipe.load import load_recipe
 

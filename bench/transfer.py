@@ -126,7 +126,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--board", help="inventory board (default: a temporary virtual board)")
     ap.add_argument("--link", default=DEFAULT_LINK, metavar="SPEC",
-                    help=f"the virtual board's link (default {DEFAULT_LINK!r}; 'none': unshaped)")  # fmt: skip
+                    help=f"the virtual board's link (default {DEFAULT_LINK.replace('%', '%%')!r}; 'none': unshaped)")  # fmt: skip
     ap.add_argument("--mb", type=int, help="file size (default: 200, or ~5 s of the link's rate)")
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()

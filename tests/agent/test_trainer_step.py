@@ -14,7 +14,8 @@ import numpy as np
 
 from device_agent.events import EventLog, read_events
 from device_agent.ort import load_training_api
-from device_agent.trainer import _correct_of, _count_correct, has_random_ops
+from device_agent.schedule import has_random_ops
+from device_agent.trainer import _correct_of, _count_correct
 
 
 def test_accuracy_counted_over_several_steps_equals_the_per_step_count():
