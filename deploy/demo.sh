@@ -120,7 +120,7 @@ PY
     "$BIN/odl" stack down
     "$BIN/odl" board down --name "$BOARD" || true
     for i in 1 2 3 4; do
-      [ -d "$ODL_HOME/boards/${FLEET_PREFIX}$i" ] && { "$BIN/odl" board down --name "${FLEET_PREFIX}$i" || true; }
+      if [ -d "$ODL_HOME/boards/${FLEET_PREFIX}$i" ]; then "$BIN/odl" board down --name "${FLEET_PREFIX}$i" || true; fi
     done
     ;;
   *)
