@@ -17,6 +17,10 @@ on torchvision models by ``bench/zoo.py``):
   input; a tensor needing no gradient that feeds several such Concats (DenseNet's dense blocks)
   then gets the same gradient name twice ("Duplicate definition of name"). Such a Concat becomes
   Pads of its runs of inputs, summed.
+- ``average_pools_as_convs`` (:mod:`tasks.prepare.pooling`): ORT's AveragePoolGrad sizes its result
+  from the static graph shape, so a dynamic batch makes it empty (a frozen BatchNorm or a
+  squeeze-excitation gate before ``F.avg_pool2d(x, 4)`` then fails, or the probe dies on SIGFPE);
+  each fixed-kernel AveragePool on the gradient path becomes the depthwise Conv it equals.
 - ``freeze_batchnorm``: on-device training normalises with batch statistics while the exported
   inference model uses running ones; every BatchNormalization becomes the affine Mul/Add of its
   running statistics, so training and inference compute the same function (its scale and bias
@@ -38,6 +42,7 @@ from onnx import helper
 
 from tasks.prepare.batchnorm import freeze_batchnorm
 from tasks.prepare.graph import add_const, attr, downstream, rebuild, shapes_of
+from tasks.prepare.pooling import average_pools_as_convs
 
 
 @dataclass
@@ -225,6 +230,7 @@ def apply_all(model: onnx.ModelProto, trainable: list[str], *, batchnorm: str = 
     report.add("gradient_outputs_exposed", expose_gradient_outputs(model))
     report.add("identity_pools_dropped", drop_identity_pools(model))
     report.add("einsums_as_matmul", einsum_as_matmul(model))
+    report.add("average_pools_as_convs", average_pools_as_convs(model, trainable))
     if batchnorm == "frozen":
         report.add("batchnorm_frozen", freeze_batchnorm(model, trainable))
     report.add("shared_concats_split", split_shared_concats(model, trainable))
