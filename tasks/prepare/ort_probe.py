@@ -105,23 +105,32 @@ def probe(cfg: dict) -> dict:
 
 def split_check(api: Any, cfg: dict, feeds: dict[str, np.ndarray]) -> dict[str, float]:
     """The eval loss of one batch from the base weights: by the full eval graph, and by the split
-    prefix (an inference session) followed by the suffix's eval graph, as a caching job computes it."""
+    prefix (an inference session) followed by the suffix's eval graph, as a caching job computes it.
+    Both modules also export their base-weights inference models (``split.inference_paths``): the
+    host joins the suffix's to the prefix as retrieval will and compares it with the full one."""
 
-    def eval_loss(training: str, checkpoint: str, eval_model: str, given: dict[str, np.ndarray]) -> float:
+    def module_of(training: str, checkpoint: str, eval_model: str) -> Any:
         module = api.Module(training, api.CheckpointState.load_checkpoint(checkpoint), eval_model)
         module.eval()
+        return module
+
+    def eval_loss(module: Any, given: dict[str, np.ndarray]) -> float:
         return _loss(module(*[given[n] for n in module.input_names()]))
 
     art, split = Path(cfg["artifacts_dir"]), cfg["split"]
     files = split["files"]
-    full = eval_loss(
-        str(art / "training_model.onnx"), str(art / "checkpoint"), str(art / "eval_model.onnx"), feeds
+    full_module = module_of(
+        str(art / "training_model.onnx"), str(art / "checkpoint"), str(art / "eval_model.onnx")
     )
+    full = eval_loss(full_module, feeds)
     prefix = load_onnxruntime().InferenceSession(files["prefix_model"], providers=["CPUExecutionProvider"])
     (cut,) = prefix.run([split["cut"]], {n: feeds[n] for n in split["prefix_inputs"]})
-    part = eval_loss(
-        files["training_model"], files["checkpoint"], files["eval_model"], {**feeds, split["cut"]: cut}
-    )
+    suffix_module = module_of(files["training_model"], files["checkpoint"], files["eval_model"])
+    part = eval_loss(suffix_module, {**feeds, split["cut"]: cut})
+    paths = split.get("inference_paths")
+    if paths:
+        full_module.export_model_for_inferencing(paths["full"], cfg["inference_outputs"])
+        suffix_module.export_model_for_inferencing(paths["suffix"], cfg["inference_outputs"])
     return {"full_eval_loss": full, "split_eval_loss": part}
 
 

@@ -166,6 +166,7 @@ def stitch(prefix_path: Path, suffix_path: Path, out: Path) -> Path:
         keep = [v for v in graph.value_info if v.name != cut]
         del graph.value_info[:]
         graph.value_info.extend(keep)
+    rename_shared(prefix.graph, suffix.graph, keep={cut})
     opsets = {o.domain: o.version for o in [*prefix.opset_import, *suffix.opset_import]}
     for m in (prefix, suffix):
         del m.opset_import[:]
@@ -177,13 +178,46 @@ def stitch(prefix_path: Path, suffix_path: Path, out: Path) -> Path:
         onnx.checker.check_model(merged)
     except Exception as exc:  # noqa: BLE001 - onnx raises ValueError, ValidationError ...
         raise ArtifactError(
-            f"joining the prefix {prefix_path} and the trained suffix {suffix_path}: {exc}"
+            f"joining the prefix {prefix_path} and the trained suffix {suffix_path}: {str(exc).splitlines()[0]}"
         ) from exc
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     onnx.save(merged, str(tmp))
     tmp.replace(out)
     return out
+
+
+def _names(graph: onnx.GraphProto) -> set[str]:
+    """Every tensor and node name a graph defines (initializers, node outputs, inputs, node names)."""
+    return (
+        {i.name for i in graph.initializer}
+        | {o for n in graph.node for o in n.output if o}
+        | {i.name for i in graph.input}
+        | {n.name for n in graph.node if n.name}
+    )
+
+
+def rename_shared(prefix: onnx.GraphProto, suffix: onnx.GraphProto, keep: set[str]) -> int:
+    """Rename in ``prefix`` every name ``suffix`` also defines, except ``keep`` (the cut).
+
+    An exporter shares one initializer between layers when their values are equal (the zero biases
+    of BatchNorms folded at their initial statistics, a constant used twice): extracted apart, both
+    halves hold it, and ONNX's merge refuses repeated names. The prefix computes frozen values only,
+    so its copies take a ``prefix/`` name and the trained suffix keeps the parameter names.
+    """
+    shared = (_names(prefix) & _names(suffix)) - keep - {i.name for i in prefix.input}
+    if not shared:
+        return 0
+    new = {name: f"prefix/{name}" for name in shared}
+    for init in prefix.initializer:
+        init.name = new.get(init.name, init.name)
+    for node in prefix.node:
+        node.name = new.get(node.name, node.name)
+        node.input[:] = [new.get(i, i) for i in node.input]
+        node.output[:] = [new.get(o, o) for o in node.output]
+    for value in prefix.value_info:
+        value.name = new.get(value.name, value.name)
+    return len(shared)
 
 
 def _deterministic(

@@ -27,6 +27,7 @@ from tasks.errors import DataError, ValidationFailed, ort_message
 from tasks.paths import PROJECT_ROOT
 from tasks.prepare.export import example_arrays, quiet_stderr
 from tasks.prepare.messages import layer_of
+from tasks.prepare.rehearse import check_join, inference_paths
 from tasks.prepare.torch_model import build_model
 from tasks.recipe.datafiles import check_dataset, load_arrays, load_npz
 from tasks.recipe.load import recipe_hash
@@ -104,7 +105,12 @@ def _split_cfg(out_dir: Path, manifest: dict) -> dict[str, Any] | None:
     if not cache.get("enabled"):
         return None
     files = {key: str(out_dir / entry["path"]) for key, entry in cache["files"].items()}
-    return {"cut": cache["cut"], "prefix_inputs": cache["prefix_inputs"], "files": files}
+    return {
+        "cut": cache["cut"],
+        "prefix_inputs": cache["prefix_inputs"],
+        "files": files,
+        "inference_paths": inference_paths(out_dir),
+    }
 
 
 def check_split(probe: dict[str, Any]) -> dict[str, Any] | str:
@@ -247,6 +253,7 @@ def validate(recipe: Recipe, out_dir: Path, *, steps: int = 5) -> dict:
         note = check_losses(probe, recipe.trainable.batchnorm)
         report["checks"].update(loss_finite=True, loss_falls=note or True)
         report["checks"]["split_matches_full"] = check_split(probe)
+        report["checks"]["join_matches_full"] = check_join(recipe, out_dir, manifest)
         report["checks"]["inference_matches_torch"] = compare_with_torch(
             recipe, out_dir / "validation_inference.onnx", manifest
         )

@@ -1,0 +1,82 @@
+"""A foreign ONNX file whose exporter shares one initializer across the prefix/suffix cut: three
+conv + BatchNorm blocks at their initial statistics, exported in eval mode, so the folded zero
+biases are one tensor (``Identity`` nodes feed it to each conv); and an ONNX-in recipe for it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from torch import nn
+
+RECIPE = """
+name = "foreign-shared"
+task = "classification"
+[model]
+onnx = "foreign.onnx"
+cut_at = ["/ReduceMean_output_0"]
+input_shape = [1, 8, 8]
+input_names = ["input"]
+output_names = ["logits"]
+[head]
+num_classes = 4
+[trainable]
+train_from = "/f/f.6/Conv"
+[loss]
+kind = "cross-entropy"
+[optimizer]
+kind = "adamw"
+lr = 1e-2
+[training]
+batch_size = 8
+epochs = 2
+[data]
+train = "train.npz"
+test = "test.npz"
+"""
+
+
+def _blocks() -> nn.Module:
+    layers: list[nn.Module] = []
+    for cin in (1, 16, 16):
+        layers += [nn.Conv2d(cin, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+class Foreign(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.f = _blocks()
+        self.fc = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc(self.f(x).mean((2, 3)))
+
+
+def write_foreign(folder: Path) -> Path:
+    """Write foreign.onnx, train/test data and recipe.toml into ``folder``; return the recipe path."""
+    torch.manual_seed(0)
+    torch.onnx.export(Foreign().eval(), (torch.randn(1, 1, 8, 8),), str(folder / "foreign.onnx"), dynamo=False,
+                      opset_version=17, input_names=["input"], output_names=["out"])  # fmt: skip
+    rng = np.random.default_rng(0)
+    for name, n in (("train", 64), ("test", 32)):
+        x = rng.standard_normal((n, 1, 8, 8)).astype(np.float32)
+        np.savez(
+            folder / f"{name}.npz",
+            x=x,
+            y=(x[:, 0, :4].mean((1, 2)) > 0).astype(np.int64) * 2 + (x[:, 0, 4:].mean((1, 2)) > 0),
+        )
+    (folder / "recipe.toml").write_text(RECIPE)
+    return folder / "recipe.toml"
+
+
+def shared_initializers(path: Path) -> set[str]:
+    """Initializers more than one node reads (directly or through Identity nodes)."""
+    graph = onnx.load(str(path)).graph
+    reads: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            reads[name] = reads.get(name, 0) + 1
+    return {i.name for i in graph.initializer if reads.get(i.name, 0) > 1}
