@@ -24,13 +24,34 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     """Export, generate artifacts and validate; exit 0 only when validation passed."""
     result = prepare(_recipe(args), args.out, validate=not args.no_validate, cache=False)
     v = result.validation
-    print(f"prepared {result.out_dir}: {result.manifest['trainable_count']} trainable parameters")
+    print(f"prepared {result.out_dir}")
+    print(trainable_table(result.manifest))
     if v is not None:
         print(
             f"validation passed: {v['time_per_step_s']:.4f} s/step at batch {v['batch_size']}, "
             f"{v['steps_per_epoch']} steps/epoch, board peak estimate {v['board_peak_estimate_mb']:.0f} MB"
         )
     return 0
+
+
+TABLE_ROWS = 12
+
+
+def trainable_table(manifest: dict) -> str:
+    """What trains, in a short table: layer, operators, parameters, and the share of the model."""
+    count, total = manifest["trainable_count"], manifest.get("model_params") or manifest["trainable_count"]
+    rows = manifest.get("trainable_layers", [])
+    lines = [
+        f"trains {count:,} of {total:,} parameters ({100 * count / max(total, 1):.1f} % of the model) in {len(rows)} layers:"
+    ]
+    width = max([5, *(len(r["layer"]) for r in rows[:TABLE_ROWS])])
+    lines.append(f"  {'layer':<{width}}  {'ops':<24} {'params':>10}")
+    for row in rows[:TABLE_ROWS]:
+        lines.append(f"  {row['layer']:<{width}}  {'+'.join(row['ops']):<24} {row['params']:>10,}")
+    if len(rows) > TABLE_ROWS:
+        rest = sum(r["params"] for r in rows[TABLE_ROWS:])
+        lines.append(f"  ... {len(rows) - TABLE_ROWS} more layers, {rest:,} parameters")
+    return "\n".join(lines)
 
 
 def cmd_export(args: argparse.Namespace) -> int:

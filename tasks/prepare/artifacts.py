@@ -19,9 +19,11 @@ import onnx
 from tasks.prepare.batchnorm import batchnorm_after_trainable, fix_batchnorm
 from tasks.prepare.export import check_onnx, feed_keys, load_onnx, quiet_stderr
 from tasks.prepare.fixups import apply_all
+from tasks.prepare.messages import layer_of
 from tasks.prepare.ort_training import build_loss, check_board_loadable, file_entry, onnx_opset, run_generate
+from tasks.prepare.selection import layer_params, weight_sources
 from tasks.prepare.split_artifacts import generate_split
-from tasks.prepare.trainable import float_params, resolve_trainable
+from tasks.prepare.trainable import bn_statistics, float_params, resolve_trainable
 from tasks.recipe.load import recipe_hash
 from tasks.recipe.schema import Recipe
 
@@ -57,7 +59,9 @@ def generate(recipe: Recipe, model_onnx: Path, out_dir: Path, *, bn_fix: bool = 
         shutil.copyfile(model_onnx, local)
     if bn_fix:
         fix_batchnorm(model)
-    trainable, _, _ = resolve_trainable(recipe, model)
+    trainable, _, all_counts = resolve_trainable(recipe, model)
+    layers = trainable_layers(model, trainable, all_counts)
+    model_params = sum(v for k, v in all_counts.items() if k not in bn_statistics(model))
     fixed = apply_all(model, trainable, batchnorm=recipe.trainable.batchnorm)
     counts = float_params(model)
     frozen = [n for n in counts if n not in set(trainable)]
@@ -69,6 +73,8 @@ def generate(recipe: Recipe, model_onnx: Path, out_dir: Path, *, bn_fix: bool = 
         check_board_loadable(onnx.load(str(out_dir / ARTIFACT_FILES[key])), f"generated {key}")
     manifest = _manifest(recipe, model, out_dir, trainable, frozen, counts, loss_name)
     manifest["fixups"] = fixed.counts
+    manifest["trainable_layers"] = layers
+    manifest["model_params"] = model_params
     manifest["batchnorm"] = recipe.trainable.batchnorm
     manifest["prefix_cache"] = generate_split(recipe, fixed_model, trainable, out_dir)
     stale_bn = batchnorm_after_trainable(model, trainable)
@@ -126,3 +132,23 @@ def _manifest(
         "recipe_hash": recipe_hash(recipe),
         "warnings": [],
     }
+
+
+def trainable_layers(model: onnx.ModelProto, trainable: list[str], counts: dict[str, int]) -> list[dict]:
+    """What trains, by layer in graph order: ``{"layer", "ops", "params"}`` (the PyTorch module
+    path of the exporter's node names, the operator types reading the layer's trainable tensors,
+    their element count); tensors no node reads directly are grouped under their own names."""
+    sources, chosen = weight_sources(model, trainable), set(trainable)
+    rows: dict[str, dict] = {}
+    seen: set[str] = set()
+    for node in model.graph.node:
+        mine = [p for p in layer_params(node, sources) if p in chosen and p not in seen]
+        if not mine:
+            continue
+        seen.update(mine)
+        row = rows.setdefault(layer_of(node.name or node.output[0]), {"ops": [], "params": 0})
+        row["ops"] += [node.op_type] if node.op_type not in row["ops"] else []
+        row["params"] += sum(counts.get(p, 0) for p in mine)
+    for name in [p for p in trainable if p not in seen]:
+        rows[name] = {"ops": [], "params": counts.get(name, 0)}
+    return [{"layer": k, **v} for k, v in rows.items()]

@@ -3,9 +3,11 @@
 Strategies walk the graph back from its outputs through producers (breadth first), never by
 exporter-generated names: ``classifier`` is the first Gemm, MatMul(+Add) or Conv with weights
 reached (a convolutional classifier such as SqueezeNet's ends in a Conv), and
-``last-conv+classifier`` adds the first Conv reached from the classifier together with the
-scale and bias of a BatchNormalization that directly follows it (an exporter that folds BN into
-the conv gives that conv a bias: the same parameters, as the wiki's ``onnx::Conv_691/692``).
+``last-conv+classifier`` adds the last feature layer on the main path before the classifier (in a
+CNN its last convolution; :mod:`tasks.prepare.selection`) together with the scale and bias of a
+BatchNormalization that directly follows it (an exporter that folds BN into the conv gives that
+conv a bias: the same parameters, as the wiki's ``onnx::Conv_691/692``); ``suffix`` everything
+after the earliest single cut that leaves at most ``max_params`` (or ``max_fraction``) to train.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from math import prod
 import onnx
 
 from tasks.errors import RecipeError
+from tasks.prepare.selection import last_feature_layer, layer_params, params_after, suffix_cut, weight_sources
 from tasks.recipe.schema import Recipe
 from tasks.recipe.training import TrainableSpec
 
@@ -76,26 +79,20 @@ def find_classifier(model: onnx.ModelProto, params: dict[str, int]) -> tuple[lis
 
 
 def find_last_conv(model: onnx.ModelProto, params: dict[str, int], start: onnx.NodeProto) -> list[str]:
-    """Parameters of the last Conv (in graph order) that ``start`` depends on, with its BatchNorm's.
-
-    Graph order, not walking distance: in DenseNet every layer of a block is one Concat away from
-    the classifier, and the last of them is the one nearest the output.
+    """Parameters of the last feature layer before ``start`` (the classifier) on the main path,
+    with those of a BatchNormalization directly after it (:func:`tasks.prepare.selection.last_feature_layer`).
     """
-    order = {n.output[0]: i for i, n in enumerate(model.graph.node)}
-    convs = [
-        n for n in _walk_back(model, list(start.input)) if n.op_type == "Conv" and _param_inputs(n, params)
-    ]
-    if convs:
-        node = max(convs, key=lambda n: order[n.output[0]])
-        bn = [
-            n for n in model.graph.node if n.op_type == "BatchNormalization" and n.input[0] == node.output[0]
-        ]
-        return _param_inputs(node, params) + [i for n in bn[:1] for i in n.input[1:3] if i in params]
-    raise RecipeError(
-        "trainable.strategy",
-        "a model with a Conv layer before its classifier (strategy 'last-conv+classifier')",
-        "no Conv found",
-    )
+    node = last_feature_layer(model, start, set(params))
+    if node is None:
+        raise RecipeError(
+            "trainable.strategy",
+            "a model with a convolution (or a linear layer over tokens) before its classifier "
+            "(strategy 'last-conv+classifier')",
+            "none on the path to the classifier",
+        )
+    bn = [n for n in model.graph.node if n.op_type == "BatchNormalization" and n.input[0] == node.output[0]]
+    own = layer_params(node, weight_sources(model, params))
+    return own + [i for n in bn[:1] for i in n.input[1:3] if i in params]
 
 
 def _by_strategy(model: onnx.ModelProto, spec: TrainableSpec, params: dict[str, int]) -> list[str]:
@@ -108,6 +105,10 @@ def _by_strategy(model: onnx.ModelProto, spec: TrainableSpec, params: dict[str, 
         backbone = set(_by_patterns(spec.backbone, params, "trainable.backbone"))
         return [n for n in params if n not in backbone]
     names, node = find_classifier(model, params)
+    if strategy == "suffix":
+        total = sum(params.values())
+        budget = spec.max_params if spec.max_params is not None else int(spec.max_fraction * total)
+        return suffix_cut(model, params, budget, node)[1]
     if strategy == "last-conv+classifier":
         names = find_last_conv(model, params, node) + names
     return names
@@ -143,12 +144,8 @@ def after(model: onnx.ModelProto, start: str, params: dict[str, int]) -> list[st
             f"a node or tensor name of the model after the cut (some nodes: {some})",
             start,
         )
-    reached, chosen = set(seeds), [p for n in first for p in _param_inputs(n, params)]
-    for node in model.graph.node:  # graph order is topological
-        if any(i in reached for i in node.input):
-            reached.update(node.output)
-            chosen += _param_inputs(node, params)
-    return list(dict.fromkeys(chosen))
+    sources = weight_sources(model, params)
+    return params_after(model, seeds, sources, first[0].name if first else None)
 
 
 def resolve_trainable(recipe: Recipe, model: onnx.ModelProto) -> tuple[list[str], list[str], dict[str, int]]:

@@ -15,7 +15,7 @@ from tasks.recipe.fields import REF_PATTERN, Int, Number, Text, Texts, present, 
 from tasks.recipe.messages import Expect, expected
 
 BUILTIN_LOSSES = ("mse", "cross-entropy", "bce-with-logits", "l1")
-Strategy = Literal["classifier", "last-conv+classifier", "all", "freeze_net", "freeze_basenet"]
+Strategy = Literal["classifier", "last-conv+classifier", "suffix", "all", "freeze_net", "freeze_basenet"]
 BatchNorm = Literal["frozen", "batch-stats"]
 Optimizer = Literal["adamw", "sgd"]
 StartFrom = Literal["base", "current"]
@@ -44,8 +44,15 @@ class TrainableSpec:
 
     strategy: Strategy | None = Field(
         None,
-        description="classifier | last-conv+classifier | all | freeze_net (the heads only) | "
-        "freeze_basenet (everything but the backbone)",
+        description="classifier | last-conv+classifier (the classifier and the last feature layer "
+        "before it) | suffix (everything after one cut, within max_params or max_fraction) | all | "
+        "freeze_net (the heads only) | freeze_basenet (everything but the backbone)",
+    )
+    max_params: Int | None = Field(
+        None, ge=1, description="strategy 'suffix': at most this many parameters train"
+    )
+    max_fraction: Number | None = Field(
+        None, gt=0, le=1, description="strategy 'suffix': at most this share of the model's parameters trains"
     )
     names: Texts = Field((), description="explicit parameter (initializer) names")
     patterns: Texts = Field((), description="fnmatch globs over parameter names")
@@ -70,6 +77,13 @@ class TrainableSpec:
                 "at least one of trainable.strategy, trainable.names, trainable.patterns, trainable.train_from",
                 "strategy",
             )
+        if self.strategy == "suffix" and (self.max_params is None) == (self.max_fraction is None):
+            raise expected(
+                "one budget for strategy 'suffix': trainable.max_params or trainable.max_fraction",
+                "max_params",
+            )
+        if self.strategy != "suffix" and not (self.max_params is None and self.max_fraction is None):
+            raise expected("strategy = 'suffix' (max_params and max_fraction are its budget)", "strategy")
         if self.strategy == "freeze_net" and not self.heads:
             raise expected(
                 "globs of the heads' parameter names (strategy 'freeze_net' trains the heads)", "heads"
