@@ -113,7 +113,7 @@ def evaluate(recipe: Recipe, prep: Prepared, candidate: Path, reference: Referen
                 path,
                 recipe.task,
                 cache,
-                _int8_loss(recipe, loss) if col == INT8 else loss,
+                int8_loss(recipe, loss) if col == INT8 else loss,
                 batch_size=1 if col == INT8 else 64,
                 **detector,
             )  # fmt: skip
@@ -138,7 +138,7 @@ def quantize(recipe: Recipe, candidate: Path) -> dict[str, Any]:
     return quantize_int8(candidate, recipe.quantize, candidate.with_name("inference.int8.onnx"))
 
 
-def _int8_loss(recipe: Recipe, loss: Any) -> Any:
+def int8_loss(recipe: Recipe, loss: Any) -> Any:
     """The int8 model's loss: the recipe's built-in kind; a graph loss (custom) cannot take
     quantized weights, so the task's usual loss stands in (named in ``loss_kind``)."""
     return task_loss(recipe.task) if loss.kind in GRAPH_LOSSES else loss
