@@ -14,6 +14,10 @@ from tests.flow.test_flow import (  # noqa: F401 - collected here with the fixtu
     test_rerun_is_judged_by_the_promotion_gate,
     test_run_forced_to_lose_keeps_current_and_reuses_cache,
 )
+from tests.flow.test_foreign_models import (  # noqa: F401
+    test_avg_pool_after_frozen_batchnorm_trains_on_the_board,
+    test_foreign_onnx_sharing_initializers_across_the_cut_completes,
+)
 from tests.flow.test_nightly import (  # noqa: F401
     test_nightly_cycles_promote_reject_rollout_and_rollback,
 )

@@ -1,4 +1,6 @@
-"""A foreign ONNX file whose exporter shares one initializer across the prefix/suffix cut: three
+"""Models nobody tuned for, made in the tests: a hand-written CNN whose frozen BatchNorm meets
+``F.avg_pool2d(x, 4)``, and a foreign ONNX file whose exporter shares one initializer across the
+prefix/suffix cut: three
 conv + BatchNorm blocks at their initial statistics, exported in eval mode, so the folded zero
 biases are one tensor (``Identity`` nodes feed it to each conv); and an ONNX-in recipe for it."""
 
@@ -80,3 +82,73 @@ def shared_initializers(path: Path) -> set[str]:
         for name in node.input:
             reads[name] = reads.get(name, 0) + 1
     return {i.name for i in graph.initializer if reads.get(i.name, 0) > 1}
+
+
+AVGPOOL_MODULE = '''
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Net(nn.Module):
+    """The hand-written CIFAR-style tail: conv + BatchNorm + ReLU, then F.avg_pool2d(x, 4)."""
+
+    def __init__(self, num_classes=4):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.bn2 = nn.BatchNorm2d(16)
+        self.linear = nn.Linear(16, num_classes)
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = F.relu(self.bn2(self.conv2(out)))
+        out = F.avg_pool2d(out, 4)
+        return self.linear(out.view(out.size(0), -1))
+
+
+def net(num_classes=4):
+    return Net(num_classes)
+
+
+def make(out_dir):
+    rng = np.random.default_rng(0)
+    for name, n in (("train", 256), ("test", 96)):
+        x = rng.standard_normal((n, 1, 8, 8)).astype(np.float32)
+        y = (x[:, 0, :4].mean((1, 2)) > 0).astype(np.int64) * 2 + (x[:, 0, 4:].mean((1, 2)) > 0)
+        x[:, 0, :4] += 0.5 * (y[:, None, None] // 2) - 0.25
+        np.savez(out_dir / f"{name}.npz", x=x, y=y)
+'''
+
+AVGPOOL_RECIPE = """
+name = "avgpool-frozen-bn"
+task = "classification"
+[model]
+callable = "avgpool_net:net"
+num_classes = 4
+input_shape = [1, 8, 8]
+[trainable]
+strategy = "last-conv+classifier"
+[loss]
+kind = "cross-entropy"
+[optimizer]
+kind = "adamw"
+lr = 1e-2
+[training]
+batch_size = 16
+epochs = 3
+[data]
+make = "avgpool_net:make"
+train = "data/train.npz"
+test = "data/test.npz"
+"""
+
+
+def write_avgpool(folder: Path) -> Path:
+    """Write the conv + BN + ``F.avg_pool2d(x, 4)`` model module and its recipe into ``folder``."""
+    (folder / "avgpool_net.py").write_text(AVGPOOL_MODULE)
+    (folder / "data").mkdir(exist_ok=True)
+    (folder / "recipe.toml").write_text(AVGPOOL_RECIPE)
+    return folder / "recipe.toml"

@@ -1,0 +1,44 @@
+"""Models nobody tuned for, through the whole flow (prepare, board, retrieval, evaluation): a
+hand-written CNN whose frozen BatchNorm meets ``F.avg_pool2d(x, 4)``, and a foreign ONNX file whose
+initializers are shared across the frozen-prefix cut, joined back with the prefix cache on.
+tests/e2e/test_flow_vboard.py runs these on the virtual board."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.flow.test_flow import _run
+from tests.prepare.foreign_kit import shared_initializers, write_avgpool, write_foreign
+
+pytestmark = pytest.mark.slow
+
+
+def _manifest(recipe_path):
+    from tasks import stages
+    from tasks.recipe.load import load_recipe
+
+    return json.loads((stages.inputs(load_recipe(recipe_path)).folder / "manifest.json").read_text())
+
+
+def test_avg_pool_after_frozen_batchnorm_trains_on_the_board(
+    prefect_harness, flow_home, flow_board, tmp_path
+):
+    recipe = write_avgpool(tmp_path)
+    _, out = _run(flow_board.name, recipe=str(recipe))
+    manifest = _manifest(recipe)
+    assert manifest["batchnorm"] == "frozen" and manifest["fixups"]["average_pools_as_convs"] == 1
+    base, cand = out.metrics["base"], out.metrics["candidate"]
+    assert np.isfinite(cand["loss"]) and cand["loss"] < base["loss"]  # it learned on the board
+
+
+def test_foreign_onnx_sharing_initializers_across_the_cut_completes(
+    prefect_harness, flow_home, flow_board, tmp_path
+):
+    recipe = write_foreign(tmp_path)
+    assert shared_initializers(tmp_path / "foreign.onnx")
+    _, out = _run(flow_board.name, recipe=str(recipe))
+    assert _manifest(recipe)["prefix_cache"]["enabled"]  # the board trained the split suffix
+    assert np.isfinite(out.metrics["candidate"]["loss"])  # the joined model was evaluated
