@@ -21,6 +21,11 @@ on torchvision models by ``bench/zoo.py``):
   from the static graph shape, so a dynamic batch makes it empty (a frozen BatchNorm or a
   squeeze-excitation gate before ``F.avg_pool2d(x, 4)`` then fails, or the probe dies on SIGFPE);
   each fixed-kernel AveragePool on the gradient path becomes the depthwise Conv it equals.
+- ``decompose_operators`` (:mod:`tasks.prepare.decompose`): Elu/Selu/Celu, PRelu,
+  InstanceNormalization (GroupNorm), DepthToSpace/SpaceToDepth and reflect/edge Pads on the gradient
+  path become the operators they are made of, whose gradients ORT has.
+- ``resizes_as_matmuls`` (:mod:`tasks.prepare.resize`): ORT has no CPU kernel for ResizeGrad; a 2-D
+  upsampling on the gradient path becomes the two MatMuls it equals.
 - ``freeze_batchnorm``: on-device training normalises with batch statistics while the exported
   inference model uses running ones; every BatchNormalization becomes the affine Mul/Add of its
   running statistics, so training and inference compute the same function (its scale and bias
@@ -41,8 +46,10 @@ import onnx
 from onnx import helper
 
 from tasks.prepare.batchnorm import freeze_batchnorm
+from tasks.prepare.decompose import decompose_operators
 from tasks.prepare.graph import add_const, attr, downstream, rebuild, shapes_of
 from tasks.prepare.pooling import average_pools_as_convs
+from tasks.prepare.resize import resizes_as_matmuls
 
 
 @dataclass
@@ -231,6 +238,8 @@ def apply_all(model: onnx.ModelProto, trainable: list[str], *, batchnorm: str = 
     report.add("identity_pools_dropped", drop_identity_pools(model))
     report.add("einsums_as_matmul", einsum_as_matmul(model))
     report.add("average_pools_as_convs", average_pools_as_convs(model, trainable))
+    report.add("operators_decomposed", decompose_operators(model, trainable))
+    report.add("resizes_as_matmuls", resizes_as_matmuls(model, trainable))
     if batchnorm == "frozen":
         report.add("batchnorm_frozen", freeze_batchnorm(model, trainable))
     report.add("shared_concats_split", split_shared_concats(model, trainable))

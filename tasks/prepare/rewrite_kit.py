@@ -1,0 +1,108 @@
+"""Shared tools of the graph rewrites that replace one node by the operators it is made of: a
+builder for the new nodes and constants, the value of a tensor computed from constants, and the
+check that a rewrite computes what the node computes (run both in ONNX Runtime on random data)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+
+class Builder:
+    """Nodes and constants of one rewrite, named under the original node's name."""
+
+    def __init__(self, model: onnx.ModelProto, node: onnx.NodeProto):
+        self.model, self.prefix, self.nodes, self.count = (
+            model,
+            f"{node.name or node.output[0]}/decomposed",
+            [],
+            0,
+        )
+        self.consts: dict[str, np.ndarray] = {}
+
+    def const(self, name: str, value: object, dtype: type = np.float32) -> str:
+        self.consts[f"{self.prefix}/{name}"] = np.asarray(value, dtype)
+        return f"{self.prefix}/{name}"
+
+    def op(self, op_type: str, inputs: list[str], out: str | None = None, **attrs: object) -> str:
+        self.count += 1
+        out = out or f"{self.prefix}/{op_type}_{self.count}"
+        self.nodes.append(
+            helper.make_node(op_type, inputs, [out], name=f"{self.prefix}/{op_type}_{self.count}", **attrs)
+        )
+        return out
+
+
+def static_value(model: onnx.ModelProto, name: str) -> np.ndarray | None:
+    """The value of a tensor computed from initializers and constants alone (None if it is not)."""
+    import onnxruntime  # heavy; loaded only when a model has an operator to rewrite
+
+    inits = {i.name: i for i in model.graph.initializer}
+    if name in inits:
+        return onnx.numpy_helper.to_array(inits[name])
+    prelude, reads = constants_prelude(model, [name])
+    if not any(name in n.output for n in prelude):
+        return None
+    graph = helper.make_graph(prelude, "value", [], [helper.make_empty_tensor_value_info(name)],
+                              [inits[k] for k in reads if k in inits])  # fmt: skip
+    value = helper.make_model(graph, opset_imports=list(model.opset_import))
+    value.ir_version = model.ir_version
+    sess = onnxruntime.InferenceSession(value.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run([name], {})[0]
+
+
+def constants_prelude(
+    model: onnx.ModelProto, names: list[str], given: frozenset[str] = frozenset()
+) -> tuple[list[onnx.NodeProto], set[str]]:
+    """The nodes computing ``names`` from initializers and constants alone (graph order), and the
+    initializers they read: what a check graph needs to give those inputs their real values."""
+    static = {i.name for i in model.graph.initializer} | {""} | set(given)
+    producer = {}
+    for node in model.graph.node:
+        if all(i in static for i in node.input):
+            static.update(node.output)
+            producer.update({o: node for o in node.output})
+    wanted, todo = set(), [n for n in names if n in producer]
+    while todo:
+        node = producer[todo.pop()]
+        if node.output[0] not in wanted:
+            wanted.add(node.output[0])
+            todo += [i for i in node.input if i in producer]
+    nodes = [n for n in model.graph.node if n.output and n.output[0] in wanted]
+    return nodes, {i for n in nodes for i in n.input} | set(names)
+
+
+def same_values(
+    model: onnx.ModelProto, node: onnx.NodeProto, b: Builder, shapes: dict[str, list[int]]
+) -> bool:
+    """True when the rewrite computes what ``node`` computes on random data (batch 2) for its data
+    input (the first); its other inputs take their real values from constants and that input."""
+    import onnxruntime  # heavy; loaded only when a model has an operator to rewrite
+
+    inits = {i.name: i for i in model.graph.initializer}
+    x, shape = node.input[0], shapes.get(node.input[0], [])
+    if not shape or min(shape[1:], default=1) <= 0:
+        return False
+    feeds = {x: np.random.default_rng(0).standard_normal([2, *shape[1:]]).astype(np.float32)}
+    # the other inputs (a slope, a scale, pads, output sizes) from constants and the data input
+    prelude, reads = constants_prelude(model, [i for i in node.input[1:] if i], frozenset({x}))
+    made = {o for n in prelude for o in n.output}
+    if any(i and i not in inits and i not in made for i in node.input[1:]):
+        return False
+    outs = []
+    for nodes, extra in (([node], {}), (b.nodes, b.consts)):
+        graph = helper.make_graph(
+            [*prelude, *nodes], "check",
+            [helper.make_tensor_value_info(k, onnx.TensorProto.FLOAT, v.shape) for k, v in feeds.items()],
+            [helper.make_tensor_value_info(node.output[0], onnx.TensorProto.FLOAT, None)],
+            [inits[k] for k in reads if k in inits] + [onnx.numpy_helper.from_array(v, k) for k, v in extra.items()],
+        )  # fmt: skip
+        check = helper.make_model(graph, opset_imports=list(model.opset_import))
+        check.ir_version = model.ir_version
+        try:
+            sess = onnxruntime.InferenceSession(check.SerializeToString(), providers=["CPUExecutionProvider"])
+            outs.append(sess.run(None, feeds)[0])
+        except Exception:  # noqa: BLE001 - a rewrite ORT cannot run is not made
+            return False
+    return outs[0].shape == outs[1].shape and bool(np.allclose(outs[0], outs[1], rtol=1e-4, atol=1e-5))

@@ -1,0 +1,73 @@
+"""Operators ONNX Runtime 1.19.2 cannot differentiate on the CPU (tasks.prepare.decompose and
+tasks.prepare.resize): each, placed after a trainable conv, fails without its rewrite, computes the
+same values after it, and trains."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tasks.prepare import decompose, resize
+from tests.prepare.test_fixups import export, generate, run
+from tests.prepare.test_pooling import _train_step
+
+TAILS = {
+    "elu": (lambda m, x: F.elu(x, 0.7), "Elu"),
+    "selu": (lambda m, x: F.selu(x), "Selu"),
+    "celu": (lambda m, x: F.celu(x, 1.3), "Celu"),
+    "mish": (lambda m, x: F.mish(x), "Softplus"),
+    "prelu": (lambda m, x: m.prelu(x), "PRelu"),
+    "groupnorm": (lambda m, x: m.gn(x), "InstanceNormalization"),
+    "instancenorm": (lambda m, x: m.inorm(x), "InstanceNormalization"),
+    "pixel_shuffle": (lambda m, x: F.pixel_shuffle(x, 2), "DepthToSpace"),
+    "reflect_pad": (lambda m, x: F.pad(x, (1, 2, 2, 1), mode="reflect"), "Pad"),
+    "replicate_pad": (lambda m, x: F.pad(x, (2, 0, 1, 1), mode="replicate"), "Pad"),
+    "nearest": (lambda m, x: F.interpolate(x, scale_factor=2), "Resize"),
+    "bilinear": (lambda m, x: F.interpolate(x, scale_factor=2, mode="bilinear"), "Resize"),
+    "bilinear_corners": (
+        lambda m, x: F.interpolate(x, size=(7, 5), mode="bilinear", align_corners=True),
+        "Resize",
+    ),
+    "bicubic": (lambda m, x: F.interpolate(x, scale_factor=3, mode="bicubic"), "Resize"),
+}
+
+
+class TailNet(nn.Module):
+    def __init__(self, tail):
+        super().__init__()
+        self.tail = tail
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.prelu = nn.PReLU(8, 0.2)
+        self.gn = nn.GroupNorm(2, 8)
+        self.inorm = nn.InstanceNorm2d(8, affine=True)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        y = TAILS[self.tail][0](self, self.conv(x))
+        return self.head(y.mean((2, 3)) if y.shape[1] == 8 else y.mean((2, 3)).repeat(1, 8)[:, :8])
+
+
+@pytest.mark.parametrize("tail", list(TAILS))
+def test_operator_without_cpu_gradient_is_rewritten_and_trains(tail, tmp_path):
+    torch.manual_seed(0)
+    model = export(TailNet(tail).eval(), (3, 6, 6))
+    op = TAILS[tail][1]
+    assert op in {n.op_type for n in model.graph.node}
+    trainable = ["conv.weight", "head.weight"] + (["prelu.weight"] if tail == "prelu" else [])
+    x = np.random.default_rng(1).standard_normal((4, 3, 6, 6)).astype(np.float32)
+    before = run(model, x)
+    changed = decompose.decompose_operators(model, trainable) + resize.resizes_as_matmuls(model, trainable)
+    assert changed == 1 and op not in {n.op_type for n in model.graph.node}
+    np.testing.assert_allclose(run(model, x), before, rtol=1e-4, atol=1e-5)
+    generate(model, trainable, tmp_path)
+    loss, _ = _train_step(tmp_path, 6)
+    assert np.isfinite(loss)
+
+
+def test_operators_off_the_gradient_path_stay():
+    model = export(TailNet("elu").eval(), (3, 6, 6))
+    assert decompose.decompose_operators(model, ["head.weight"]) == 0
+    assert "Elu" in {n.op_type for n in model.graph.node}
