@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from tasks.prepare.graph import add_const, attr, downstream, rebuild, shapes_of
-from tasks.prepare.rewrite_kit import Builder, same_values, static_value
+from tasks.prepare.graph import attr, downstream, shapes_of
+from tasks.prepare.rewrite_kit import Builder, apply_rewrites, same_values, static_value
 
 
 def _elu_like(b: Builder, node: onnx.NodeProto) -> list[onnx.NodeProto]:
@@ -173,13 +173,9 @@ def decompose_operators(model: onnx.ModelProto, trainable: list[str]) -> int:
         return 0
     shapes = shapes_of(model)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
-    replace = {}
-    for i in todo:
-        node = model.graph.node[i]
+
+    def rewrite(node: onnx.NodeProto) -> Builder | None:
         b = Builder(model, node)
-        if _rewrite(b, node, shapes, opset) and same_values(model, node, b, shapes):
-            replace[i] = b.nodes
-            for name, value in b.consts.items():
-                add_const(model, name, value)
-    rebuild(model, replace)
-    return len(replace)
+        return b if _rewrite(b, node, shapes, opset) and same_values(model, node, b, shapes) else None
+
+    return apply_rewrites(model, todo, rewrite)

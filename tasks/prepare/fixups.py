@@ -25,7 +25,8 @@ on torchvision models by ``bench/zoo.py``):
   InstanceNormalization (GroupNorm), DepthToSpace/SpaceToDepth and reflect/edge Pads on the gradient
   path become the operators they are made of, whose gradients ORT has.
 - ``resizes_as_matmuls`` (:mod:`tasks.prepare.resize`): ORT has no CPU kernel for ResizeGrad; a 2-D
-  upsampling on the gradient path becomes the two MatMuls it equals.
+  upsampling on the gradient path becomes the two MatMuls it equals; likewise ConvTransposeGrad, so a
+  ConvTranspose becomes the Conv of its zero-inserted input (:mod:`tasks.prepare.conv_transpose`).
 - ``freeze_batchnorm``: on-device training normalises with batch statistics while the exported
   inference model uses running ones; every BatchNormalization becomes the affine Mul/Add of its
   running statistics, so training and inference compute the same function (its scale and bias
@@ -46,6 +47,7 @@ import onnx
 from onnx import helper
 
 from tasks.prepare.batchnorm import freeze_batchnorm
+from tasks.prepare.conv_transpose import conv_transposes_as_convs
 from tasks.prepare.decompose import decompose_operators
 from tasks.prepare.graph import add_const, attr, downstream, rebuild, shapes_of
 from tasks.prepare.pooling import average_pools_as_convs
@@ -240,6 +242,7 @@ def apply_all(model: onnx.ModelProto, trainable: list[str], *, batchnorm: str = 
     report.add("average_pools_as_convs", average_pools_as_convs(model, trainable))
     report.add("operators_decomposed", decompose_operators(model, trainable))
     report.add("resizes_as_matmuls", resizes_as_matmuls(model, trainable))
+    report.add("conv_transposes_as_convs", conv_transposes_as_convs(model, trainable))
     if batchnorm == "frozen":
         report.add("batchnorm_frozen", freeze_batchnorm(model, trainable))
     report.add("shared_concats_split", split_shared_concats(model, trainable))

@@ -46,9 +46,7 @@ def _run(
     return sess.run([out], inputs)[0]
 
 
-def _pads(
-    node: onnx.NodeProto, spatial: list[int], out_spatial: list[int]
-) -> tuple[list[int], list[int]]:
+def _pads(node: onnx.NodeProto, spatial: list[int], out_spatial: list[int]) -> tuple[list[int], list[int]]:
     """Begin and end pads of a convolution giving the pool's output size."""
     k = list(attr(node, "kernel_shape", []))
     strides = list(attr(node, "strides", [1] * len(k)))

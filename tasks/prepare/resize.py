@@ -13,8 +13,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from tasks.prepare.graph import add_const, downstream, rebuild, shapes_of
-from tasks.prepare.rewrite_kit import Builder, same_values, static_value
+from tasks.prepare.graph import downstream, shapes_of
+from tasks.prepare.rewrite_kit import Builder, apply_rewrites, same_values, static_value
 
 MODES = {"nearest", "linear", "cubic"}
 
@@ -102,12 +102,4 @@ def resizes_as_matmuls(model: onnx.ModelProto, trainable: list[str]) -> int:
     if not todo:
         return 0
     shapes = shapes_of(model)
-    replace = {}
-    for i in todo:
-        b = _rewrite(model, model.graph.node[i], shapes)
-        if b is not None:
-            replace[i] = b.nodes
-            for name, value in b.consts.items():
-                add_const(model, name, value)
-    rebuild(model, replace)
-    return len(replace)
+    return apply_rewrites(model, todo, lambda node: _rewrite(model, node, shapes))

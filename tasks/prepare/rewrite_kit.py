@@ -4,9 +4,13 @@ check that a rewrite computes what the node computes (run both in ONNX Runtime o
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx
 from onnx import helper
+
+from tasks.prepare.graph import add_const, rebuild
 
 
 class Builder:
@@ -106,3 +110,19 @@ def same_values(
         except Exception:  # noqa: BLE001 - a rewrite ORT cannot run is not made
             return False
     return outs[0].shape == outs[1].shape and bool(np.allclose(outs[0], outs[1], rtol=1e-4, atol=1e-5))
+
+
+def apply_rewrites(
+    model: onnx.ModelProto, indices: list[int], rewrite: Callable[[onnx.NodeProto], Builder | None]
+) -> int:
+    """Replace each node at ``indices`` by the nodes ``rewrite`` built for it (its constants added to
+    the model); a node it returns None for stays. Returns how many were replaced."""
+    replace = {}
+    for i in indices:
+        b = rewrite(model.graph.node[i])
+        if b is not None:
+            replace[i] = b.nodes
+            for name, value in b.consts.items():
+                add_const(model, name, value)
+    rebuild(model, replace)
+    return len(replace)

@@ -71,3 +71,39 @@ def test_operators_off_the_gradient_path_stay():
     model = export(TailNet("elu").eval(), (3, 6, 6))
     assert decompose.decompose_operators(model, ["head.weight"]) == 0
     assert "Elu" in {n.op_type for n in model.graph.node}
+
+
+class Up(nn.Module):
+    def __init__(self, **kw):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.up = nn.ConvTranspose2d(4, 6, **kw)
+        self.head = nn.Linear(6, 2)
+
+    def forward(self, x):
+        return self.head(self.up(torch.relu(self.conv(x))).mean((2, 3)))
+
+
+TRANSPOSED = [
+    {"kernel_size": 2, "stride": 2},
+    {"kernel_size": 3, "stride": 2, "padding": 1, "output_padding": 1},
+    {"kernel_size": 4, "stride": 2, "padding": 1, "groups": 2, "bias": False},
+    {"kernel_size": 3, "stride": 1, "padding": 2, "dilation": 2},
+]
+
+
+@pytest.mark.parametrize("kw", TRANSPOSED, ids=[str(sorted(k.items())) for k in TRANSPOSED])
+def test_conv_transpose_becomes_the_conv_it_equals_and_trains(kw, tmp_path):
+    from tasks.prepare import conv_transpose
+
+    torch.manual_seed(0)
+    model = export(Up(**kw).eval(), (3, 5, 5))
+    trainable = ["conv.weight", "up.weight", "head.weight"]
+    x = np.random.default_rng(1).standard_normal((4, 3, 5, 5)).astype(np.float32)
+    before = run(model, x)
+    assert conv_transpose.conv_transposes_as_convs(model, trainable) == 1
+    assert "ConvTranspose" not in {n.op_type for n in model.graph.node}
+    np.testing.assert_allclose(run(model, x), before, rtol=1e-4, atol=1e-5)
+    generate(model, trainable, tmp_path)
+    loss, _ = _train_step(tmp_path, 5)
+    assert np.isfinite(loss)
