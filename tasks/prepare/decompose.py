@@ -7,7 +7,8 @@ gradients ORT has: ``Elu``, ``Selu``, ``Celu`` and ``Softplus`` (Mish) from Relu
 slope stays a trainable parameter of the same name); ``InstanceNormalization`` (also what
 ``GroupNorm`` exports as) from ReduceMean/Sqrt; ``DepthToSpace`` / ``SpaceToDepth`` (PixelShuffle)
 as the Reshape/Transpose/Reshape the ONNX specification defines them by; a ``Pad`` in reflect or
-edge mode (ORT's Pad gradient is constant-mode only) from Slices and a Concat per padded axis.
+edge mode (ORT's Pad gradient is constant-mode only) from Gathers and a Concat per padded axis;
+``ReduceMax`` / ``ReduceMin`` over a contiguous run of axes (``x.max(dim=1)``, ``amax``) as ``TopK``.
 """
 
 from __future__ import annotations
@@ -114,6 +115,25 @@ def _pad(
     return b.nodes
 
 
+def _reduce_extreme(
+    b: Builder, node: onnx.NodeProto, shape: list[int], axes: list[int]
+) -> list[onnx.NodeProto]:
+    """ReduceMax/ReduceMin over a contiguous run of axes as TopK(k=1) over them flattened (TopK's
+    gradient exists, ReduceMax's does not in ORT 1.19.2)."""
+    rank = len(shape)
+    first, last = axes[0], axes[-1]
+    merged = [-1 if a == 0 else shape[a] for a in range(first)] + [int(np.prod([shape[a] for a in axes]))]
+    merged += [shape[a] for a in range(last + 1, rank)]
+    t = b.op("Reshape", [node.input[0], b.const("merged", merged, np.int64)])
+    k = b.const("k", [1], np.int64)
+    top = b.op("TopK", [t, k], axis=first, largest=int(node.op_type == "ReduceMax"))
+    b.nodes[-1].output.append(f"{b.prefix}/indices")
+    keep = int(attr(node, "keepdims", 1))
+    out = [-1 if a == 0 else (1 if a in axes else shape[a]) for a in range(rank) if keep or a not in axes]
+    b.op("Reshape", [top, b.const("out_shape", out, np.int64)], node.output[0])
+    return b.nodes
+
+
 def _pads_of(model: onnx.ModelProto, node: onnx.NodeProto) -> list[int] | None:
     if len(node.input) > 1 and node.input[1]:
         value = static_value(model, node.input[1])
@@ -132,6 +152,13 @@ def _rewrite(
         return _prelu(b, node)
     if node.op_type == "Softplus":
         return _softplus(b, node)
+    if node.op_type in ("ReduceMax", "ReduceMin") and len(shape) >= 2 and min(shape[1:]) > 0:
+        given = static_value(model, node.input[1]) if len(node.input) > 1 and node.input[1] else None
+        axes = [
+            int(a) % len(shape) for a in (given.reshape(-1) if given is not None else attr(node, "axes", []))
+        ]
+        if axes and 0 not in axes and sorted(axes) == list(range(min(axes), max(axes) + 1)):
+            return _reduce_extreme(b, node, shape, sorted(axes))
     if node.op_type == "InstanceNormalization" and len(shape) >= 3:
         return _instance_norm(b, node, len(shape), opset)
     if node.op_type in ("DepthToSpace", "SpaceToDepth") and len(shape) == 4 and min(shape[1:]) > 0:
@@ -154,6 +181,8 @@ DECOMPOSED = (
     "Celu",
     "PRelu",
     "Softplus",
+    "ReduceMax",
+    "ReduceMin",
     "InstanceNormalization",
     "DepthToSpace",
     "SpaceToDepth",

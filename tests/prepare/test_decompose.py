@@ -25,6 +25,8 @@ TAILS = {
     "pixel_shuffle": (lambda m, x: F.pixel_shuffle(x, 2), "DepthToSpace"),
     "reflect_pad": (lambda m, x: F.pad(x, (1, 2, 2, 1), mode="reflect"), "Pad"),
     "replicate_pad": (lambda m, x: F.pad(x, (2, 0, 1, 1), mode="replicate"), "Pad"),
+    "max_dim": (lambda m, x: x * x.max(dim=1, keepdim=True)[0], "ReduceMax"),
+    "amin_spatial": (lambda m, x: x - x.amin((2, 3), keepdim=True), "ReduceMin"),
     "nearest": (lambda m, x: F.interpolate(x, scale_factor=2), "Resize"),
     "bilinear": (lambda m, x: F.interpolate(x, scale_factor=2, mode="bilinear"), "Resize"),
     "bilinear_corners": (
