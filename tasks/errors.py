@@ -92,6 +92,7 @@ class ValidationFailed(PipelineError):
 
     def __init__(self, check: str, message: str) -> None:
         self.check = check
+        self.report: dict | None = None  # validation's figures up to the failure, when it ran
         super().__init__(f"validation check '{check}' failed: {message}")
 
 

@@ -13,6 +13,7 @@ from tasks.prepare.pipeline import prepare
 from tasks.prepare.validate import validate
 from tasks.recipe.load import load_recipe, parse_override
 from tasks.recipe.schema import Recipe
+from tasks.stages.rehearse import rehearse_judging
 
 
 def _recipe(args: argparse.Namespace) -> Recipe:
@@ -22,7 +23,9 @@ def _recipe(args: argparse.Namespace) -> Recipe:
 
 def cmd_prepare(args: argparse.Namespace) -> int:
     """Export, generate artifacts and validate; exit 0 only when validation passed."""
-    result = prepare(_recipe(args), args.out, validate=not args.no_validate, cache=False)
+    result = prepare(
+        _recipe(args), args.out, validate=not args.no_validate, cache=False, rehearse=rehearse_judging
+    )
     v = result.validation
     print(f"prepared {result.out_dir}")
     print(trainable_table(result.manifest))

@@ -20,10 +20,16 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tasks.errors import PipelineError
 from tasks.hashing import file_sha256
 from tasks.paths import state_dir
 from tasks.prepare import Prepared
@@ -31,7 +37,7 @@ from tasks.prepare.artifacts import generate
 from tasks.prepare.datasets import ensure_datasets
 from tasks.prepare.export import export_model
 from tasks.prepare.validate import validate as run_validation
-from tasks.recipe.datafiles import recipe_files
+from tasks.recipe.datafiles import check_data_files, recipe_files
 from tasks.recipe.schema import Recipe
 
 log = logging.getLogger(__name__)
@@ -123,14 +129,15 @@ def generate_artifacts(inp: Inputs) -> dict[str, Any]:
     return result
 
 
-def validate(inp: Inputs) -> dict[str, Any]:
-    """The host dry-run of the recipe on the generated artifacts; reused when done."""
+def validate(inp: Inputs, rehearse: Rehearsal | None = None) -> dict[str, Any]:
+    """The host dry-run of the recipe on the generated artifacts (and the judging rehearsal when
+    given); reused when done."""
     generate_artifacts(inp)
     folder = inp.folder
     report = folder / "validation.json"
     if step_done(inp, "validate") and report.is_file():
         return json.loads(report.read_text())
-    result = run_validation(inp.recipe, folder)
+    result = _validated(inp.recipe, folder, rehearse)
     _mark(folder, "validate", inp)
     return result
 
@@ -147,37 +154,91 @@ def prepared(inp: Inputs) -> Prepared:
     )
 
 
-def prepare(
-    recipe: Recipe | Inputs, out_dir: Path | None = None, *, validate: bool = True, cache: bool = False
-) -> Prepared:
-    """Generate the data if missing, export, generate artifacts and (by default) validate offline.
+Rehearsal = Callable[[Recipe, Prepared], dict[str, Any]]
+PREPARED_MARK = "manifest.json"  # a folder holding it was written by prepare: it may be replaced
 
-    ``cache=False`` runs every step into ``out_dir`` (``odl prepare``, the benches). ``cache=True``
-    works in the folder of the recipe's :class:`Inputs` (``$ODL_HOME/prepared/<recipe>-<hash12>``)
-    and skips each step already done for the same inputs (``odl run``, the flow); ``recipe`` may be
-    those inputs, already hashed. Raises the stage's PipelineError subclass (RecipeError, DataError,
-    ModelError, ArtifactError, ValidationFailed) on the first problem.
+
+def prepare(
+    recipe: Recipe | Inputs,
+    out_dir: Path | None = None,
+    *,
+    validate: bool = True,
+    cache: bool = False,
+    rehearse: Rehearsal | None = None,
+) -> Prepared:
+    """Generate the data if missing, check it, export, generate artifacts and (by default) validate
+    offline; ``rehearse`` (the judging rehearsal of :mod:`tasks.stages.rehearse`) then runs on the
+    validated folder and its figures join validation.json.
+
+    ``cache=False`` builds every step in a temporary sibling of ``out_dir`` and renames it into
+    place only when everything passed: a failed prepare leaves nothing, and an earlier prepared
+    ``out_dir`` stays as it was. ``cache=True`` works in the folder of the recipe's :class:`Inputs`
+    (``$ODL_HOME/prepared/<recipe>-<hash12>``) and skips each step already done for the same inputs
+    (``odl run``, the flow); ``recipe`` may be those inputs, already hashed. Raises the stage's
+    PipelineError subclass (RecipeError, DataError, ModelError, ArtifactError, ValidationFailed) on
+    the first problem.
     """
     if cache and out_dir is not None:
         raise ValueError("prepare(cache=True) works in the folder of the recipe's inputs: pass no out_dir")
     inp = recipe if isinstance(recipe, Inputs) else None
     spec = recipe.recipe if isinstance(recipe, Inputs) else recipe
     ensure_datasets(spec)
+    check_data_files(spec)  # what the board would refuse, before anything is exported
     if cache:
-        return _cached(inp or inputs(spec), validated=validate)
+        return _cached(inp or inputs(spec), validated=validate, rehearse=rehearse)
     folder = Path(out_dir).resolve() if out_dir is not None else (inp or inputs(spec)).folder
-    for step in STEPS:  # rebuilt here: no marker vouches for the folder's steps any more
-        (folder / f".done-{step}").unlink(missing_ok=True)
-    model_onnx = export_model(spec, folder)
-    manifest = generate(spec, model_onnx, folder)
-    report = run_validation(spec, folder) if validate else None
+    with staged(folder) as work:
+        model_onnx = export_model(spec, work)
+        manifest = generate(spec, model_onnx, work)
+        report = _validated(spec, work, rehearse) if validate else None
     return Prepared.of(folder, manifest, report)
 
 
-def _cached(inp: Inputs, *, validated: bool) -> Prepared:
-    """The steps of ``inp``'s folder not done yet for these inputs (validation only if ``validated``)."""
-    if validated:
-        validate(inp)
-    else:
-        generate_artifacts(inp)
+@contextmanager
+def staged(folder: Path) -> Iterator[Path]:
+    """A temporary sibling of ``folder`` that replaces it only when the block completes; removed
+    when the block raises. ``folder`` may be new, empty or an earlier prepared folder; a folder
+    holding anything else is refused before anything is written."""
+    if folder.is_dir() and any(folder.iterdir()) and not (folder / PREPARED_MARK).is_file():
+        raise PipelineError(
+            f"--out {folder}: holds files that are not a prepared recipe (no {PREPARED_MARK}); "
+            "name a new or empty folder, or an earlier prepare's"
+        )
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=folder.parent))
+    try:
+        yield work
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+    if folder.exists():
+        folder.rename(old)
+    work.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _validated(recipe: Recipe, folder: Path, rehearse: Rehearsal | None) -> dict[str, Any]:
+    """Validation's report, with the judging rehearsal's figures when there is one."""
+    report = run_validation(recipe, folder)
+    if rehearse is not None:
+        manifest = json.loads((folder / "manifest.json").read_text())
+        report["checks"]["judging_rehearsed"] = rehearse(recipe, Prepared.of(folder, manifest, report))
+        (folder / "validation.json").write_text(json.dumps(report, indent=2, sort_keys=True))
+    return report
+
+
+def _cached(inp: Inputs, *, validated: bool, rehearse: Rehearsal | None = None) -> Prepared:
+    """The steps of ``inp``'s folder not done yet for these inputs (validation only if ``validated``);
+    a folder this call created is removed again when a step fails."""
+    created = not inp.folder.exists()
+    try:
+        if validated:
+            validate(inp, rehearse)
+        else:
+            generate_artifacts(inp)
+    except BaseException:
+        if created:
+            shutil.rmtree(inp.folder, ignore_errors=True)
+        raise
     return prepared(inp)

@@ -29,7 +29,7 @@ from tasks.prepare.export import example_arrays, quiet_stderr
 from tasks.prepare.messages import layer_of
 from tasks.prepare.rehearse import check_join, inference_paths
 from tasks.prepare.torch_model import build_model
-from tasks.recipe.datafiles import check_dataset, load_arrays, load_npz
+from tasks.recipe.datafiles import check_dataset, data_files, load_arrays, load_npz
 from tasks.recipe.load import recipe_hash
 from tasks.recipe.schema import Recipe
 
@@ -44,23 +44,34 @@ AVERAGED = 3
 ZERO_LOSS = 1e-6  # a loss this small cannot fall: the model already fits the batch
 
 
-def check_data(recipe: Recipe, manifest: dict) -> dict[str, Any]:
-    """Check every host data file against the model; return a summary per field."""
-    files = {"train": recipe.data.train, "eval": recipe.data.eval, "test": recipe.data.test}
-    files.update({f"extra_tests.{k}": v for k, v in recipe.data.extra_tests.items()})
+def model_classes(out_dir: Path, manifest: dict) -> int | None:
+    """The class count of a classifier: the last dimension of its (first inference) output in the
+    exported graph, as the board reads it when the recipe gives no ``num_classes``."""
+    name = (manifest.get("inference_output_names") or [None])[0]
+    graph = onnx.load(str(Path(out_dir) / "model.onnx"), load_external_data=False).graph
+    out = next((o for o in graph.output if o.name == name), None)
+    dims = out.type.tensor_type.shape.dim if out is not None else []
+    return dims[-1].dim_value or None if len(dims) >= 2 else None
+
+
+def check_data(recipe: Recipe, manifest: dict, out_dir: Path | None = None) -> dict[str, Any]:
+    """Check every host data file against the model (what the board would refuse after the upload:
+    sample shape, dtypes, NaN, labels in the model's class range, the arrays the feeds need);
+    DataError naming the field and file, else a summary per field."""
+    classes = recipe.model.num_classes
+    if classes is None and recipe.task == "classification" and out_dir is not None:
+        classes = model_classes(out_dir, manifest)
     summary = {}
-    for field, path in files.items():
-        if path is None:
-            continue
+    for field, path in data_files(recipe).items():
         try:
             x, y = load_npz(path)
-            check_dataset(recipe, x, y)
+            check_dataset(recipe, x, y, num_classes=classes)
             missing = sorted(set(manifest["feeds"].values()) - set(load_arrays(path)))
-            if missing and field == "train":
+            if missing and field == "data.train":
                 raise DataError(f"no arrays {missing} needed by the training inputs {manifest['feeds']}")
         except DataError as exc:
-            raise ValidationFailed("data_fits_model", f"data.{field} ({path}): {exc}") from exc
-        summary[field] = {"samples": len(x), "x_shape": list(x.shape[1:])}
+            raise DataError(f"{field} ({path}): {exc}") from exc
+        summary[field.removeprefix("data.")] = {"samples": len(x), "x_shape": list(x.shape[1:])}
     return summary
 
 
@@ -247,7 +258,7 @@ def validate(recipe: Recipe, out_dir: Path, *, steps: int = 5) -> dict:
     manifest = json.loads((out_dir / "manifest.json").read_text())
     report: dict[str, Any] = {"passed": False, "recipe_hash": recipe_hash(recipe), "checks": {}}
     try:
-        report["checks"]["data_fits_model"] = check_data(recipe, manifest)
+        report["checks"]["data_fits_model"] = check_data(recipe, manifest, out_dir)
         probe = run_probe(recipe, out_dir, manifest, steps)
         report["checks"].update(load_artifacts=True, train_step=True, eval_step=True, export_inference=True)
         note = check_losses(probe, recipe.trainable.batchnorm)
@@ -260,6 +271,7 @@ def validate(recipe: Recipe, out_dir: Path, *, steps: int = 5) -> dict:
     except ValidationFailed as exc:
         report.update(failed_check=exc.check, error=str(exc))
         _write(out_dir, report)
+        exc.report = report  # for callers whose folder does not survive the failure
         raise
     report.update(_figures(recipe, probe, manifest), passed=True)
     _write(out_dir, report)

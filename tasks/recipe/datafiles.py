@@ -33,6 +33,26 @@ def recipe_files(recipe: Recipe) -> dict[str, Path]:
     return {k: v for k, v in files.items() if v is not None}
 
 
+def data_files(recipe: Recipe) -> dict[str, Path]:
+    """The recipe's data sets by field name (``data.train``, ``data.eval``, ``data.test``,
+    ``data.extra_tests.<name>``), the ones it names."""
+    d = recipe.data
+    files = {"data.train": d.train, "data.eval": d.eval, "data.test": d.test}
+    files.update({f"data.extra_tests.{k}": v for k, v in d.extra_tests.items()})
+    return {k: Path(v) for k, v in files.items() if v is not None}
+
+
+def check_data_files(recipe: Recipe) -> None:
+    """Check every data set of the recipe before anything is exported: sample shape, dtypes, NaN
+    and, when the recipe gives ``num_classes``, the label range; DataError naming the field."""
+    for field, path in data_files(recipe).items():
+        try:
+            x, y = load_npz(path)
+            check_dataset(recipe, x, y)
+        except DataError as exc:
+            raise DataError(f"{field} ({path}): {exc}") from exc
+
+
 def load_npz(path: Path | str) -> tuple[np.ndarray, np.ndarray]:
     """Load ``x`` and ``y`` from an ``.npz`` file; DataError on a missing file, key or length mismatch."""
     arrays = load_arrays(path)

@@ -27,6 +27,7 @@ from tasks.prepare.pipeline import (
     validate,
 )
 from tasks.recipe.schema import Recipe
+from tasks.stages.rehearse import rehearse_judging
 
 __all__ = [
     "STEPS",
@@ -51,9 +52,9 @@ def prepare_data(recipe: Recipe) -> None:
 
 
 def prepare(inp: Inputs, *, validate_recipe: bool = True) -> Prepared:
-    """Data, export, artifacts and (by default) validation in the inputs' folder, each step once:
-    :func:`tasks.prepare.pipeline.prepare` with its cache."""
-    return pipeline.prepare(inp, validate=validate_recipe, cache=True)
+    """Data, export, artifacts and (by default) validation with the judging rehearsal in the inputs'
+    folder, each step once: :func:`tasks.prepare.pipeline.prepare` with its cache."""
+    return pipeline.prepare(inp, validate=validate_recipe, cache=True, rehearse=rehearse_judging)
 
 
 def job_id(inp: Inputs, run: str | None = None, extra: str = "") -> str:

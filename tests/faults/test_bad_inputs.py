@@ -23,7 +23,7 @@ from device_agent.protocol import PROTOCOL_VERSION, ExitCode
 from tasks.board import agent, jobs, run
 from tasks.board.inventory import Board
 from tasks.board.transport import LocalTransport, connect
-from tasks.errors import DeviceIncompatible, HostExit, TrainingFailed, ValidationFailed
+from tasks.errors import DataError, DeviceIncompatible, HostExit, TrainingFailed
 from tests.agent.test_bad_inputs import DATA_CASES
 
 
@@ -34,10 +34,10 @@ def test_host_refuses_bad_training_data_before_upload(digits_recipe, prepared_di
     bad = tmp_path / "train.npz"
     np.savez(bad, **arrays)
     recipe = dataclasses.replace(digits_recipe, data=dataclasses.replace(digits_recipe.data, train=bad))
-    with pytest.raises(ValidationFailed) as info:
+    with pytest.raises(DataError) as info:
         check_data(recipe, prepared_digits.manifest)
-    assert info.value.check == "data_fits_model" and "data.train" in str(info.value)
-    assert info.value.exit_code == HostExit.VALIDATION
+    assert str(info.value).startswith(f"data.train ({bad}): ")
+    assert info.value.exit_code == HostExit.DATA
 
 
 def test_unknown_board_is_named_with_its_exit_code(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 TINY_MODELS = """
@@ -111,6 +112,14 @@ def make_reg(out_dir):
     _write(out_dir, lambda x: np.stack([x.mean(axis=(1, 2, 3)), x[:, 0, 0, 0], x[:, 0, 3, 3]], 1).astype(np.float32))
 
 
+def make_nan(out_dir):
+    make_cls(out_dir)
+    with np.load(out_dir / "train.npz") as npz:
+        x, y = npz["x"].copy(), npz["y"]
+    x[3, 0, 1, 1] = np.nan
+    np.savez(out_dir / "train.npz", x=x, y=y)
+
+
 def make_bin(out_dir):
     _write(out_dir, lambda x: (x.sum(axis=(1, 2, 3)) > 0).astype(np.float32)[:, None])
 """
@@ -164,3 +173,22 @@ def tiny_recipe(folder: Path, changes: dict | None = None, *, loss: str = "cross
         },
     )
     return parse_recipe(merge(data, changes or {}), folder / "recipe.toml")
+
+
+def _toml(value) -> str:
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return json.dumps(value)  # strings, numbers and booleans read the same in TOML
+
+
+def write_recipe(folder: Path, changes: dict | None = None, *, loss: str = "cross-entropy") -> Path:
+    """Write the tiny recipe (``changes`` applied) and its module into ``folder`` as recipe.toml."""
+    recipe = tiny_recipe(folder, changes, loss=loss)
+    tables = {k: v for k, v in recipe.raw.items() if isinstance(v, dict)}
+    lines = [f"{k} = {_toml(v)}" for k, v in recipe.raw.items() if k not in tables]
+    for name, table in tables.items():
+        lines += [f"[{name}]", *(f"{k} = {_toml(v)}" for k, v in table.items())]
+    (folder / "recipe.toml").write_text("\n".join(lines) + "\n")
+    return folder / "recipe.toml"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from flows.cli import main
-from tasks.errors import HostExit, ValidationFailed
+from tasks.errors import DataError, HostExit, ValidationFailed
 from tasks.prepare.pipeline import prepare
 from tasks.prepare.validate import validate
 from tests.prepare.kit import tiny_recipe
@@ -49,8 +49,9 @@ def test_loss_that_cannot_fall_fails(tmp_path):
         prepare(recipe, tmp_path / "out")
     assert info.value.check == "loss_falls"
     assert "stayed flat" in str(info.value) and "raise optimizer.lr" in str(info.value)
-    report = json.loads((tmp_path / "out" / "validation.json").read_text())
+    report = info.value.report  # the folder is gone (a failed prepare leaves nothing)
     assert (report["passed"], report["failed_check"]) == (False, "loss_falls")
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.partial-*"))
 
 
 def test_diverging_loss_says_so(tmp_path):
@@ -90,12 +91,26 @@ def test_loss_falls_verdicts(repeat, outcome):
             check_losses(report)
 
 
-def test_labels_out_of_range_fail(tmp_path):
+def test_labels_out_of_range_fail_before_export(tmp_path):
     recipe = tiny_recipe(tmp_path, {"model": {"num_classes": 2}})
-    prepare(recipe, tmp_path / "out", validate=False)
-    with pytest.raises(ValidationFailed, match=r"data.train .*labels in \[0, 2\], expected \[0, 1\]") as info:
-        validate(recipe, tmp_path / "out")
-    assert info.value.check == "data_fits_model"
+    with pytest.raises(DataError, match=r"^data.train .*labels in \[0, 2\], expected \[0, 1\]") as info:
+        prepare(recipe, tmp_path / "out")
+    assert info.value.exit_code == HostExit.DATA and not (tmp_path / "out").exists()
+
+
+def test_labels_out_of_the_models_class_range_fail_without_num_classes(tmp_path):
+    """No num_classes in the recipe: the exported model's output (3 classes) sets the range, as
+    on the board; the label 3 of a fourth class is refused by prepare, not after the upload."""
+    recipe = tiny_recipe(tmp_path, {"model": {"num_classes": None}})
+    (tmp_path / "data").mkdir(exist_ok=True)
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "data" / "train.npz", x=rng.standard_normal((32, 1, 4, 4)).astype(np.float32),
+             y=np.arange(32, dtype=np.int64) % 4)  # fmt: skip
+    np.savez(tmp_path / "data" / "test.npz", x=rng.standard_normal((8, 1, 4, 4)).astype(np.float32),
+             y=np.arange(8, dtype=np.int64) % 3)  # fmt: skip
+    with pytest.raises(DataError, match=r"data.train .*labels in \[0, 3\], expected \[0, 2\]"):
+        prepare(recipe, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_broken_artifact_fails_named_check(tmp_path):
