@@ -117,12 +117,19 @@ def calibrate(name: str, data: Path, out: Path) -> None:
     up; statistics averaged over small batches, or taken on other random images, leave a
     random-init EfficientNet-B7 answering 1e5 on these (its float32 rounding then exceeds the
     inference check's tolerance)."""
-    import numpy as np
     import torch
     from torchvision import models
 
     torch.manual_seed(0)
-    model = models.get_model(name, weights=None, num_classes=10)
+    calibrate_module(models.get_model(name, weights=None, num_classes=10), data, out)
+
+
+def calibrate_module(model, data: Path, out: Path) -> None:
+    """Set ``model``'s BatchNorm running statistics to those of the images in ``data`` (one batch)
+    and save its state_dict to ``out`` (see :func:`calibrate`)."""
+    import numpy as np
+    import torch
+
     model.eval()  # no auxiliary heads, no dropout: only the BatchNorms update their statistics
     for m in model.modules():
         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):

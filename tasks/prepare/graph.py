@@ -59,3 +59,32 @@ def drop_unused_initializers(model: onnx.ModelProto) -> int:
         del model.graph.initializer[:]
         model.graph.initializer.extend(keep)
     return dropped
+
+
+def observed_shapes(model: onnx.ModelProto, batch: int = 2) -> dict[str, list[int]]:
+    """Shapes of every tensor as ONNX Runtime computes them on zeros (batch ``batch``); the inferred
+    ones (:func:`shapes_of`) where the run is not possible. Exporters leave many shapes symbolic
+    (``x.view(-1, C, 1, 1)``); a run knows them all."""
+    import onnxruntime  # heavy; loaded only to measure shapes
+
+    shapes = shapes_of(model)
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    known = {o.name for o in probe.graph.output}
+    names = [o for n in probe.graph.node for o in n.output if o and o not in known]
+    probe.graph.output.extend(helper.make_empty_tensor_value_info(name) for name in names)
+    inits = {i.name for i in model.graph.initializer}
+    feeds = {}
+    for value in model.graph.input:
+        if value.name in inits:
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else batch for d in value.type.tensor_type.shape.dim]
+        dtype = helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+        feeds[value.name] = np.zeros(dims, dtype)
+    try:
+        sess = onnxruntime.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+        values = sess.run(None, feeds)
+    except Exception:  # noqa: BLE001 - a graph that cannot run on zeros keeps its inferred shapes
+        return shapes
+    shapes.update({o.name: list(v.shape) for o, v in zip(sess.get_outputs(), values, strict=True)})
+    return shapes

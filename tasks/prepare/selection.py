@@ -2,14 +2,14 @@
 the suffix that fits a budget.
 
 The *main path* runs back from the classifier through the tensors that carry the features. At an
-element-wise node with inputs of different sizes (the ``x * gate`` of a squeeze-excitation block,
-a LayerScale, a broadcast bias) it follows the largest input only: the small one is a gate or a
-constant, not the features. Every other node is followed through all its inputs (both arms of a
+element-wise node with inputs of different sizes (a broadcast gate or bias) it follows the largest
+input only, and at ``x * gate(x)`` (a squeeze-excitation block, even when the map is 1x1) the input
+the other is computed from: the gate is not the features. Every other node is followed through all its inputs (both arms of a
 residual Add, every part of a dense Concat, both operands of attention's MatMul).
 
 ``last-conv+classifier`` trains the classifier and the *last feature layer* before it: the weighted
-layer (Conv, ConvTranspose, Gemm or MatMul with a parameter) on the main path, latest in graph
-order, whose output still has more than one position per sample (pixels or tokens: a rank of 3 or
+layer (Conv, ConvTranspose, Gemm or MatMul with a parameter) on the main path, deepest from the
+inputs (shapes measured by running the graph once), whose output still has more than one position per sample (pixels or tokens: a rank of 3 or
 more). In a CNN that is the last convolution of the last block; in a transformer stage the last
 linear layer over its tokens; never a squeeze-excitation gate, a stem far from the head or a
 flattened ``Linear`` of a multi-layer classifier.
@@ -27,7 +27,7 @@ from collections import deque
 import onnx
 
 from tasks.errors import RecipeError
-from tasks.prepare.graph import shapes_of
+from tasks.prepare.graph import observed_shapes
 
 WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 ELEMENTWISE = ("Mul", "Add", "Sub", "Div", "Where", "Pow")
@@ -58,9 +58,28 @@ def layer_params(node: onnx.NodeProto, sources: dict[str, set[str]]) -> list[str
     return list(dict.fromkeys(p for i in node.input for p in sorted(sources.get(i, ()))))
 
 
-def main_path(model: onnx.ModelProto, start: onnx.NodeProto, params: set[str]) -> list[onnx.NodeProto]:
+def _derives(producer: dict[str, onnx.NodeProto], tensor: str, source: str) -> bool:
+    """True when ``tensor`` is computed from ``source``."""
+    todo, seen = [tensor], set()
+    while todo:
+        name = todo.pop()
+        if name == source:
+            return True
+        node = producer.get(name)
+        if node is not None and id(node) not in seen:
+            seen.add(id(node))
+            todo.extend(node.input)
+    return False
+
+
+def main_path(
+    model: onnx.ModelProto,
+    start: onnx.NodeProto,
+    params: set[str],
+    shapes: dict[str, list[int]] | None = None,
+) -> list[onnx.NodeProto]:
     """Nodes on the main path behind ``start`` (itself excluded), nearest first."""
-    shapes = shapes_of(model)
+    shapes = shapes if shapes is not None else observed_shapes(model)
     producer = {o: n for n in model.graph.node for o in n.output}
     weights = weight_sources(model, params)
     queue, seen, out = deque([start]), {id(start)}, []
@@ -70,6 +89,9 @@ def main_path(model: onnx.ModelProto, start: onnx.NodeProto, params: set[str]) -
         if node.op_type in ELEMENTWISE and len(data) > 1:
             sizes = {i: _per_sample(shapes.get(i, [])) for i in data}
             data = [i for i in data if sizes[i] == max(sizes.values())]
+        if node.op_type == "Mul" and len(data) == 2:  # x * gate(x): the gate is computed from x
+            gates = [b for a, b in (data, data[::-1]) if _derives(producer, b, a)]
+            data = [i for i in data if i not in gates] or data
         for name in data:
             prev = producer[name]
             if id(prev) not in seen:
@@ -82,15 +104,19 @@ def main_path(model: onnx.ModelProto, start: onnx.NodeProto, params: set[str]) -
 def last_feature_layer(
     model: onnx.ModelProto, classifier: onnx.NodeProto, params: set[str]
 ) -> onnx.NodeProto | None:
-    """The last weighted layer on the main path before ``classifier`` whose output has more than
-    one position per sample; None when there is none."""
-    shapes, sources = shapes_of(model), weight_sources(model, params)
-    order = {n.output[0]: i for i, n in enumerate(model.graph.node)}
+    """The deepest weighted layer on the main path before ``classifier`` whose output has more than
+    one position per sample (depth: the longest chain of nodes from the inputs, so the main arm of a
+    residual block wins over its shortcut projection; graph order breaks ties); None when none."""
+    shapes, sources = observed_shapes(model), weight_sources(model, params)
+    depth: dict[str, tuple[int, int]] = {}
+    for k, node in enumerate(model.graph.node):
+        d = 1 + max((depth[i][0] for i in node.input if i in depth), default=0)
+        depth.update({o: (d, k) for o in node.output})
     layers = [
-        n for n in main_path(model, classifier, params)
+        n for n in main_path(model, classifier, params, shapes)
         if n.op_type in WEIGHTED and layer_params(n, sources) and len(shapes.get(n.output[0], [])) >= 3
     ]  # fmt: skip
-    return max(layers, key=lambda n: order[n.output[0]]) if layers else None
+    return max(layers, key=lambda n: depth[n.output[0]]) if layers else None
 
 
 def params_after(

@@ -175,11 +175,11 @@ def tiny_recipe(folder: Path, changes: dict | None = None, *, loss: str = "cross
     return parse_recipe(merge(data, changes or {}), folder / "recipe.toml")
 
 
-def _toml(value) -> str:
+def toml_value(value) -> str:
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     return json.dumps(value)  # strings, numbers and booleans read the same in TOML
 
 
@@ -187,8 +187,8 @@ def write_recipe(folder: Path, changes: dict | None = None, *, loss: str = "cros
     """Write the tiny recipe (``changes`` applied) and its module into ``folder`` as recipe.toml."""
     recipe = tiny_recipe(folder, changes, loss=loss)
     tables = {k: v for k, v in recipe.raw.items() if isinstance(v, dict)}
-    lines = [f"{k} = {_toml(v)}" for k, v in recipe.raw.items() if k not in tables]
+    lines = [f"{k} = {toml_value(v)}" for k, v in recipe.raw.items() if k not in tables]
     for name, table in tables.items():
-        lines += [f"[{name}]", *(f"{k} = {_toml(v)}" for k, v in table.items())]
+        lines += [f"[{name}]", *(f"{k} = {toml_value(v)}" for k, v in table.items())]
     (folder / "recipe.toml").write_text("\n".join(lines) + "\n")
     return folder / "recipe.toml"

@@ -76,8 +76,28 @@ class DeepClassifier(nn.Module):
         )
 
 
-def test_a_squeeze_excitation_gate_is_not_the_last_conv():
-    assert _last(SEStage()) == ["main.weight", "main.bias", "bn.weight", "bn.bias"]
+@pytest.mark.parametrize("size", [16, 1])  # at 1x1 the gate and the map have the same size
+def test_a_squeeze_excitation_gate_is_not_the_last_conv(size):
+    assert _last(SEStage(), (3, size, size)) == ["main.weight", "main.bias", "bn.weight", "bn.bias"]
+
+
+class ShortcutProjection(nn.Module):
+    """A residual block whose shortcut projection comes after the main arm in graph order."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.down = nn.Conv2d(3, 8, 1)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        main = self.conv2(torch.relu(self.conv1(x)))
+        return self.fc(torch.relu(main + self.down(x)).mean((2, 3)))
+
+
+def test_the_main_arm_of_a_residual_block_wins_over_its_shortcut():
+    assert _last(ShortcutProjection()) == ["conv2.weight", "conv2.bias"]
 
 
 def test_linear_layers_over_tokens_are_feature_layers_the_stem_is_not():

@@ -1,0 +1,193 @@
+"""timm benchmark: the smallest variant of every timm architecture family through ``odl prepare``.
+
+A family is a timm model module (``timm.list_modules()``: resnet, efficientnet, levit, fastvit,
+...); its smallest model (parameter count on the meta device, 10-class head) up to 30 M parameters
+stands for it. Each runs in its own subprocess: random init (no download) with BatchNorm statistics
+calibrated on its training images (bench/zoo.py's ``calibrate`` reasoning), the smallest input
+size in 32-256 px its forward accepts (``img_size`` passed to models that take one), strategy
+``last-conv+classifier``, then export -> generate_artifacts -> offline validation with the join and
+judging rehearsals. Rows are ``pass``, ``specific`` (a one-line PipelineError naming the cause) or
+``raw`` (ORT's or Python's own text, an empty reason, a crash, a timeout).
+
+    .venv/bin/python bench/zoo_timm.py                 # every family (~1 h on 2 cores)
+    .venv/bin/python bench/zoo_timm.py --quick 6 --seed 0   # a seeded sample (CI)
+    .venv/bin/python bench/zoo_timm.py --models levit_128s,fastvit_t8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import table, write_results  # noqa: E402
+from tasks.paths import PROJECT_ROOT  # noqa: E402
+from tests.corpus.generator import UNSPECIFIC  # noqa: E402
+
+MAX_PARAMS = 30e6
+SIZES = (32, 64, 96, 128, 160, 192, 224, 256)
+SAMPLES = 16
+CHILD_TIMEOUT_S = 420
+MODULE = """import timm
+
+def net(num_classes=10, **kwargs):
+    return timm.create_model({name!r}, pretrained=False, num_classes=num_classes, **kwargs)
+"""
+
+
+def families() -> list[tuple[str, str, int]]:
+    """(model, family, parameters) of the smallest model of each timm module up to MAX_PARAMS."""
+    import timm
+    import torch
+
+    rows = []
+    for module in timm.list_modules():
+        best = None
+        for name in timm.list_models(module=module):
+            try:
+                with torch.device("meta"):
+                    n = sum(
+                        p.numel()
+                        for p in timm.create_model(name, pretrained=False, num_classes=10).parameters()
+                    )
+            except Exception:  # noqa: BLE001 - a model that cannot be built on meta is skipped
+                continue
+            if n <= MAX_PARAMS and (best is None or n < best[2]):
+                best = (name, module, n)
+        if best:
+            rows.append(best)
+    return rows
+
+
+def _size(name: str) -> tuple[int, dict]:
+    """The smallest input size whose forward works, and the kwargs that made it work."""
+    import timm
+    import torch
+
+    for size in SIZES:
+        for kwargs in ({}, {"img_size": size}):
+            try:
+                model = timm.create_model(name, pretrained=False, num_classes=10, **kwargs).eval()
+                with torch.no_grad():
+                    model(torch.randn(2, 3, size, size))
+                return size, kwargs
+            except Exception:  # noqa: BLE001 - the next size or kwargs
+                continue
+    raise RuntimeError(f"no input size in {SIZES} accepted")
+
+
+def child(name: str, work: Path) -> dict:
+    """Prepare one timm model in ``work``; the row of the table."""
+    import numpy as np
+    import timm
+    import torch
+
+    from bench.zoo import calibrate_module
+    from tasks.errors import PipelineError
+    from tasks.prepare.pipeline import prepare
+    from tasks.recipe.load import load_recipe
+    from tests.corpus.generator import outcome
+
+    size, kwargs = _size(name)
+    rng = np.random.default_rng(0)
+    (work / "data").mkdir(parents=True, exist_ok=True)
+    for split in ("train", "test"):
+        x = rng.standard_normal((SAMPLES, 3, size, size), dtype=np.float32)
+        np.savez(work / "data" / f"{split}.npz", x=x, y=rng.integers(0, 10, SAMPLES))
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False, num_classes=10, **kwargs)
+    calibrate_module(model, work / "data" / "train.npz", work / "weights.pt")
+    (work / "timm_model.py").write_text(MODULE.format(name=name))
+    kw = "".join(f"{k} = {v}\n" for k, v in kwargs.items())
+    (work / "recipe.toml").write_text(
+        f'name = "timm"\ntask = "classification"\n[model]\ncallable = "timm_model:net"\nnum_classes = 10\n'
+        f'input_shape = [3, {size}, {size}]\nweights = "weights.pt"\n'
+        + (f"[model.kwargs]\n{kw}" if kw else "")
+        + '[trainable]\nstrategy = "last-conv+classifier"\n[loss]\nkind = "cross-entropy"\n'
+        '[training]\nbatch_size = 4\nepochs = 1\n[data]\ntrain = "data/train.npz"\ntest = "data/test.npz"\n'
+    )
+    row: dict = {"model": name, "size": size}
+    start = time.perf_counter()
+    try:
+        done = prepare(load_recipe(work / "recipe.toml"), work / "prepared")
+    except PipelineError as exc:
+        kind, message = outcome(exc)
+        row.update(result=kind, message=message)
+    else:
+        row.update(result="pass", trainable=done.manifest["trainable_count"],
+                   layers=[r["layer"] for r in done.manifest.get("trainable_layers", [])][:3])  # fmt: skip
+    row["seconds"] = round(time.perf_counter() - start, 1)
+    return row
+
+
+def run_one(name: str, family: str, params: int) -> dict:
+    """``child`` in a subprocess; a crash or timeout is a raw row."""
+    with tempfile.TemporaryDirectory(prefix="odl-timm-") as tmp:
+        cmd = [sys.executable, __file__, "--child", name, "--work", tmp]
+        start = time.perf_counter()
+        try:
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=CHILD_TIMEOUT_S
+            )
+            lines = proc.stdout.strip().splitlines()
+            row = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
+            if row is None:
+                tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+                row = {"model": name, "result": "raw", "message": f"crash (exit {proc.returncode}): {tail}"}
+        except subprocess.TimeoutExpired:
+            row = {"model": name, "result": "raw", "message": f"timeout: no result in {CHILD_TIMEOUT_S} s"}
+        row.setdefault("seconds", round(time.perf_counter() - start, 1))
+    row.update(family=family, params=params)
+    if row["result"] == "specific" and UNSPECIFIC.search(row.get("message", "")):
+        row["result"] = "raw"
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", type=int, help="a seeded sample of this many families")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--models", help="comma-separated timm names")
+    ap.add_argument("--out", type=Path, help="result JSON (default bench/results/zoo_timm.json)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.work)))
+        return 0
+    rows_in = families() if not args.models else [(m, "-", 0) for m in args.models.split(",")]
+    if args.quick:
+        rows_in = random.Random(args.seed).sample(rows_in, min(args.quick, len(rows_in)))
+    rows = []
+    for name, family, params in rows_in:
+        rows.append(run_one(name, family, params))
+        r = rows[-1]
+        print(
+            f"{name:32s} {r.get('size', 0):4d}px {r['seconds']:7.1f}s {r['result']:8s} {r.get('message', '')[:140]}",
+            flush=True,
+        )
+    counts = {k: sum(r["result"] == k for r in rows) for k in ("pass", "specific", "raw")}
+    n = max(1, len(rows))
+    figures = {"families": len(rows), **counts, "pass_ratio": counts["pass"] / n,
+               "pass_or_specific_ratio": (counts["pass"] + counts["specific"]) / n, "rows": rows}  # fmt: skip
+    path = write_results("zoo_timm", figures, args.out)
+    for r in rows:
+        r["params_m"] = round(r["params"] / 1e6, 2)
+        r["short"] = (r.get("message") or r["result"])[:110]
+    print(table(rows, [("family", "family"), ("model", "model"), ("params_m", "params (M)"), ("size", "px"),
+                       ("trainable", "trainable"), ("seconds", "s"), ("short", "result")]))  # fmt: skip
+    print(f"coverage: {counts['pass']}/{len(rows)} pass ({figures['pass_ratio']:.0%}), "
+          f"{counts['pass'] + counts['specific']}/{len(rows)} pass or specific ({figures['pass_or_specific_ratio']:.0%})")  # fmt: skip
+    print(f"figures: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
