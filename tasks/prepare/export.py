@@ -33,6 +33,7 @@ from tasks.prepare.onnx_versions import OPSET
 from tasks.prepare.priors import PRIORS_FILE, write_priors
 from tasks.prepare.torch_model import build_model
 from tasks.prepare.tracing import has_auxiliary_outputs, restored
+from tasks.prepare.user_code import user_code_error
 from tasks.recipe.datafiles import load_arrays
 from tasks.recipe.schema import Recipe
 
@@ -175,6 +176,10 @@ def _batch_axes(recipe: Recipe, model: Any, inputs: tuple[Any, ...]) -> dict[str
     try:
         outs = _outputs_of(model, inputs, recipe)
     except (RuntimeError, ValueError, TypeError) as exc:
+        shape = list(recipe.model.input_shape)
+        named = user_code_error(exc, recipe.base_dir, f"on inputs of shape {shape} (model.input_shape)")
+        if named is not None:
+            raise named from exc
         raise RecipeError(
             "model.input_shape",
             "a shape the model accepts",
@@ -221,7 +226,8 @@ def _run_exporter(
         except Exception as exc:  # the exporter raises many types; all mean "cannot export"
             failure = exc
     if failure is not None:
-        raise ModelError(export_failure(recipe, failure, out.text)) from failure
+        named = user_code_error(failure, recipe.base_dir, "while the exporter traced it")
+        raise (named or ModelError(export_failure(recipe, failure, out.text))) from failure
 
 
 def load_onnx(path: Path) -> Any:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.errors import ModelError, RecipeError
+from tasks.prepare.user_code import user_code_error
 from tasks.recipe.schema import Recipe
 
 log = logging.getLogger(__name__)
@@ -148,8 +149,13 @@ def _callable_model(recipe: Recipe) -> Any:
         kwargs.setdefault("num_classes", recipe.model.num_classes)
     try:
         model = func(**kwargs)
-    except TypeError as exc:
-        raise RecipeError("model.kwargs", f"arguments accepted by {recipe.model.ref}", str(exc)) from exc
+    except Exception as exc:  # noqa: BLE001 - the user's code may raise anything
+        named = user_code_error(exc, recipe.base_dir, "building the model")
+        if named is not None:
+            raise named from exc
+        if isinstance(exc, TypeError):  # the call itself: the arguments do not fit
+            raise RecipeError("model.kwargs", f"arguments accepted by {recipe.model.ref}", str(exc)) from exc
+        raise
     if not isinstance(model, torch.nn.Module):
         raise ModelError(f"{recipe.model.ref} returned {type(model).__name__}, expected a torch.nn.Module")
     return model

@@ -35,11 +35,10 @@ class Conv(nn.Module):
     def __init__(self, cin: int, spec: dict):
         super().__init__()
         cout, k, groups = spec["out"], spec["k"], spec.get("groups", 1)
-        groups = (
-            cin
-            if groups == "depthwise" and cout % cin == 0
-            else (groups if cin % groups == cout % groups == 0 else 1)
-        )
+        if groups == "depthwise":
+            groups = cin if cout % cin == 0 else 1
+        elif cin % groups or cout % groups:
+            groups = 1
         self.order = spec.get("order", "cba")
         pad = spec.get("dilation", 1) * (k // 2)
         self.conv = nn.Conv2d(

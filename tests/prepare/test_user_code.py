@@ -1,0 +1,75 @@
+"""An exception inside the user's own model code is reported as the user's code failing, at the
+file:line of the innermost frame in the recipe folder, not as a recipe field."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.errors import ModelError, RecipeError
+from tasks.prepare.pipeline import prepare
+from tests.prepare.kit import merge, tiny_recipe
+
+USER_MODULE = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, num_classes=3, width=4):
+        super().__init__()
+        self.conv = nn.Conv2d(1, width, 3, padding=1)
+        self.fc = nn.Linear(width * 16, num_classes)
+
+    def forward(self, x, labels):
+        logits = self.fc(torch.flatten(torch.relu(self.conv(x)), 1))
+        return F.cross_entropy(logits, labels.int()), logits  # int32 targets: torch refuses
+
+
+class Broken(Net):
+    def __init__(self, num_classes=3):
+        super().__init__(num_classes, width=4 % "2")
+
+
+def int32_loss(num_classes=3):
+    return Net(num_classes)
+
+
+def broken(num_classes=3):
+    return Broken(num_classes)
+"""
+
+EMBEDDED = {
+    "task": "embedded",
+    "loss": {"kind": "embedded"},
+    "model": {"input_names": ["input", "labels"], "output_names": ["loss", "logits"]},
+    "data": {"feeds": {"input": "x", "labels": "y"}},
+}
+
+
+def _recipe(tmp_path, callable_, changes=None):
+    recipe = tiny_recipe(tmp_path, merge({"model": {"callable": f"usercode:{callable_}"}}, changes or {}))
+    (tmp_path / "usercode.py").write_text(USER_MODULE)
+    return recipe
+
+
+def test_an_exception_in_the_models_forward_names_the_users_line(tmp_path):
+    with pytest.raises(ModelError) as err:
+        prepare(_recipe(tmp_path, "int32_loss", EMBEDDED), tmp_path / "out")
+    line = next(n for n, text in enumerate(USER_MODULE.splitlines(), 1) if "labels.int()" in text)
+    assert str(err.value).startswith(
+        f"the model's code raised RuntimeError at usercode.py:{line} (in forward)"
+    )
+    assert "model.input_shape" in str(err.value) and "expected target dtype" in str(err.value)
+
+
+def test_an_exception_while_building_the_model_names_the_users_line(tmp_path):
+    with pytest.raises(
+        ModelError, match=r"usercode.py:\d+ \(in __init__\) building the model: unsupported operand"
+    ):
+        prepare(_recipe(tmp_path, "broken"), tmp_path / "out")
+
+
+def test_arguments_the_callable_does_not_take_stay_a_recipe_error(tmp_path):
+    with pytest.raises(RecipeError, match="model.kwargs"):
+        prepare(_recipe(tmp_path, "int32_loss", {"model": {"kwargs": {"depth": 3}}}), tmp_path / "out")
