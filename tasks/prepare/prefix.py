@@ -62,6 +62,15 @@ def _computable(model: onnx.ModelProto, sources: set[str]) -> set[str]:
     return have
 
 
+def _reached(model: onnx.ModelProto, source: str) -> set[str]:
+    """Tensors computed from ``source``."""
+    have = {source}
+    for node in model.graph.node:
+        if any(i in have for i in node.input):
+            have.update(node.output)
+    return have
+
+
 def _ancestors(model: onnx.ModelProto, tensor: str) -> list[onnx.NodeProto]:
     producer = {o: n for n in model.graph.node for o in n.output}
     todo, seen, nodes = [tensor], set(), []
@@ -114,6 +123,10 @@ def find_cut(model: onnx.ModelProto, trainable: list[str], batchnorm: str = "fro
     if not boundary:
         return Cut(None, "no trainable parameter reaches an output")
     direct = tuple(b for b in boundary if b in inputs)
+    outputs = {o.name for o in model.graph.output}
+    for name in direct:  # labels may pass by the prefix to an embedded loss; the data input may not
+        if outputs <= _reached(model, name):
+            return Cut(None, f"a trainable parameter acts on the model input {name!r}: no frozen prefix")
     order = {o: k for k, n in enumerate(model.graph.node) for o in n.output}
     outputs = [o.name for o in model.graph.output]
     for cand in sorted(set(boundary) - set(direct), key=lambda b: -order.get(b, -1)):
