@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from tasks.prepare.graph import attr, downstream, shapes_of
+from tasks.prepare.graph import attr, downstream, observed_shapes
 from tasks.prepare.rewrite_kit import Builder, apply_rewrites, same_values
 
 
@@ -98,5 +98,5 @@ def conv_transposes_as_convs(model: onnx.ModelProto, trainable: list[str]) -> in
     ]
     if not todo:
         return 0
-    shapes = shapes_of(model)
+    shapes = observed_shapes(model)
     return apply_rewrites(model, todo, lambda node: _rewrite(model, node, shapes))

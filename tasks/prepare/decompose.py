@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from tasks.prepare.graph import attr, downstream, shapes_of
+from tasks.prepare.graph import attr, downstream, observed_shapes
 from tasks.prepare.rewrite_kit import Builder, apply_rewrites, same_values, static_value
 
 
@@ -200,7 +200,7 @@ def decompose_operators(model: onnx.ModelProto, trainable: list[str]) -> int:
     ]
     if not todo:
         return 0
-    shapes = shapes_of(model)
+    shapes = observed_shapes(model)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
 
     def rewrite(node: onnx.NodeProto) -> Builder | None:

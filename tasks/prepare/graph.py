@@ -61,12 +61,22 @@ def drop_unused_initializers(model: onnx.ModelProto) -> int:
     return dropped
 
 
+def quiet_session(model: onnx.ModelProto):  # -> onnxruntime.InferenceSession
+    """A CPU inference session of ``model`` that logs errors only: the pipeline's own small check
+    graphs would otherwise print ORT's optimizer warnings into the user's terminal."""
+    import onnxruntime  # heavy; loaded only when a graph is run on the host
+
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    return onnxruntime.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+
+
 def observed_shapes(model: onnx.ModelProto, batch: int = 2) -> dict[str, list[int]]:
     """Shapes of every tensor as ONNX Runtime computes them on zeros (batch ``batch``); the inferred
     ones (:func:`shapes_of`) where the run is not possible. Exporters leave many shapes symbolic
     (``x.view(-1, C, 1, 1)``); a run knows them all."""
-    import onnxruntime  # heavy; loaded only to measure shapes
-
     shapes = shapes_of(model)
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
@@ -82,7 +92,7 @@ def observed_shapes(model: onnx.ModelProto, batch: int = 2) -> dict[str, list[in
         dtype = helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
         feeds[value.name] = np.zeros(dims, dtype)
     try:
-        sess = onnxruntime.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+        sess = quiet_session(probe)
         values = sess.run(None, feeds)
     except Exception:  # noqa: BLE001 - a graph that cannot run on zeros keeps its inferred shapes
         return shapes

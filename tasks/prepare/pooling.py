@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from tasks.prepare.graph import add_const, attr, downstream, rebuild, shapes_of
+from tasks.prepare.graph import add_const, attr, downstream, observed_shapes, quiet_session, rebuild
 
 MATCH_TOL = 1e-5
 
@@ -32,7 +32,6 @@ def _run(
     nodes: list[onnx.NodeProto], inputs: dict[str, np.ndarray], consts: dict[str, np.ndarray], out: str
 ) -> np.ndarray:
     """Run ``nodes`` alone in an ONNX Runtime session (opset 17) on ``inputs`` and ``consts``."""
-    import onnxruntime  # heavy; loaded only when a model has an AveragePool to rewrite
 
     graph = helper.make_graph(
         nodes,
@@ -42,7 +41,7 @@ def _run(
         [onnx.numpy_helper.from_array(v, k) for k, v in consts.items()],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    sess = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = quiet_session(model)
     return sess.run([out], inputs)[0]
 
 
@@ -141,7 +140,7 @@ def average_pools_as_convs(model: onnx.ModelProto, trainable: list[str]) -> int:
     todo = [i for i, n in enumerate(model.graph.node) if n.op_type == "AveragePool" and n.input[0] in needs]
     if not todo:
         return 0
-    shapes = shapes_of(model)
+    shapes = observed_shapes(model)
     replace = {i: _rewrite(model, model.graph.node[i], shapes) for i in todo}
     replace = {i: nodes for i, nodes in replace.items() if nodes}
     rebuild(model, replace)

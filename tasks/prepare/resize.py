@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from tasks.prepare.graph import downstream, shapes_of
+from tasks.prepare.graph import downstream, observed_shapes, quiet_session
 from tasks.prepare.rewrite_kit import Builder, apply_rewrites, same_values, static_value
 
 MODES = {"nearest", "linear", "cubic"}
@@ -23,7 +23,6 @@ def _axis_matrix(
     model: onnx.ModelProto, node: onnx.NodeProto, axis: int, size: int, out: int
 ) -> np.ndarray | None:
     """``A`` (``out x size``) of the node along spatial ``axis`` (2 or 3), from one-hot inputs."""
-    import onnxruntime  # heavy; loaded only when a model has a Resize to rewrite
 
     shape = [size, 1, 1, 1]
     shape[axis] = size
@@ -41,7 +40,7 @@ def _axis_matrix(
     check = helper.make_model(graph, opset_imports=list(model.opset_import))
     check.ir_version = model.ir_version
     try:
-        sess = onnxruntime.InferenceSession(check.SerializeToString(), providers=["CPUExecutionProvider"])
+        sess = quiet_session(check)
         y = sess.run(["y"], {"x": basis})[0]
     except Exception:  # noqa: BLE001 - a probe ORT refuses: the node stays
         return None
@@ -101,5 +100,5 @@ def resizes_as_matmuls(model: onnx.ModelProto, trainable: list[str]) -> int:
     todo = [i for i, n in enumerate(model.graph.node) if n.op_type == "Resize" and n.input[0] in needs]
     if not todo:
         return 0
-    shapes = shapes_of(model)
+    shapes = observed_shapes(model)
     return apply_rewrites(model, todo, lambda node: _rewrite(model, node, shapes))

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from tasks.prepare.graph import add_const, rebuild
+from tasks.prepare.graph import add_const, quiet_session, rebuild
 
 
 class Builder:
@@ -40,7 +40,6 @@ class Builder:
 
 def static_value(model: onnx.ModelProto, name: str) -> np.ndarray | None:
     """The value of a tensor computed from initializers and constants alone (None if it is not)."""
-    import onnxruntime  # heavy; loaded only when a model has an operator to rewrite
 
     inits = {i.name: i for i in model.graph.initializer}
     if name in inits:
@@ -52,7 +51,7 @@ def static_value(model: onnx.ModelProto, name: str) -> np.ndarray | None:
                               [inits[k] for k in reads if k in inits])  # fmt: skip
     value = helper.make_model(graph, opset_imports=list(model.opset_import))
     value.ir_version = model.ir_version
-    sess = onnxruntime.InferenceSession(value.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = quiet_session(value)
     return sess.run([name], {})[0]
 
 
@@ -82,7 +81,6 @@ def same_values(
 ) -> bool:
     """True when the rewrite computes what ``node`` computes on random data (batch 2) for its data
     input (the first); its other inputs take their real values from constants and that input."""
-    import onnxruntime  # heavy; loaded only when a model has an operator to rewrite
 
     inits = {i.name: i for i in model.graph.initializer}
     x, shape = node.input[0], shapes.get(node.input[0], [])
@@ -105,7 +103,7 @@ def same_values(
         check = helper.make_model(graph, opset_imports=list(model.opset_import))
         check.ir_version = model.ir_version
         try:
-            sess = onnxruntime.InferenceSession(check.SerializeToString(), providers=["CPUExecutionProvider"])
+            sess = quiet_session(check)
             outs.append(sess.run(None, feeds)[0])
         except Exception:  # noqa: BLE001 - a rewrite ORT cannot run is not made
             return False

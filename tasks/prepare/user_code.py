@@ -8,24 +8,36 @@ recipe folder (file:line and function) and the exception's own first line.
 
 from __future__ import annotations
 
+import sys
+import sysconfig
 import traceback
 from pathlib import Path
 
 from tasks.errors import ModelError
+from tasks.paths import PROJECT_ROOT
+
+LIBRARIES = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, *sysconfig.get_paths().values())}
+PIPELINE = [PROJECT_ROOT / d for d in ("tasks", "flows", "device_agent")]
+
+
+def _inside(filename: str, folders: list[Path] | set[Path]) -> bool:
+    try:
+        path = Path(filename).resolve()
+    except (OSError, ValueError):
+        return False
+    return any(path.is_relative_to(f) for f in folders)
 
 
 def user_frame(exc: BaseException, base_dir: Path) -> traceback.FrameSummary | None:
-    """The innermost frame of ``exc``'s traceback whose file lies in ``base_dir`` (None if none)."""
-    base = Path(base_dir).resolve()
-    found = None
-    for frame in traceback.extract_tb(exc.__traceback__):
-        try:
-            inside = Path(frame.filename).resolve().is_relative_to(base)
-        except (OSError, ValueError):
-            inside = False
-        if inside:
-            found = frame
-    return found
+    """The innermost frame of ``exc``'s traceback in a file of the recipe folder ``base_dir``; else
+    the innermost one in code that is neither an installed library nor this pipeline (a user's
+    package the model module imports); None when the exception comes from libraries alone."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
+    own = [f for f in frames if _inside(f.filename, [Path(base_dir).resolve()])]
+    elsewhere = [
+        f for f in frames if not _inside(f.filename, LIBRARIES) and not _inside(f.filename, PIPELINE)
+    ]
+    return (own or elsewhere or [None])[-1]
 
 
 def user_code_error(exc: BaseException, base_dir: Path, doing: str) -> ModelError | None:
@@ -34,7 +46,8 @@ def user_code_error(exc: BaseException, base_dir: Path, doing: str) -> ModelErro
     frame = user_frame(exc, base_dir)
     if frame is None:
         return None
-    rel = Path(frame.filename).resolve().relative_to(Path(base_dir).resolve())
+    path, base = Path(frame.filename).resolve(), Path(base_dir).resolve()
+    rel = path.relative_to(base) if path.is_relative_to(base) else path
     first = (str(exc).strip().splitlines() or [""])[0]
     return ModelError(
         f"the model's code raised {type(exc).__name__} at {rel}:{frame.lineno} (in {frame.name}) {doing}: {first}"
