@@ -27,6 +27,13 @@ from device_agent.ort import load_onnxruntime, load_training_api, seed_runtime  
 STAGE = ["load_artifacts"]  # the check a failure belongs to, reported to the parent
 
 
+def _enter(stage: str) -> None:
+    """Record the check now running, and say it on stderr: a probe killed by a signal leaves no
+    report, and its parent reads the last stage from there."""
+    STAGE[0] = stage
+    print(f"odl-probe-stage {stage}", file=sys.stderr, flush=True)
+
+
 def _loss(out: object) -> float:
     first = out[0] if isinstance(out, (list, tuple)) else out
     return float(np.asarray(first, dtype=np.float64).reshape(-1)[0])
@@ -54,7 +61,7 @@ def peak_rss_mb() -> float:
 
 def probe(cfg: dict) -> dict:
     """Run the probe described by ``cfg`` (see tasks.validate.run_probe) and return its report."""
-    STAGE[0] = "load_artifacts"
+    _enter("load_artifacts")
     api = load_training_api()
     seed_runtime(cfg.get("seed", 0))  # before the sessions exist: they draw their dropout seeds
     art = Path(cfg["artifacts_dir"])
@@ -65,7 +72,7 @@ def probe(cfg: dict) -> dict:
     with np.load(cfg["data"], allow_pickle=False) as npz:
         arrays = [npz[cfg["feeds"][name]] for name in module.input_names()]
     report: dict = {"input_names": list(module.input_names()), "n_samples": len(arrays[0])}
-    STAGE[0] = "train_step"
+    _enter("train_step")
     module.train()
     # the repeated batch starts from the base weights, before any other batch has been seen
     first = next(_batches(arrays, cfg["batch_size"], 1))
@@ -83,10 +90,10 @@ def probe(cfg: dict) -> dict:
         times.append(time.perf_counter() - t0)
     # export before the eval step: the peak up to here is what a job without an eval set reaches
     # (training + the final export); the eval graph's session adds its own arena on top
-    STAGE[0] = "export_inference"
+    _enter("export_inference")
     module.export_model_for_inferencing(cfg["inference_path"], cfg["inference_outputs"])
     report["train_peak_rss_mb"] = peak_rss_mb()
-    STAGE[0] = "eval_step"
+    _enter("eval_step")
     module.eval()
     report["eval_loss"] = _loss(module(*first))
     report.update(
@@ -98,7 +105,7 @@ def probe(cfg: dict) -> dict:
         torch_loaded=sys.modules.get("torch") is not None,
     )
     if cfg.get("split"):  # after the peaks are read: its sessions are not the job's
-        STAGE[0] = "split_matches_full"
+        _enter("split_matches_full")
         report["split_check"] = split_check(api, cfg, dict(zip(module.input_names(), first, strict=True)))
     return report
 

@@ -23,13 +23,14 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from tasks.errors import DataError, ValidationFailed, ort_message
+from tasks.errors import ValidationFailed
 from tasks.paths import PROJECT_ROOT
+from tasks.prepare.data_checks import check_data
 from tasks.prepare.export import example_arrays, quiet_stderr
 from tasks.prepare.messages import layer_of
+from tasks.prepare.probe_failures import crash_check, failed_check
 from tasks.prepare.rehearse import check_join, inference_paths
 from tasks.prepare.torch_model import build_model
-from tasks.recipe.datafiles import check_dataset, data_files, load_arrays, load_npz
 from tasks.recipe.load import recipe_hash
 from tasks.recipe.schema import Recipe
 
@@ -42,37 +43,6 @@ PROBE_TIMEOUT_S = 600
 REPEAT_STEPS = 12  # steps on one batch for "loss falls"; the first and last AVERAGED are compared
 AVERAGED = 3
 ZERO_LOSS = 1e-6  # a loss this small cannot fall: the model already fits the batch
-
-
-def model_classes(out_dir: Path, manifest: dict) -> int | None:
-    """The class count of a classifier: the last dimension of its (first inference) output in the
-    exported graph, as the board reads it when the recipe gives no ``num_classes``."""
-    name = (manifest.get("inference_output_names") or [None])[0]
-    graph = onnx.load(str(Path(out_dir) / "model.onnx"), load_external_data=False).graph
-    out = next((o for o in graph.output if o.name == name), None)
-    dims = out.type.tensor_type.shape.dim if out is not None else []
-    return dims[-1].dim_value or None if len(dims) >= 2 else None
-
-
-def check_data(recipe: Recipe, manifest: dict, out_dir: Path | None = None) -> dict[str, Any]:
-    """Check every host data file against the model (what the board would refuse after the upload:
-    sample shape, dtypes, NaN, labels in the model's class range, the arrays the feeds need);
-    DataError naming the field and file, else a summary per field."""
-    classes = recipe.model.num_classes
-    if classes is None and recipe.task == "classification" and out_dir is not None:
-        classes = model_classes(out_dir, manifest)
-    summary = {}
-    for field, path in data_files(recipe).items():
-        try:
-            x, y = load_npz(path)
-            check_dataset(recipe, x, y, num_classes=classes)
-            missing = sorted(set(manifest["feeds"].values()) - set(load_arrays(path)))
-            if missing and field == "data.train":
-                raise DataError(f"no arrays {missing} needed by the training inputs {manifest['feeds']}")
-        except DataError as exc:
-            raise DataError(f"{field} ({path}): {exc}") from exc
-        summary[field.removeprefix("data.")] = {"samples": len(x), "x_shape": list(x.shape[1:])}
-    return summary
 
 
 def run_probe(recipe: Recipe, out_dir: Path, manifest: dict, steps: int) -> dict[str, Any]:
@@ -100,13 +70,9 @@ def run_probe(recipe: Recipe, out_dir: Path, manifest: dict, steps: int) -> dict
     lines = proc.stdout.strip().splitlines()
     result = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
     if result is None:
-        raise ValidationFailed(
-            "load_artifacts", f"training probe crashed (exit {proc.returncode}): {proc.stderr.strip()[-800:]}"
-        )
+        raise crash_check(proc.returncode, proc.stderr)
     if not result["ok"]:
-        raise ValidationFailed(
-            result["stage"], ort_message(result["error"]) or result["error"].splitlines()[0]
-        )
+        raise failed_check(result["stage"], result["error"])
     return result["report"]
 
 

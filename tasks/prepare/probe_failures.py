@@ -1,0 +1,69 @@
+"""One line for each way the training probe can fail without a pipeline-made message.
+
+- ORT has no CPU kernel for a gradient (``Could not find an implementation for XGrad(1) node with
+  name '/layer/Op_Grad/XGrad_0'``): the forward node and its layer, and what to freeze;
+- the probe died on a signal (SIGFPE, SIGSEGV, SIGABRT inside ONNX Runtime), leaving no report: the
+  signal's name, the check it was running (it says each one on stderr), ORT's last readable line if
+  any, and what to try; never an empty reason;
+- anything else: ORT's reason without its C++ positions (:func:`tasks.errors.ort_message`).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+
+from tasks.errors import ValidationFailed, ort_message
+from tasks.prepare.messages import layer_of
+
+_NO_KERNEL = re.compile(r"Could not find an implementation for (\w+)\(\d+\) node with name '([^']*)'")
+_STAGE = re.compile(r"^odl-probe-stage (\w+)$", re.M)
+FREEZE_HINT = (
+    "make only parameters after that layer trainable (trainable.train_from, or trainable.strategy = "
+    "'classifier') or freeze the layer"
+)
+
+
+def forward_node(gradient_node: str) -> str:
+    """The forward node a gradient node belongs to (``/a/b/Conv_Grad/ConvGrad_0`` -> ``/a/b/Conv``)."""
+    parts = gradient_node.split("/")
+    for k, part in enumerate(parts):
+        if part.endswith("_Grad"):
+            return "/".join([*parts[:k], part.removesuffix("_Grad")])
+    return gradient_node
+
+
+def failed_check(stage: str, error: str) -> ValidationFailed:
+    """The named check for an exception the probe reported (its ``stage`` and ``error`` text)."""
+    found = _NO_KERNEL.search(error)
+    if found:
+        op, node = found.group(1), forward_node(found.group(2))
+        forward_op = op.removesuffix("Grad")
+        return ValidationFailed(
+            stage,
+            f"ONNX Runtime 1.19.2 has no CPU kernel for the gradient of {forward_op} (node {node}, layer "
+            f"{layer_of(node)}), which lies between the trainable parameters and the loss: {FREEZE_HINT}",
+        )
+    return ValidationFailed(stage, ort_message(error) or error.splitlines()[0])
+
+
+def crash_check(returncode: int, stderr: str) -> ValidationFailed:
+    """The named check for a probe that ended without a report (killed by a signal, or exited)."""
+    stages = _STAGE.findall(stderr)
+    stage = stages[-1] if stages else "load_artifacts"
+    if returncode < 0:
+        try:
+            how = f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            how = f"was killed by signal {-returncode}"
+    else:
+        how = f"exited with status {returncode} and no report"
+    lines = [ln for ln in stderr.splitlines() if ln.strip() and not _STAGE.match(ln)]
+    readable = [ort_message(ln) for ln in lines if "onnxruntime" in ln.lower() or "Error" in ln]
+    last = next((r for r in reversed(readable) if r), "")
+    detail = f" (last message: {last[:200]})" if last else ""
+    return ValidationFailed(
+        stage,
+        f"the training probe {how} inside ONNX Runtime during the {stage.replace('_', ' ')} check{detail}; "
+        f"the board's runtime would crash the same way: {FREEZE_HINT}, or try trainable.batchnorm = 'batch-stats'",
+    )

@@ -1,0 +1,71 @@
+"""The training probe's failures without a pipeline-made message, each one specific line: no CPU
+kernel for a gradient (named with its forward node and layer), and a probe killed by a signal
+(named with the signal and the check it was running, never an empty reason)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tasks.errors import ValidationFailed
+from tasks.prepare.pipeline import prepare
+from tasks.prepare.probe_failures import crash_check, forward_node
+from tests.corpus.generator import UNSPECIFIC
+from tests.prepare.kit import merge, tiny_recipe
+
+VOLUME_MODULE = """
+import torch
+from torch import nn
+
+
+class Volume(nn.Module):
+    # a 3-D transposed convolution: ORT 1.19.2 has no CPU ConvTransposeGrad, and the pipeline's
+    # rewrite covers the 2-D case only
+    def __init__(self, num_classes=3):
+        super().__init__()
+        self.conv = nn.Conv3d(1, 2, 3, padding=1)
+        self.up = nn.ConvTranspose3d(2, 2, 2, stride=2)
+        self.fc = nn.Linear(2, num_classes)
+
+    def forward(self, x):
+        return self.fc(self.up(torch.relu(self.conv(x.unsqueeze(1)))).mean((2, 3, 4)))
+
+
+def volume(num_classes=3):
+    return Volume(num_classes)
+"""
+
+
+def test_a_gradient_without_a_cpu_kernel_names_its_layer_and_a_way_out(tmp_path):
+    recipe = tiny_recipe(
+        tmp_path, merge({"model": {"callable": "volume:volume"}}, {"trainable": {"strategy": "all"}})
+    )
+    (tmp_path / "volume.py").write_text(VOLUME_MODULE)
+    with pytest.raises(ValidationFailed) as err:
+        prepare(recipe, tmp_path / "out")
+    text = str(err.value)
+    assert "no CPU kernel for the gradient of ConvTranspose (node /up/ConvTranspose, layer up)" in text
+    assert "trainable.train_from" in text and not UNSPECIFIC.search(text)
+
+
+def test_a_probe_killed_by_a_signal_says_which_and_where():
+    """A real process that dies on SIGFPE after saying it entered the train step, as the probe does."""
+    code = (
+        "import os, signal, sys; print('odl-probe-stage load_artifacts', file=sys.stderr); "
+        "print('odl-probe-stage train_step', file=sys.stderr, flush=True); os.kill(os.getpid(), signal.SIGFPE)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode < 0
+    failure = crash_check(proc.returncode, proc.stderr)
+    assert failure.check == "train_step"
+    assert "killed by SIGFPE inside ONNX Runtime during the train step check" in str(failure)
+    assert not str(failure).rstrip().endswith(":") and "\n" not in str(failure)
+
+
+def test_gradient_nodes_map_to_their_forward_node():
+    assert forward_node("/layer4/layer4.1/bn2/BatchNormalization/Mul_Grad/Mul_2") == (
+        "/layer4/layer4.1/bn2/BatchNormalization/Mul"
+    )
+    assert forward_node("/tail/Resize_Grad/ResizeGrad_0") == "/tail/Resize"
