@@ -13,14 +13,16 @@ from tasks.prepare.graph import add_const, attr, drop_unused_initializers, rebui
 
 
 def fix_batchnorm(model: onnx.ModelProto) -> int:
-    """Set ``training_mode=0`` and keep only the first output on every BatchNormalization node."""
+    """Set ``training_mode=0`` (opset 14 and later; before it, the extra outputs alone meant
+    training) and keep only the first output on every BatchNormalization node."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
     count = 0
     for node in model.graph.node:
         if node.op_type != "BatchNormalization":
             continue
         kept = [a for a in node.attribute if a.name != "training_mode"]
         del node.attribute[:]
-        node.attribute.extend([*kept, onnx.helper.make_attribute("training_mode", 0)])
+        node.attribute.extend([*kept, *([onnx.helper.make_attribute("training_mode", 0)] if opset >= 14 else [])])
         del node.output[1:]
         count += 1
     return count

@@ -28,7 +28,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper, version_converter
 
-from tasks.errors import ModelError, RecipeError
+from tasks.errors import ModelError, RecipeError, ort_message
+from tasks.prepare.graph import quiet_session
+from tasks.prepare.probe_failures import node_failure
 from tasks.recipe.extras import HeadSpec
 from tasks.recipe.schema import Recipe
 
@@ -182,6 +184,35 @@ def dynamic_batch(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def check_batch_follows(model: onnx.ModelProto, name: str, batch: int = 2) -> None:
+    """ModelError unless a batch of ``batch`` zeros runs and every output keeps that batch: an export
+    with a fixed batch (the dynamo exporter without ``dynamic_shapes``) writes it into constant
+    Reshape shapes, and the board would train it on batches it cannot take."""
+    feeds = {}
+    inits = {i.name for i in model.graph.initializer}
+    for value in model.graph.input:
+        if value.name not in inits:
+            dims = [
+                d.dim_value if d.HasField("dim_value") else batch for d in value.type.tensor_type.shape.dim
+            ]
+            feeds[value.name] = np.zeros(
+                dims, helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+            )
+    try:
+        outs = quiet_session(model).run(None, feeds)
+        wrong = [o.shape for o in outs if not o.shape or o.shape[0] != batch]
+    except Exception as exc:  # noqa: BLE001 - ORT's reason goes into the one line
+        wrong, reason = [], node_failure(str(exc)) or ort_message(str(exc)) or str(exc).splitlines()[0]
+    else:
+        reason = f"outputs of shapes {wrong}" if wrong else ""
+    if reason:
+        raise ModelError(
+            f"model.onnx {name}: a batch of {batch} does not run through the graph ({reason[:200]}): its batch "
+            "size is fixed inside it (a Reshape to a constant shape); export it with a dynamic batch axis "
+            "(torch.onnx.export dynamic_axes, or dynamic_shapes with dynamo=True)"
+        )
+
+
 def adapt_onnx(recipe: Recipe, out: Path) -> Path:
     """Write the recipe's ONNX model, converted, cut and with its new head, to ``out`` (one file)."""
     src = Path(recipe.model.ref)
@@ -198,6 +229,7 @@ def adapt_onnx(recipe: Recipe, out: Path) -> Path:
         raise ModelError(
             f"model.onnx {src.name} after the cut and head fails the ONNX checker: {exc}"
         ) from exc
+    check_batch_follows(model, src.name)
     outputs = [o.name for o in model.graph.output]
     out.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(out))

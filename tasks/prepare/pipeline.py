@@ -20,22 +20,19 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
-import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.errors import PipelineError
 from tasks.hashing import file_sha256
-from tasks.paths import state_dir
+from tasks.paths import odl_home
 from tasks.prepare import Prepared
 from tasks.prepare.artifacts import generate
 from tasks.prepare.datasets import ensure_datasets
 from tasks.prepare.export import export_model
+from tasks.prepare.staging import staged
 from tasks.prepare.validate import validate as run_validation
 from tasks.recipe.datafiles import check_data_files, recipe_files
 from tasks.recipe.schema import Recipe
@@ -59,8 +56,9 @@ class Inputs:
 
     @property
     def folder(self) -> Path:
-        """The prepared folder of these inputs: ``$ODL_HOME/prepared/<recipe>-<key12>``."""
-        return state_dir("prepared", f"{self.recipe.name}-{self.key[:12]}")
+        """The prepared folder of these inputs: ``$ODL_HOME/prepared/<recipe>-<key12>`` (not created
+        here: a build creates it, and removes it again when it fails)."""
+        return odl_home() / "prepared" / f"{self.recipe.name}-{self.key[:12]}"
 
 
 def recipe_build_hash(recipe: Recipe) -> str:
@@ -155,7 +153,6 @@ def prepared(inp: Inputs) -> Prepared:
 
 
 Rehearsal = Callable[[Recipe, Prepared], dict[str, Any]]
-PREPARED_MARK = "manifest.json"  # a folder holding it was written by prepare: it may be replaced
 
 
 def prepare(
@@ -194,30 +191,6 @@ def prepare(
     return Prepared.of(folder, manifest, report)
 
 
-@contextmanager
-def staged(folder: Path) -> Iterator[Path]:
-    """A temporary sibling of ``folder`` that replaces it only when the block completes; removed
-    when the block raises. ``folder`` may be new, empty or an earlier prepared folder; a folder
-    holding anything else is refused before anything is written."""
-    if folder.is_dir() and any(folder.iterdir()) and not (folder / PREPARED_MARK).is_file():
-        raise PipelineError(
-            f"--out {folder}: holds files that are not a prepared recipe (no {PREPARED_MARK}); "
-            "name a new or empty folder, or an earlier prepare's"
-        )
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=folder.parent))
-    try:
-        yield work
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
-    if folder.exists():
-        folder.rename(old)
-    work.rename(folder)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def _validated(recipe: Recipe, folder: Path, rehearse: Rehearsal | None) -> dict[str, Any]:
     """Validation's report, with the judging rehearsal's figures when there is one."""
     report = run_validation(recipe, folder)
@@ -232,6 +205,7 @@ def _cached(inp: Inputs, *, validated: bool, rehearse: Rehearsal | None = None) 
     """The steps of ``inp``'s folder not done yet for these inputs (validation only if ``validated``);
     a folder this call created is removed again when a step fails."""
     created = not inp.folder.exists()
+    inp.folder.mkdir(parents=True, exist_ok=True)
     try:
         if validated:
             validate(inp, rehearse)

@@ -33,8 +33,32 @@ def forward_node(gradient_node: str) -> str:
     return gradient_node
 
 
+_NODE_FAILED = re.compile(
+    r"Non-zero status code returned while running (\w+) node\. Name:'([^']*)' Status Message: (.*)"
+)
+
+
+def node_failure(error: str) -> str | None:
+    """ORT's "Non-zero status code returned while running X node. Name:'n' Status Message: m" as
+    ``X node 'n' (layer L, the gradient of ...) failed: m`` (None for other text)."""
+    found = _NODE_FAILED.search(" ".join(ort_message(error).split()))
+    if not found:
+        return None
+    op, node, why = found.groups()
+    forward = forward_node(node)
+    role = (
+        f"in the gradient of {forward}, layer {layer_of(forward)}"
+        if forward != node
+        else f"layer {layer_of(node)}"
+    )
+    return f"ONNX Runtime's {op} node '{node}' ({role}) failed: {why.strip()}"
+
+
 def failed_check(stage: str, error: str) -> ValidationFailed:
     """The named check for an exception the probe reported (its ``stage`` and ``error`` text)."""
+    failed_node = node_failure(error)
+    if failed_node:
+        return ValidationFailed(stage, f"{failed_node}; {FREEZE_HINT}")
     found = _NO_KERNEL.search(error)
     if found:
         op, node = found.group(1), forward_node(found.group(2))
