@@ -35,7 +35,7 @@ def test_host_refuses_bad_training_data_before_upload(digits_recipe, prepared_di
     np.savez(bad, **arrays)
     recipe = dataclasses.replace(digits_recipe, data=dataclasses.replace(digits_recipe.data, train=bad))
     with pytest.raises(DataError) as info:
-        check_data(recipe, prepared_digits.manifest)
+        check_data(recipe, prepared_digits.manifest, prepared_digits.out_dir)
     assert str(info.value).startswith(f"data.train ({bad}): ")
     assert info.value.exit_code == HostExit.DATA
 
