@@ -27,9 +27,10 @@ import numpy as np
 import onnx
 
 from tasks.errors import ModelError, RecipeError
-from tasks.prepare.messages import export_failure
+from tasks.prepare.messages import export_failure, layer_of
 from tasks.prepare.onnx_in import adapt_onnx
 from tasks.prepare.onnx_versions import OPSET
+from tasks.prepare.prefix import RANDOM_OPS
 from tasks.prepare.priors import PRIORS_FILE, write_priors
 from tasks.prepare.torch_model import build_model
 from tasks.prepare.tracing import has_auxiliary_outputs, restored
@@ -159,16 +160,28 @@ def export_torch(recipe: Recipe, model: Any, path: Path) -> Path:
         else:
             for m in model.modules():
                 m.training = True
-        # stochastic depth traces as RandomUniformLike, which ORT's eval graph and the exported
-        # inference model would keep: the board's model would answer at random. Its layers trace
-        # in eval mode (no stochastic depth while fine-tuning); Dropout, which ORT handles, stays.
-        skipped = [m for m in model.modules() if type(m).__name__ == "StochasticDepth"]
-        for m in skipped:
-            m.training = False
-        if skipped:
-            log.info("%d StochasticDepth layers exported in eval mode (no random layer drop)", len(skipped))
-        _run_exporter(recipe, model, inputs, axes, path, preserve=aux or bool(skipped))
+        _run_exporter(recipe, model, inputs, axes, path, preserve=aux)
+        # a random layer drop (torchvision's StochasticDepth, timm's DropPath, a hand-written mask)
+        # traces as RandomUniformLike & co., which ORT's eval graph and the exported inference model
+        # keep: the board's model would answer at random. The modules those nodes come from trace
+        # again in eval mode (no random drop while fine-tuning); Dropout, which ORT handles, stays.
+        random_layers = _random_modules(model, path)
+        if random_layers:
+            for m in random_layers:
+                m.training = False
+            log.info("%d layers with random ops exported in eval mode (no random layer drop)", len(random_layers))
+            _run_exporter(recipe, model, inputs, axes, path, preserve=True)
     return path
+
+
+def _random_modules(model: Any, path: Path) -> list[Any]:
+    """The submodules whose exported nodes draw random numbers (found by the nodes' scope names);
+    [] when there are none or one comes from the model's own forward (validation names those)."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    names = {layer_of(n.name) for n in graph.node if n.op_type in RANDOM_OPS and n.name}
+    modules = dict(model.named_modules())
+    found = [modules.get(name) for name in sorted(names)]
+    return [] if not found or any(m is None or m is model for m in found) else found
 
 
 def _batch_axes(recipe: Recipe, model: Any, inputs: tuple[Any, ...]) -> dict[str, dict[int, str]]:

@@ -36,7 +36,8 @@ from tasks.recipe.schema import Recipe
 
 log = logging.getLogger(__name__)
 MATCH_TOL = 1e-4
-SPLIT_TOL = 1e-4  # relative: the split and the full eval graph fuse the same float32 ops differently
+SPLIT_TOL = 1e-3  # relative: the split and the full eval graph fuse the same float32 ops differently,
+# more so with depth (ConvMixer-768/32 at random init: 2.1e-4); a wrong split differs by far more
 MEMORY_MARGIN = (1.05, 16.0)  # board estimate = peak * 1.05 + 16 MB (allocator and board-side slack;
 # bench/memory.py: the probe's peak is within 3 % of the agent's at batch 1-32 of mobilenet_v2)
 PROBE_TIMEOUT_S = 600
@@ -214,7 +215,7 @@ def _random_nodes(inference_path: Path) -> str:
     return (
         f"the exported inference model gives two different answers to the same input: {len(nodes)} random "
         f"node(s) in layers {layers[:4]}{' ...' if len(layers) > 4 else ''}; make those layers deterministic "
-        "at export (eval mode), as the pipeline does for torchvision's StochasticDepth"
+        "at export (eval mode), as the pipeline does for submodules that drop paths at random"
     )
 
 
