@@ -27,6 +27,7 @@ from tests.corpus.generator import outcome  # noqa: E402
 
 SIZE = 64
 MODELS = ("tv:mobilenet_v3_small", "tv:resnet18", "timm:mobilenetv3_small_100")
+QUICK = (("tv:resnet18",), ("ts13", "ts17-folded", "dynamo18", "onnxslim17"))
 EXPORTS = ("ts13-folded", "ts13", "ts17-folded", "ts17", "dynamo18", "dynamo18-dynamic", "onnxslim17")
 
 
@@ -120,7 +121,9 @@ def prepare_file(path: Path, work: Path) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, help="result JSON (default bench/results/foreign_onnx.json)")
+    ap.add_argument("--quick", action="store_true", help=f"{QUICK[0][0]} as {', '.join(QUICK[1])} only (CI)")
     args = ap.parse_args()
+    models, exports = QUICK if args.quick else (MODELS, EXPORTS)
     import numpy as np
 
     rows = []
@@ -128,9 +131,9 @@ def main() -> int:
         root = Path(tmp)
         calib = root / "calib.npz"
         np.savez(calib, x=np.random.default_rng(1).standard_normal((8, 3, SIZE, SIZE), dtype=np.float32))
-        for name in MODELS:
+        for name in models:
             model = build(name, calib)
-            for how in EXPORTS:
+            for how in exports:
                 work = root / f"{name.replace(':', '-')}-{how}"
                 work.mkdir()
                 row = {"model": name, "export": how}

@@ -10,7 +10,7 @@ judging rehearsals. Rows are ``pass``, ``specific`` (a one-line PipelineError na
 ``raw`` (ORT's or Python's own text, an empty reason, a crash, a timeout).
 
     .venv/bin/python bench/zoo_timm.py                 # every family (~1 h on 2 cores)
-    .venv/bin/python bench/zoo_timm.py --quick 6 --seed 0   # a seeded sample (CI)
+    .venv/bin/python bench/zoo_timm.py --quick 4 --seed 0   # a seeded sample (CI)
     .venv/bin/python bench/zoo_timm.py --models levit_128s,fastvit_t8
 """
 
@@ -42,8 +42,21 @@ def net(num_classes=10, **kwargs):
 """
 
 
-def families() -> list[tuple[str, str, int]]:
-    """(model, family, parameters) of the smallest model of each timm module up to MAX_PARAMS."""
+FAMILIES = Path(__file__).with_name("timm_families.json")  # the list, made once (--refresh remakes it)
+
+
+def families(refresh: bool = False) -> list[tuple[str, str, int]]:
+    """(model, family, parameters) of the smallest model of each timm module up to MAX_PARAMS,
+    from bench/timm_families.json unless ``refresh`` (building every timm model on the meta device
+    takes ~10 min)."""
+    if FAMILIES.is_file() and not refresh:
+        return [tuple(row) for row in json.loads(FAMILIES.read_text())]
+    rows = _families()
+    FAMILIES.write_text(json.dumps(rows, indent=0) + "\n")
+    return rows
+
+
+def _families() -> list[tuple[str, str, int]]:
     import timm
     import torch
 
@@ -155,6 +168,7 @@ def main() -> int:
     ap.add_argument("--quick", type=int, help="a seeded sample of this many families")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--models", help="comma-separated timm names")
+    ap.add_argument("--refresh", action="store_true", help="list timm's families again (~10 min)")
     ap.add_argument("--out", type=Path, help="result JSON (default bench/results/zoo_timm.json)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
@@ -162,7 +176,7 @@ def main() -> int:
     if args.child:
         print(json.dumps(child(args.child, args.work)))
         return 0
-    rows_in = families() if not args.models else [(m, "-", 0) for m in args.models.split(",")]
+    rows_in = families(args.refresh) if not args.models else [(m, "-", 0) for m in args.models.split(",")]
     if args.quick:
         rows_in = random.Random(args.seed).sample(rows_in, min(args.quick, len(rows_in)))
     rows = []

@@ -96,3 +96,40 @@ def test_zoo_bench_prepares_real_classifiers(tmp_path: Path) -> None:
     assert all(r["result"] == "pass" for r in rows.values()), {m: r["result"] for m, r in rows.items()}
     for r in rows.values():
         positive(r, "trainable", "board_peak_mb", "seconds")
+
+
+@pytest.mark.slow
+def test_foreign_onnx_bench_prepares_files_of_other_exporters(tmp_path: Path) -> None:
+    """resnet18 exported at opset 13 (BN not folded), 17 folded, by onnxslim and by the dynamo
+    exporter with a fixed batch: three prepare with the prefix cache on and the join rehearsed, the
+    fixed batch stops with one line that says how to export it."""
+    figures = run_bench("foreign_onnx", tmp_path)
+    rows = {r["export"]: r for r in figures["rows"]}
+    for how in ("ts13", "ts17-folded", "onnxslim17"):
+        assert (
+            rows[how]["result"] == "pass"
+            and rows[how]["prefix_cache"] == "on"
+            and rows[how]["join"] == "rehearsed"
+        )
+    assert rows["dynamo18"]["result"] == "specific" and "dynamic batch axis" in rows["dynamo18"]["message"]
+
+
+@pytest.mark.slow
+def test_timm_bench_prepares_a_seeded_sample_of_families(tmp_path: Path) -> None:
+    """Four timm families drawn with a fixed seed from bench/timm_families.json: each passes or
+    stops with one specific line (never ORT's text, a crash or an empty reason)."""
+    out = tmp_path / "zoo_timm.json"
+    cmd = [
+        sys.executable,
+        str(PROJECT_ROOT / "bench" / "zoo_timm.py"),
+        "--quick",
+        "4",
+        "--seed",
+        "20261124",
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert figures["families"] == 4 and figures["raw"] == 0, [r.get("message") for r in figures["rows"]]
