@@ -19,6 +19,7 @@ import onnx
 from tasks.prepare.batchnorm import batchnorm_after_trainable, fix_batchnorm
 from tasks.prepare.export import check_onnx, feed_keys, load_onnx, quiet_stderr
 from tasks.prepare.fixups import apply_all
+from tasks.prepare.graph import annotate_shapes
 from tasks.prepare.messages import layer_of
 from tasks.prepare.ort_training import build_loss, check_board_loadable, file_entry, onnx_opset, run_generate
 from tasks.prepare.selection import layer_params, weight_sources
@@ -63,6 +64,7 @@ def generate(recipe: Recipe, model_onnx: Path, out_dir: Path, *, bn_fix: bool = 
     layers = trainable_layers(model, trainable, all_counts)
     model_params = sum(v for k, v in all_counts.items() if k not in bn_statistics(model))
     fixed = apply_all(model, trainable, batchnorm=recipe.trainable.batchnorm)
+    annotate_shapes(model)  # gradient kernels size their results from the graph's shapes
     counts = float_params(model)
     frozen = [n for n in counts if n not in set(trainable)]
     loss, loss_name = build_loss(recipe, model)

@@ -73,11 +73,35 @@ def quiet_session(model: onnx.ModelProto):  # -> onnxruntime.InferenceSession
     )
 
 
-def observed_shapes(model: onnx.ModelProto, batch: int = 2) -> dict[str, list[int]]:
+def annotate_shapes(model: onnx.ModelProto) -> int:
+    """Write every intermediate tensor's shape into the graph's value_info, as measured by running it
+    at batch 2 and 3: a dimension that follows the batch is ``batch``, one that changes otherwise gets
+    a name of its own, the rest are numbers. ORT's gradient kernels that size their result from the
+    graph (MaxPoolGrad's channels and spatial size) read 0 for a dimension the exporter left unknown
+    (after GroupNorm's Reshape to ``Shape(x)``); returns how many tensors were annotated."""
+    two, three = observed_shapes(model, 2, dtypes=True), observed_shapes(model, 3, dtypes=True)
+    inputs = {i.name for i in [*model.graph.input, *model.graph.output, *model.graph.initializer]}
+    values = []
+    for name, (shape, dtype) in two.items():
+        other = three.get(name)
+        if name in inputs or other is None or len(other[0]) != len(shape) or dtype is None:
+            continue
+        dims: list[int | str] = []
+        for k, (a, b) in enumerate(zip(shape, other[0], strict=True)):
+            dims.append(a if a == b else "batch" if (a, b) == (2, 3) else f"{name}_dim{k}")
+        values.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(dtype), dims))
+    if values:
+        del model.graph.value_info[:]
+        model.graph.value_info.extend(values)
+    return len(values)
+
+
+def observed_shapes(model: onnx.ModelProto, batch: int = 2, *, dtypes: bool = False) -> dict:
     """Shapes of every tensor as ONNX Runtime computes them on zeros (batch ``batch``); the inferred
-    ones (:func:`shapes_of`) where the run is not possible. Exporters leave many shapes symbolic
+    ones (:func:`shapes_of`) where the run is not possible. ``dtypes``: (shape, numpy dtype) of the
+    computed tensors only. Exporters leave many shapes symbolic
     (``x.view(-1, C, 1, 1)``); a run knows them all."""
-    shapes = shapes_of(model)
+    shapes = shapes_of(model) if not dtypes else {}
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     known = {o.name for o in probe.graph.output}
@@ -96,5 +120,6 @@ def observed_shapes(model: onnx.ModelProto, batch: int = 2) -> dict[str, list[in
         values = sess.run(None, feeds)
     except Exception:  # noqa: BLE001 - a graph that cannot run on zeros keeps its inferred shapes
         return shapes
-    shapes.update({o.name: list(v.shape) for o, v in zip(sess.get_outputs(), values, strict=True)})
+    for o, v in zip(sess.get_outputs(), values, strict=True):
+        shapes[o.name] = (list(v.shape), v.dtype) if dtypes else list(v.shape)
     return shapes
