@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -56,7 +57,22 @@ def families(refresh: bool = False) -> list[tuple[str, str, int]]:
     return rows
 
 
-def _families() -> list[tuple[str, str, int]]:
+SIZE_WORDS = {"atto", "femto", "pico", "nano", "micro", "mini", "tiny", "small", "medium", "base", "large",
+              "huge", "giant", "gigantic", "xxs", "xs", "s", "m", "l", "xl", "xxl", "t", "b"}  # fmt: skip
+
+
+def stem(name: str, module: str) -> str:
+    """A model's architecture within its timm module: its name without sizes and numbers
+    (``seresnext26d_32x4d`` -> ``resnet:seresnext``, ``efficientnet_b0`` -> ``efficientnet:efficientnet``)."""
+    tokens = name.split(".")[0].split("_")
+    head = re.match(r"[a-z]+", tokens[0])
+    kept = [head.group(0) if head else tokens[0]]
+    kept += [t for t in tokens[1:] if t not in SIZE_WORDS and not re.search(r"\d", t)]
+    return f"{module}:{'_'.join(kept)}"
+
+
+def _families(split: bool = False) -> list[tuple[str, str, int]]:
+    """The smallest model per module, or per architecture stem within each module (``split``)."""
     import timm
     import torch
 

@@ -22,7 +22,9 @@ def fix_batchnorm(model: onnx.ModelProto) -> int:
             continue
         kept = [a for a in node.attribute if a.name != "training_mode"]
         del node.attribute[:]
-        node.attribute.extend([*kept, *([onnx.helper.make_attribute("training_mode", 0)] if opset >= 14 else [])])
+        node.attribute.extend(
+            [*kept, *([onnx.helper.make_attribute("training_mode", 0)] if opset >= 14 else [])]
+        )
         del node.output[1:]
         count += 1
     return count

@@ -169,7 +169,9 @@ def export_torch(recipe: Recipe, model: Any, path: Path) -> Path:
         if random_layers:
             for m in random_layers:
                 m.training = False
-            log.info("%d layers with random ops exported in eval mode (no random layer drop)", len(random_layers))
+            log.info(
+                "%d layers with random ops exported in eval mode (no random layer drop)", len(random_layers)
+            )
             _run_exporter(recipe, model, inputs, axes, path, preserve=True)
     return path
 

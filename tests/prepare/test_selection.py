@@ -153,6 +153,11 @@ def test_suffix_strategy_trains_what_the_prefix_cache_skips(tmp_path):
     recipe = tiny_recipe(tmp_path, {"trainable": {"strategy": "suffix", "max_fraction": 0.95}})
     done = prepare(recipe, tmp_path / "out")
     cache = done.manifest["prefix_cache"]
-    assert cache["enabled"] and done.manifest["trainable"] == ["bn.weight", "bn.bias", "head.weight", "head.bias"]
+    assert cache["enabled"] and done.manifest["trainable"] == [
+        "bn.weight",
+        "bn.bias",
+        "head.weight",
+        "head.bias",
+    ]
     model_params = {"conv.weight", "conv.bias", *done.manifest["trainable"]}
     assert not model_params & set(cache["suffix_frozen"])  # every parameter after the cut trains
