@@ -43,17 +43,19 @@ def net(num_classes=10, **kwargs):
 """
 
 
-FAMILIES = Path(__file__).with_name("timm_families.json")  # the list, made once (--refresh remakes it)
+FAMILIES = Path(__file__).with_name("timm_families.json")  # the lists, made once (--refresh remakes them)
+SPLIT_FAMILIES = Path(__file__).with_name("timm_families_split.json")
 
 
-def families(refresh: bool = False) -> list[tuple[str, str, int]]:
-    """(model, family, parameters) of the smallest model of each timm module up to MAX_PARAMS,
-    from bench/timm_families.json unless ``refresh`` (building every timm model on the meta device
-    takes ~10 min)."""
-    if FAMILIES.is_file() and not refresh:
-        return [tuple(row) for row in json.loads(FAMILIES.read_text())]
-    rows = _families()
-    FAMILIES.write_text(json.dumps(rows, indent=0) + "\n")
+def families(refresh: bool = False, split: bool = False) -> list[tuple[str, str, int]]:
+    """(model, family, parameters) of the smallest model of each timm module (or of each
+    architecture stem within a module, ``split``) up to MAX_PARAMS, from bench/timm_families*.json
+    unless ``refresh`` (building every timm model on the meta device takes ~10 min)."""
+    path = SPLIT_FAMILIES if split else FAMILIES
+    if path.is_file() and not refresh:
+        return [tuple(row) for row in json.loads(path.read_text())]
+    rows = _families(split)
+    path.write_text(json.dumps(rows, indent=0) + "\n")
     return rows
 
 
@@ -113,7 +115,19 @@ def _size(name: str) -> tuple[int, dict]:
 
 
 def child(name: str, work: Path) -> dict:
-    """Prepare one timm model in ``work``; the row of the table."""
+    """Prepare one timm model in ``work`` at the smallest size its forward and the exporter take;
+    the row of the table."""
+    size, kwargs = _size(name)
+    for bigger in [s for s in SIZES if s > size]:  # the smallest input the exporter takes too
+        row = _prepare_at(name, size, kwargs, work)
+        if row["result"] == "pass" or "cannot export" not in row.get("message", ""):
+            return row
+        size, kwargs = bigger, ({"img_size": bigger} if kwargs else {})
+    return _prepare_at(name, size, kwargs, work)
+
+
+def _prepare_at(name: str, size: int, kwargs: dict, work: Path) -> dict:
+    """Prepare ``name`` at input ``size`` in a fresh ``work`` subfolder; the row of the table."""
     import numpy as np
     import timm
     import torch
@@ -124,7 +138,8 @@ def child(name: str, work: Path) -> dict:
     from tasks.recipe.load import load_recipe
     from tests.corpus.generator import outcome
 
-    size, kwargs = _size(name)
+    work = work / f"{size}px"
+    work.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     (work / "data").mkdir(parents=True, exist_ok=True)
     for split in ("train", "test"):
@@ -185,6 +200,10 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--models", help="comma-separated timm names")
     ap.add_argument("--refresh", action="store_true", help="list timm's families again (~10 min)")
+    ap.add_argument(
+        "--split-families", action="store_true", help="one model per architecture stem, not per module"
+    )
+    ap.add_argument("--skip", type=Path, help="a results JSON whose models are not run again")
     ap.add_argument("--out", type=Path, help="result JSON (default bench/results/zoo_timm.json)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
@@ -192,7 +211,14 @@ def main() -> int:
     if args.child:
         print(json.dumps(child(args.child, args.work)))
         return 0
-    rows_in = families(args.refresh) if not args.models else [(m, "-", 0) for m in args.models.split(",")]
+    rows_in = (
+        families(args.refresh, args.split_families)
+        if not args.models
+        else [(m, "-", 0) for m in args.models.split(",")]
+    )
+    if args.skip:
+        done = {r["model"] for r in json.loads(args.skip.read_text())["rows"]}
+        rows_in = [r for r in rows_in if r[0] not in done]
     if args.quick:
         rows_in = random.Random(args.seed).sample(rows_in, min(args.quick, len(rows_in)))
     rows = []

@@ -26,7 +26,8 @@ on torchvision models by ``bench/zoo.py``):
   path become the operators they are made of, whose gradients ORT has.
 - ``resizes_as_matmuls`` (:mod:`tasks.prepare.resize`): ORT has no CPU kernel for ResizeGrad; a 2-D
   upsampling on the gradient path becomes the two MatMuls it equals; likewise ConvTransposeGrad, so a
-  ConvTranspose becomes the Conv of its zero-inserted input (:mod:`tasks.prepare.conv_transpose`).
+  ConvTranspose becomes the Conv of its zero-inserted input (:mod:`tasks.prepare.conv_transpose`),
+  and a bidirectional LSTM two forward ones (:mod:`tasks.prepare.lstm`; ORT trains forward only).
 - ``freeze_batchnorm``: on-device training normalises with batch statistics while the exported
   inference model uses running ones; every BatchNormalization becomes the affine Mul/Add of its
   running statistics, so training and inference compute the same function (its scale and bias
@@ -50,6 +51,7 @@ from tasks.prepare.batchnorm import freeze_batchnorm
 from tasks.prepare.conv_transpose import conv_transposes_as_convs
 from tasks.prepare.decompose import decompose_operators
 from tasks.prepare.graph import add_const, attr, downstream, rebuild, shapes_of
+from tasks.prepare.lstm import bidirectional_lstms_as_forward
 from tasks.prepare.pooling import average_pools_as_convs
 from tasks.prepare.resize import resizes_as_matmuls
 
@@ -243,6 +245,7 @@ def apply_all(model: onnx.ModelProto, trainable: list[str], *, batchnorm: str = 
     report.add("operators_decomposed", decompose_operators(model, trainable))
     report.add("resizes_as_matmuls", resizes_as_matmuls(model, trainable))
     report.add("conv_transposes_as_convs", conv_transposes_as_convs(model, trainable))
+    report.add("bidirectional_lstms_split", bidirectional_lstms_as_forward(model, trainable))
     if batchnorm == "frozen":
         report.add("batchnorm_frozen", freeze_batchnorm(model, trainable))
     report.add("shared_concats_split", split_shared_concats(model, trainable))

@@ -77,21 +77,32 @@ def constants_prelude(
 
 
 def same_values(
-    model: onnx.ModelProto, node: onnx.NodeProto, b: Builder, shapes: dict[str, list[int]]
+    model: onnx.ModelProto,
+    node: onnx.NodeProto,
+    b: Builder,
+    shapes: dict[str, list[int]],
+    *,
+    batch_first: bool = True,
 ) -> bool:
-    """True when the rewrite computes what ``node`` computes on random data (batch 2) for its data
-    input (the first); its other inputs take their real values from constants and that input."""
-
+    """True when the rewrite computes what ``node`` computes on random data (batch 2, or the measured
+    shape when the batch is not the first axis) for its data input (the first); its other inputs
+    take their real values from constants and that input."""
     inits = {i.name: i for i in model.graph.initializer}
     x, shape = node.input[0], shapes.get(node.input[0], [])
-    if not shape or min(shape[1:], default=1) <= 0:
+    if not shape or min(shape[1:], default=1) <= 0 or (not batch_first and shape[0] <= 0):
         return False
-    feeds = {x: np.random.default_rng(0).standard_normal([2, *shape[1:]]).astype(np.float32)}
-    # the other inputs (a slope, a scale, pads, output sizes) from constants and the data input
+    dims = [2, *shape[1:]] if batch_first else shape
+    feeds = {x: np.random.default_rng(0).standard_normal(dims).astype(np.float32)}
+    # the other inputs (a slope, a scale, pads, output sizes) from constants and the data input;
+    # with measured shapes (batch_first False), data-dependent ones (an LSTM's zero initial state)
+    # are random of their measured shape too
     prelude, reads = constants_prelude(model, [i for i in node.input[1:] if i], frozenset({x}))
     made = {o for n in prelude for o in n.output}
-    if any(i and i not in inits and i not in made for i in node.input[1:]):
-        return False
+    for name in [i for i in node.input[1:] if i and i not in inits and i not in made]:
+        other = shapes.get(name, [])
+        if batch_first or not other or min(other) <= 0:
+            return False
+        feeds[name] = np.random.default_rng(1).standard_normal(other).astype(np.float32)
     outs = []
     for nodes, extra in (([node], {}), (b.nodes, b.consts)):
         graph = helper.make_graph(

@@ -35,7 +35,7 @@ from tasks.recipe.load import recipe_hash
 from tasks.recipe.schema import Recipe
 
 log = logging.getLogger(__name__)
-MATCH_TOL = 1e-4
+MATCH_TOL = 1e-3
 SPLIT_TOL = 1e-3  # relative: the split and the full eval graph fuse the same float32 ops differently,
 # more so with depth (ConvMixer-768/32 at random init: 2.1e-4); a wrong split differs by far more
 MEMORY_MARGIN = (1.05, 16.0)  # board estimate = peak * 1.05 + 16 MB (allocator and board-side slack;
@@ -184,8 +184,9 @@ def compare_with_torch(recipe: Recipe, inference_path: Path, manifest: dict) -> 
     outs = outs[1:] if recipe.loss.kind == "embedded" else outs
     diff = max(float(np.abs(o.numpy() - r).max()) for o, r in zip(outs, ort_out, strict=True))
     # float32 rounding grows with the outputs' magnitude and with depth: the tolerance does too
-    # (1e-4 up to |y| = 1 and 50 weighted layers, x sqrt(layers / 50) beyond: ResNet-152 differs
-    # by 1.1e-4 of its output scale once its BatchNorms are frozen into Mul/Add)
+    # (1e-3 up to |y| = 1 and 50 weighted layers, x sqrt(layers / 50) beyond: ResNet-152 differs
+    # by 1.1e-4 of its output scale once its BatchNorms are frozen into Mul/Add, timm's
+    # ConvMixer-768/32 at random init by 4.2e-4; a wrong weight or operator differs by far more)
     scale = max(1.0, *(float(np.abs(o.numpy()).max()) for o in outs))
     layers = sum(n.op_type in ("Conv", "Gemm", "MatMul") for n in onnx.load(str(inference_path)).graph.node)
     tol = MATCH_TOL * scale * max(1.0, math.sqrt(layers / 50))

@@ -109,3 +109,33 @@ def test_conv_transpose_becomes_the_conv_it_equals_and_trains(kw, tmp_path):
     generate(model, trainable, tmp_path)
     loss, _ = _train_step(tmp_path, 5)
     assert np.isfinite(loss)
+
+
+class BiLSTM(nn.Module):
+    """A bidirectional LSTM over the conv's pixels (timm's Sequencer): ORT trains forward LSTMs only."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.lstm = nn.LSTM(4, 5, bidirectional=True, batch_first=True)
+        self.head = nn.Linear(10, 2)
+
+    def forward(self, x):
+        y, _ = self.lstm(self.conv(x).flatten(2).transpose(1, 2))
+        return self.head(y.mean(1))
+
+
+def test_bidirectional_lstm_becomes_two_forward_ones_and_trains(tmp_path):
+    from tasks.prepare import lstm
+
+    torch.manual_seed(0)
+    model = export(BiLSTM().eval(), (3, 5, 5))
+    trainable = ["conv.weight", "head.weight", "lstm.weight_ih_l0", "lstm.weight_hh_l0_reverse"]
+    x = np.random.default_rng(1).standard_normal((4, 3, 5, 5)).astype(np.float32)
+    before = run(model, x)
+    assert lstm.bidirectional_lstms_as_forward(model, trainable) == 1
+    assert [n for n in model.graph.node if n.op_type == "LSTM" and n.attribute[0].s == b"bidirectional"] == []
+    np.testing.assert_allclose(run(model, x), before, rtol=1e-4, atol=1e-5)
+    generate(model, trainable, tmp_path)
+    loss, _ = _train_step(tmp_path, 5)
+    assert np.isfinite(loss)
