@@ -30,7 +30,8 @@ from onnx import TensorProto, helper, numpy_helper, version_converter
 
 from tasks.errors import ModelError, RecipeError, ort_message
 from tasks.prepare.graph import quiet_session
-from tasks.prepare.probe_failures import node_failure
+from tasks.prepare.messages import layer_of
+from tasks.prepare.probe_failures import init_failure_node, node_failure
 from tasks.recipe.extras import HeadSpec
 from tasks.recipe.schema import Recipe
 
@@ -199,7 +200,16 @@ def check_batch_follows(model: onnx.ModelProto, name: str, batch: int = 2) -> No
                 dims, helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
             )
     try:
-        outs = quiet_session(model).run(None, feeds)
+        session = quiet_session(model)
+    except Exception as exc:  # noqa: BLE001 - an initialisation failure, named by its node
+        node = init_failure_node(model)
+        why = ort_message(str(exc)).split("Exception during initialization:")[-1].strip()
+        where = (
+            f"node '{node.name}' ({node.op_type}, layer {layer_of(node.name)})" if node is not None else "it"
+        )
+        raise ModelError(f"model.onnx {name}: ONNX Runtime cannot initialise {where}: {why[:200]}") from exc
+    try:
+        outs = session.run(None, feeds)
         wrong = [o.shape for o in outs if not o.shape or o.shape[0] != batch]
     except Exception as exc:  # noqa: BLE001 - ORT's reason goes into the one line
         wrong, reason = [], node_failure(str(exc)) or ort_message(str(exc)) or str(exc).splitlines()[0]

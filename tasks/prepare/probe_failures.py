@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import re
 import signal
+from pathlib import Path
+
+import onnx
 
 from tasks.errors import ValidationFailed, ort_message
+from tasks.prepare.graph import quiet_session
 from tasks.prepare.messages import layer_of
 
 _NO_KERNEL = re.compile(r"Could not find an implementation for (\w+)\(\d+\) node with name '([^']*)'")
@@ -54,8 +58,52 @@ def node_failure(error: str) -> str | None:
     return f"ONNX Runtime's {op} node '{node}' ({role}) failed: {why.strip()}"
 
 
-def failed_check(stage: str, error: str) -> ValidationFailed:
-    """The named check for an exception the probe reported (its ``stage`` and ``error`` text)."""
+def init_failure_node(model: onnx.ModelProto) -> onnx.NodeProto | None:
+    """The first node (graph order) whose presence makes ORT's session creation fail, found by
+    bisecting prefixes of the graph (every tensor of a prefix is an output, so nothing is pruned);
+    None when the whole graph initialises or no prefix isolates it."""
+
+    def fails(k: int) -> bool:
+        probe = onnx.ModelProto()
+        probe.CopyFrom(model)
+        del probe.graph.node[k:]
+        del probe.graph.output[:]
+        probe.graph.output.extend(
+            onnx.helper.make_empty_tensor_value_info(o) for n in probe.graph.node for o in n.output if o
+        )
+        try:
+            quiet_session(probe)
+        except Exception as exc:  # noqa: BLE001 - initialisation failures only
+            return "initialization" in str(exc).lower()
+        return False
+
+    lo, hi = 0, len(model.graph.node)
+    if hi == 0 or not fails(hi):
+        return None
+    while hi - lo > 1:  # fails(hi) and not fails(lo)
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fails(mid) else (mid, hi)
+    return model.graph.node[hi - 1]
+
+
+def init_failure(error: str, model_path: Path | None) -> str | None:
+    """ORT's "Exception during initialization: <why>" with the node that causes it and its layer."""
+    if "Exception during initialization" not in error or model_path is None or not Path(model_path).is_file():
+        return None
+    node = init_failure_node(onnx.load(str(model_path)))
+    if node is None:
+        return None
+    why = ort_message(error).split("Exception during initialization:")[-1].strip()
+    forward = forward_node(node.name)
+    return f"ONNX Runtime cannot initialise node '{node.name}' ({node.op_type}, layer {layer_of(forward)}): {why}"
+
+
+def failed_check(stage: str, error: str, model_path: Path | None = None) -> ValidationFailed:
+    """The named check for an exception the probe reported (its ``stage`` and ``error`` text);
+    ``model_path``: the training graph, to name the node an initialisation error comes from."""
+    failed_init = init_failure(error, model_path)
+    if failed_init:
+        return ValidationFailed(stage, f"{failed_init}; {FREEZE_HINT}")
     failed_node = node_failure(error)
     if failed_node:
         return ValidationFailed(stage, f"{failed_node}; {FREEZE_HINT}")

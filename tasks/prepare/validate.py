@@ -73,7 +73,7 @@ def run_probe(recipe: Recipe, out_dir: Path, manifest: dict, steps: int) -> dict
     if result is None:
         raise crash_check(proc.returncode, proc.stderr)
     if not result["ok"]:
-        raise failed_check(result["stage"], result["error"])
+        raise failed_check(result["stage"], result["error"], out_dir / "artifacts" / "training_model.onnx")
     return result["report"]
 
 

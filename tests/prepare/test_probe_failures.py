@@ -69,3 +69,37 @@ def test_gradient_nodes_map_to_their_forward_node():
         "/layer4/layer4.1/bn2/BatchNormalization/Mul"
     )
     assert forward_node("/tail/Resize_Grad/ResizeGrad_0") == "/tail/Resize"
+
+
+def _padded_pool_model(path) -> None:
+    """A foreign file whose MaxPool pads as much as its kernel: ORT refuses it at initialisation."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((4, 1, 3, 3)).astype(np.float32), "conv.w"
+    )
+    nodes = [
+        helper.make_node("Conv", ["input", "conv.w"], ["c"], name="/features/conv/Conv", pads=[1, 1, 1, 1]),
+        helper.make_node(
+            "MaxPool", ["c"], ["p"], name="/features/pool/MaxPool", kernel_shape=[2, 2], pads=[2, 2, 2, 2]
+        ),
+        helper.make_node("ReduceMean", ["p"], ["feat"], name="/pool/ReduceMean", axes=[2, 3], keepdims=0),
+    ]
+    graph = helper.make_graph(nodes, "foreign", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 1, 4, 4])],
+                              [helper.make_tensor_value_info("feat", TensorProto.FLOAT, [1, 4])], [w])  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_an_initialisation_error_names_its_node_and_layer(tmp_path):
+    from tasks.errors import ModelError
+
+    _padded_pool_model(tmp_path / "foreign.onnx")
+    recipe = tiny_recipe(tmp_path, {"model": {"callable": None, "onnx": "foreign.onnx", "cut_at": ["feat"],
+                                              "output_names": ["logits"]}, "head": {"num_classes": 3}})  # fmt: skip
+    with pytest.raises(ModelError) as err:
+        prepare(recipe, tmp_path / "out")
+    text = str(err.value)
+    assert "cannot initialise node '/features/pool/MaxPool' (MaxPool, layer features.pool)" in text
+    assert "Pad should be smaller than kernel" in text and not UNSPECIFIC.search(text)
