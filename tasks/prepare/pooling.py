@@ -23,9 +23,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from tasks.prepare.graph import add_const, attr, downstream, observed_shapes, quiet_session, rebuild
-
-MATCH_TOL = 1e-5
+from tasks.prepare.graph import attr, downstream, observed_shapes, quiet_session
+from tasks.prepare.rewrite_kit import Builder, apply_rewrites, same_values
 
 
 def _run(
@@ -72,18 +71,16 @@ def _pads(node: onnx.NodeProto, spatial: list[int], out_spatial: list[int]) -> t
     return begin, end
 
 
-def _rewrite(
-    model: onnx.ModelProto, node: onnx.NodeProto, shapes: dict[str, list[int]]
-) -> list[onnx.NodeProto]:
-    """The Conv (and Mul) nodes computing ``node`` exactly, or ``[]`` when it cannot be rewritten."""
+def _rewrite(model: onnx.ModelProto, node: onnx.NodeProto, shapes: dict[str, list[int]]) -> Builder | None:
+    """The Conv (and Mul) computing ``node`` exactly, checked on random data, or None."""
     x, y = node.input[0], node.output[0]
     shape, out = shapes.get(x, []), shapes.get(y, [])
     k = list(attr(node, "kernel_shape", []))
     if len(shape) != len(k) + 2 or len(out) != len(shape) or min(shape[1:] + out[2:], default=-1) <= 0:
-        return []
+        return None
     pads = _pads(node, shape[2:], out[2:])
     if len(node.output) != 1:
-        return []
+        return None
     channels, spatial = shape[1], shape[2:]
     conv_attrs = {
         "group": channels,
@@ -105,33 +102,16 @@ def _rewrite(
     )
     averaged = _run([probe], {"x": ones}, {}, "a")
     if summed.shape != averaged.shape or (summed <= 0).any():
-        return []
+        return None
     inv = (averaged / summed).astype(np.float32)
-    p = node.name or y
     uniform = bool(np.allclose(inv, inv.flat[0], rtol=0, atol=0))
-    w = np.ones((channels, 1, *k), np.float32) * (inv.flat[0] if uniform else 1.0)
-    conv = helper.make_node(
-        "Conv",
-        [x, f"{p}/sum_window"],
-        [y if uniform else f"{p}/window_sum"],
-        name=f"{p}/as_Conv",
-        **conv_attrs,
-    )
-    nodes = (
-        [conv]
-        if uniform
-        else [conv, helper.make_node("Mul", [f"{p}/window_sum", f"{p}/inv_count"], [y], name=f"{p}/as_Mul")]
-    )
-    # check on random data before committing anything to the model
-    sample = np.random.default_rng(0).standard_normal((1, *shape[1:])).astype(np.float32)
-    want = _run([probe], {"x": sample}, {}, "a")
-    consts = {f"{p}/sum_window": w, **({} if uniform else {f"{p}/inv_count": inv})}
-    got = _run(nodes, {x: sample}, consts, y)
-    if got.shape != want.shape or not np.allclose(got, want, rtol=MATCH_TOL, atol=MATCH_TOL):
-        return []
-    for name, value in consts.items():
-        add_const(model, name, value)
-    return nodes
+    b = Builder(model, node)
+    weight = b.const("sum_window", np.ones((channels, 1, *k), np.float32) * (inv.flat[0] if uniform else 1.0))
+    if uniform:
+        b.op("Conv", [x, weight], y, **conv_attrs)
+    else:
+        b.op("Mul", [b.op("Conv", [x, weight], **conv_attrs), b.const("inv_count", inv)], y)
+    return b if same_values(model, node, b, shapes) else None
 
 
 def average_pools_as_convs(model: onnx.ModelProto, trainable: list[str]) -> int:
@@ -141,7 +121,4 @@ def average_pools_as_convs(model: onnx.ModelProto, trainable: list[str]) -> int:
     if not todo:
         return 0
     shapes = observed_shapes(model)
-    replace = {i: _rewrite(model, model.graph.node[i], shapes) for i in todo}
-    replace = {i: nodes for i, nodes in replace.items() if nodes}
-    rebuild(model, replace)
-    return len(replace)
+    return apply_rewrites(model, todo, lambda node: _rewrite(model, node, shapes))

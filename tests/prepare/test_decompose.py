@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.prepare import decompose, resize
+from tasks.prepare.graph import attr
 from tests.prepare.test_fixups import export, generate, run
 from tests.prepare.test_pooling import _train_step
 
@@ -134,7 +135,8 @@ def test_bidirectional_lstm_becomes_two_forward_ones_and_trains(tmp_path):
     x = np.random.default_rng(1).standard_normal((4, 3, 5, 5)).astype(np.float32)
     before = run(model, x)
     assert lstm.bidirectional_lstms_as_forward(model, trainable) == 1
-    assert [n for n in model.graph.node if n.op_type == "LSTM" and n.attribute[0].s == b"bidirectional"] == []
+    directions = [attr(n, "direction", b"forward") for n in model.graph.node if n.op_type == "LSTM"]
+    assert directions == [b"forward", b"forward"]
     np.testing.assert_allclose(run(model, x), before, rtol=1e-4, atol=1e-5)
     generate(model, trainable, tmp_path)
     loss, _ = _train_step(tmp_path, 5)
