@@ -116,7 +116,8 @@ def odl(params: OdlParams | None = None) -> Outcome | None:
         training, t[f"train on {board.name}"] = pt.timed(pt.train, board, spec, files, progress_key)
         got, t["retrieve"] = pt.timed(pt.retrieve, board, training, run_dir)
     reference = stages.choose_reference(recipe.name, board.name)
-    evaluation, t["evaluate"] = pt.timed(pt.evaluate, recipe, prep, got.inference, reference)
+    learnt = data.record.get("learnt", []) if data else []
+    evaluation, t["evaluate"] = pt.timed(pt.evaluate, recipe, prep, got.inference, reference, learnt)
     info = {
         "flow_run_id": run_id,
         "job_id": training.job_id,

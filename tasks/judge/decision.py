@@ -1,11 +1,16 @@
-"""The promotion verdict: a candidate against its reference by the recipe's rule.
+"""The promotion verdict: a candidate against its reference by the recipe's rule, as one list of checks.
 
-Promoted when the gain beats ``min_gain``, is significant on the paired test set (tasks.judge.gate)
-and no guardrail regresses beyond its tolerance.
+A :class:`Decision` carries every check the gate made - ``min_gain``, the significance of the gain,
+each guardrail (the recipe's and the default guard of every extra test set), the int8 model's -
+with its figures and a sentence. The candidate is promoted when every check holds. Its ``reason``
+is :func:`render_checks` of that list, failing checks first: the one string the flow's state
+message, the report headline, the registry entry and ``odl registry`` all show, so they cannot
+tell different stories.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +18,8 @@ from tasks.errors import RegistryError
 from tasks.judge.direction import LOWER_IS_BETTER
 from tasks.judge.gate import guardrails, significance
 from tasks.recipe.extras import PromotionSpec
+
+Check = dict[str, Any]  # {"kind", "name", "holds", "text", ...figures}: one check of the gate
 
 
 @dataclass(frozen=True)
@@ -26,9 +33,31 @@ class Decision:
     reference_name: str  # "base" or a version such as "v0003"
     gain: float  # improvement in the metric's better direction
     min_gain: float
-    reason: str
-    significance: dict[str, Any] | None = None  # the gate's paired test (tasks.judge.gate)
+    reason: str  # render_checks(checks), failing first
+    significance: dict[str, Any] | None = None  # the gate's paired test (tasks.judge.gate); None: off
     guardrails: list[dict[str, Any]] = field(default_factory=list)  # each guardrail's verdict
+    checks: list[Check] = field(default_factory=list)  # every check, in the order they were made
+
+    def failing(self) -> list[Check]:
+        """The checks that do not hold."""
+        return [c for c in self.checks if not c["holds"]]
+
+
+def render_checks(checks: list[Check]) -> str:
+    """The checks as one line, failing first: "FAIL guardrail loss: ...; ok min_gain: ..."."""
+    ordered = [c for c in checks if not c["holds"]] + [c for c in checks if c["holds"]]
+    return "; ".join(f"{'ok' if c['holds'] else 'FAIL'} {c['name']}: {c['text']}" for c in ordered)
+
+
+def with_check(decision: Decision, check: Check) -> Decision:
+    """``decision`` with one more check (the int8 model's, ...): promoted only if it holds too."""
+    checks = [*decision.checks, check]
+    return dataclasses.replace(
+        decision,
+        checks=checks,
+        promote=decision.promote and check["holds"],
+        reason=render_checks(checks),
+    )
 
 
 def decide(
@@ -41,9 +70,10 @@ def decide(
     """Compare a candidate's metrics with the reference's by the recipe's promotion rule.
 
     Promoted only when the gain beats ``min_gain``, is significant on the paired test set (unless
-    ``rule.significance`` is None) and no guardrail regresses beyond its tolerance; ``sets`` gives
-    the candidate's and the reference's metrics per test set for the guardrails (default: the
-    main test set only).
+    ``rule.significance`` is None: "off", said in the check) and no guardrail regresses beyond its
+    tolerance; ``sets`` gives the candidate's and the reference's metrics per test set for the
+    guardrails (default: the main test set only). Every extra test set is guarded on the promotion
+    metric with ``rule.extra_tests_tolerance`` unless a guardrail names it or the tolerance is off.
     """
     metric = rule.metric
     for side, metrics in (("candidate", candidate), (reference_name, reference)):
@@ -56,24 +86,72 @@ def decide(
     new, ref = float(candidate[metric]), float(reference[metric])
     gain = ref - new if metric in LOWER_IS_BETTER else new - ref
     enough = gain > rule.min_gain
-    verb = "beats" if enough else "does not beat"
-    reason = (
-        f"{label} {new:.4f} vs {ref:.4f} ({reference_name}): gain {gain:+.4f} {verb} "
-        f"the required min_gain {rule.min_gain:+.4f}"
-    )
+    checks: list[Check] = [
+        {
+            "kind": "min_gain", "name": "min_gain", "holds": enough, "gain": gain, "min_gain": rule.min_gain,
+            "short": "gain below min_gain",
+            "text": f"{label} {new:.4f} vs {ref:.4f} ({reference_name}): gain {gain:+.4f} "
+                    f"{'beats' if enough else 'does not beat'} the required {rule.min_gain:+.4f}",
+        }
+    ]  # fmt: skip
     test = significance(metric, candidate, reference, rule.significance) if rule.significance else None
+    if test is None:
+        checks.append({"kind": "significance", "name": "significance", "holds": True, "tested": False,
+                       "text": f"not tested (the recipe sets significance = \"off\" for {metric})"})  # fmt: skip
+    else:
+        checks.append({"kind": "significance", "name": "significance", "test": test["test"],
+                       "holds": bool(test["significant"]), "tested": test.get("test") != "none",
+                       "text": test["reason"], "short": _short_test(test)})  # fmt: skip
     cand_sets, ref_sets = sets or ({"test": candidate}, {"test": reference})
-    rails = guardrails(rule.guardrails, cand_sets, ref_sets)
-    problems = (
-        [] if test is None or test["significant"] else [f"the gain is not significant ({test['reason']})"]
+    rules = guarded_rules(rule, cand_sets, ref_sets)
+    rails = guardrails(rules, cand_sets, ref_sets)
+    checks += [
+        {"kind": "guardrail", "name": f"guardrail {r['rule']}", "short": f"guardrail {r['rule']}", "holds": r["holds"],
+         "drop": r["regression"] > 0, "text": r["reason"], "default": r["rule"] not in rule.guardrails}
+        for r in rails
+    ]  # fmt: skip
+    promote = all(c["holds"] for c in checks)
+    return Decision(
+        promote,
+        metric,
+        new,
+        ref,
+        reference_name,
+        gain,
+        rule.min_gain,
+        render_checks(checks),
+        test,
+        rails,
+        checks,
     )
-    problems += [f"guardrail {r['reason']}" for r in rails if not r["holds"]]
-    if enough and problems:
-        reason += ", but " + "; ".join(problems)
-    elif test is not None:  # the paired test is reported whatever the verdict
-        reason += f" ({test['reason']})"
-    promote = enough and not problems
-    return Decision(promote, metric, new, ref, reference_name, gain, rule.min_gain, reason, test, rails)
+
+
+def _short_test(test: dict[str, Any]) -> str:
+    """A failed test in a few words: "not significant (p=0.31)", "(CI [-0.01, +0.02])", "untested"."""
+    if test.get("test") == "none":
+        return "no significance test for the metric"
+    if "p_value" in test:
+        return f"not significant (p={test['p_value']:.2g})"
+    return f"not significant (CI [{test['low']:+.3g}, {test['high']:+.3g}])"
+
+
+def guarded_rules(
+    rule: PromotionSpec, candidate: dict[str, dict[str, Any]], reference: dict[str, dict[str, Any]]
+) -> dict[str, float]:
+    """The recipe's guardrails plus, for each extra test set none of them names, ``"<set>.<metric>"``
+    at ``extra_tests_tolerance`` (the promotion metric where the set reports it, else its loss):
+    what the model knew is not lost silently."""
+    rules = dict(rule.guardrails)
+    if rule.extra_tests_tolerance is None:
+        return rules
+    named = {r.rpartition(".")[0] for r in rules}
+    for name in candidate:
+        if name == "test" or name in named or name not in reference:
+            continue
+        both = (candidate[name], reference[name])
+        metric = rule.metric if all(isinstance(m.get(rule.metric), (int, float)) for m in both) else "loss"
+        rules[f"{name}.{metric}"] = rule.extra_tests_tolerance
+    return rules
 
 
 def _metric_label(

@@ -25,6 +25,7 @@ import numpy as np
 
 from device_agent import detection as det
 from tasks.errors import EvaluationError
+from tasks.judge.coco_resample import match_records, no_detection_records
 from tasks.judge.runtime import npz_arrays, session
 from tasks.recipe.extras import DetectionSpec
 
@@ -70,6 +71,40 @@ def check_outputs(scores: np.ndarray, offsets: np.ndarray, priors: np.ndarray, s
         )
     if len(priors) != scores.shape[1]:
         raise EvaluationError(f"detection priors: {len(priors)} priors for a model with {scores.shape[1]}")
+
+
+PROBABILITY_TOL = 1e-3  # softmax rows of float32 sum to 1 within this
+
+
+def class_probabilities(scores: np.ndarray, spec: DetectionSpec) -> np.ndarray:
+    """The detector's scores as class probabilities, checked before any precision or recall point
+    depends on them: ``scores = "logits"`` applies a softmax over the classes; probabilities must
+    lie in [0, 1] with each prior's row summing to 1, or the evaluation stops with one line."""
+    s = scores.astype(np.float64)
+    low, high = float(s.min(initial=0.0)), float(s.max(initial=0.0))
+    sums = s.sum(axis=-1)
+    looks_like = (
+        low >= -PROBABILITY_TOL
+        and high <= 1 + PROBABILITY_TOL
+        and bool((np.abs(sums - 1) <= PROBABILITY_TOL * s.shape[-1]).all())
+    )
+    name = f"detection.scores_output {spec.scores_output!r}"
+    if spec.scores == "logits":
+        if looks_like and s.size:
+            raise EvaluationError(
+                f"{name}: detection.scores = 'logits', but every row already lies in [0, 1] and sums to 1 "
+                '(probabilities: a second softmax would flatten them); set scores = "probabilities"'
+            )
+        shifted = s - s.max(axis=-1, keepdims=True)
+        e = np.exp(shifted)
+        return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
+    if not looks_like:
+        raise EvaluationError(
+            f"{name}: expected class probabilities (in [0, 1], each row summing to 1), got values in "
+            f"[{low:.3g}, {high:.3g}] with row sums in [{float(sums.min()):.3g}, {float(sums.max()):.3g}]: "
+            'logits? set [detection] scores = "logits" and the host applies a softmax'
+        )
+    return scores
 
 
 def coco_eval(
@@ -124,9 +159,11 @@ def coco_eval(
             seen = {a["category_id"] - 1 for a in annotations}
             zeros = {c: (0.0 if k in seen else None) for k, c in enumerate(classes)}
             recall = np.linspace(0, 1, 101).round(2).tolist()
+            counts = np.stack([(gt_labels == k).sum(axis=1) for k in range(len(classes))])
+            matches = no_detection_records(counts, np.linspace(0.5, 0.95, 10).round(2).tolist())
             return {**empty, "per_class_ap50": zeros, "per_class_ap": dict(zeros),
                     "pr50": {"recall": recall, **{c: [0.0] * 101 for c, v in zeros.items() if v is not None}},
-                    "detections": 0}  # fmt: skip
+                    "detections": 0, "matches": matches}  # fmt: skip
         dt = gt.loadRes(results)
         ev = COCOeval(gt, dt, "bbox")
         ev.params.maxDets = [1, 10, max_detections]
@@ -153,6 +190,7 @@ def coco_eval(
         "per_class_ap": per_ap,
         "pr50": pr50,
         "detections": len(results),
+        "matches": match_records(ev),  # per-image outcomes: the gate's bootstrap over images
     }
 
 
@@ -181,6 +219,7 @@ def detection_metrics(
     priors = np.load(priors_npy)
     scores, offsets, spent = run_detector(model_onnx, x, spec)
     check_outputs(scores, offsets, priors, spec)
+    scores = class_probabilities(scores, spec)
     found = det.postprocess(
         scores, offsets, priors, score_threshold=spec.score_threshold,
         iou_threshold=spec.iou_threshold, top_k=spec.max_detections,

@@ -32,13 +32,13 @@ from tasks.errors import EvaluationError
 from tasks.hashing import file_sha256
 from tasks.judge.detection import detection_metrics
 from tasks.judge.losses import (
-    GRAPH_LOSSES,
     HostLoss,
     class_logits,
     l1_loss,
     loss_value,
     mse_loss,
     per_sample_loss,
+    sample_losses,
     task_loss,
 )
 from tasks.judge.runtime import load_test_set, run_model, single_sample_latency_ms
@@ -47,7 +47,7 @@ from tasks.recipe.extras import DetectionSpec
 log = logging.getLogger(__name__)
 
 EVAL_TASKS = ("classification", "binary", "regression", "embedded")
-EVAL_CACHE_VERSION = 4  # bump when evaluate() changes what it reports
+EVAL_CACHE_VERSION = 5  # bump when evaluate() changes what it reports
 
 
 def confusion_matrix(y_true: np.ndarray, y_pred: np.ndarray, n_classes: int) -> np.ndarray:
@@ -141,7 +141,10 @@ def evaluate(
             model_onnx, x, input_name=input_name, output_name=output_name, batch_size=batch_size
         )
         metrics = TASK_METRICS[task](out, y)
-    metrics["per_sample"] = per_sample(task, loss, out, y) if detection is None else {}
+    metrics["per_sample"] = per_sample(task, out, y) if detection is None else {}
+    if detection is not None:
+        metrics["per_sample"]["detection"] = metrics.pop("matches")
+    metrics["per_sample"]["loss"] = sample_losses(loss, model_onnx, Path(test_npz), out, y).round(8).tolist()
     metrics.update(
         loss=loss_value(loss, model_onnx, Path(test_npz), out, y, batch_size),
         loss_kind=loss.kind,
@@ -156,10 +159,10 @@ def evaluate(
     return metrics
 
 
-def per_sample(task: str, loss: HostLoss, out: np.ndarray, y: np.ndarray) -> dict[str, list]:
+def per_sample(task: str, out: np.ndarray, y: np.ndarray) -> dict[str, list]:
     """Per-sample outcomes the promotion gate pairs between two models (tasks.judge.gate):
-    ``correct`` (0/1) for classifiers, ``loss`` for a built-in loss, ``mse`` and ``mae`` for
-    regression. Graph losses have none (their eval graph averages over a batch)."""
+    ``correct`` (0/1) for classifiers, ``mse`` and ``mae`` for regression (``loss`` is added by
+    :func:`evaluate` for every loss kind, ``detection`` holds a detector's matches per image)."""
     found: dict[str, list] = {}
     if task == "classification":
         logits, labels = class_logits(out, y)
@@ -169,8 +172,6 @@ def per_sample(task: str, loss: HostLoss, out: np.ndarray, y: np.ndarray) -> dic
     elif task == "regression":
         found["mse"] = per_sample_loss("mse", out, y).round(8).tolist()
         found["mae"] = per_sample_loss("l1", out, y).round(8).tolist()
-    if loss.kind not in GRAPH_LOSSES:
-        found["loss"] = per_sample_loss(loss.kind, out, y).round(8).tolist()
     return found
 
 

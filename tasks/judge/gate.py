@@ -5,14 +5,17 @@ A gain on a test set of a few hundred samples can be two samples. Before the pro
 
 * accuracy (classification, binary): McNemar's exact test on the samples the two models disagree
   on - of those, how many the candidate gets right - one-sided, by ``scipy.stats.binomtest``;
-* a loss of a built-in kind (and mse, mae): a paired bootstrap confidence interval of the mean
-  per-sample improvement (``scipy.stats.bootstrap``, percentile method, seeded); significant when
-  the whole interval lies on the better side of zero.
+* a loss of any kind (built-in from the outputs; custom and embedded from the eval graph run one
+  sample at a time), mse and mae: a paired bootstrap confidence interval of the mean per-sample
+  improvement (``scipy.stats.bootstrap``, percentile method, seeded); significant when the whole
+  interval lies on the better side of zero;
+* mAP, mAP@0.5, mAP@0.75 of a detector: a paired bootstrap over test images (the same resamples
+  for both models, mAP recomputed exactly from each image's matches, :mod:`tasks.judge.coco_resample`).
 
-Other metrics (mAP, a custom or embedded loss) have no per-sample pairing here; the gate says so
-and judges them on ``min_gain`` alone. Guardrails then compare other metrics and test sets
-(``"loss"``, ``"clean.accuracy"``): each may regress by at most its tolerance (absolute, in the
-metric's units).
+A metric without a per-sample form is not significant: the gate refuses to promote on it unless the
+recipe sets ``significance = "off"`` (then the decision says it was not tested). Guardrails then
+compare other metrics and test sets (``"loss"``, ``"clean.accuracy"``): each may regress by at most
+its tolerance (absolute, in the metric's units).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from tasks.errors import RegistryError
+from tasks.judge.coco_resample import METRIC_THRESHOLDS, paired_map_bootstrap
 from tasks.judge.direction import LOWER_IS_BETTER
 
 BOOTSTRAP_RESAMPLES = 2000
@@ -77,6 +81,17 @@ def significance(
             f"{'<' if out['significant'] else '>='} {alpha:g}"
         )
         return out
+    if metric in METRIC_THRESHOLDS and "detection" in cand and "detection" in ref:
+        out = paired_map_bootstrap(
+            cand["detection"], ref["detection"], metric, 1.0 - alpha, class_names=candidate.get("classes")
+        )
+        out["significant"] = out["low"] > 0
+        out["reason"] = (
+            f"paired bootstrap over {cand['detection']['images']} test images: the {metric} gain "
+            f"{out['gain']:+.4f} lies in [{out['low']:+.4f}, {out['high']:+.4f}] ({1 - alpha:.0%})"
+            + ("" if out["significant"] else ", which includes no gain")
+        )
+        return out
     same_loss = metric != "loss" or candidate.get("loss_kind") == reference.get("loss_kind")
     if metric in cand and metric in ref and same_loss:
         out = paired_bootstrap(cand[metric], ref[metric], metric in LOWER_IS_BETTER, 1.0 - alpha)
@@ -88,8 +103,9 @@ def significance(
         return out
     return {
         "test": "none",
-        "significant": True,
-        "reason": f"no per-sample test for {metric}: judged on min_gain alone",
+        "significant": False,
+        "reason": f"no per-sample figures of {metric} to test its gain on, so it is not promoted on "
+        '(set [promotion] significance = "off" to judge it on min_gain alone, untested)',
     }
 
 

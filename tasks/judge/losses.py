@@ -158,6 +158,26 @@ def eval_graph_loss(
     trained weights of a retrieved model. ``arrays`` feed its other inputs (name -> all samples);
     batch losses are weighted by batch size, as the board's eval step does.
     """
+    run, n = _eval_graph_runner(eval_model, model_onnx, arrays)
+    total = 0.0
+    for start in range(0, n, batch_size):
+        end = min(n, start + batch_size)
+        total += run(start, end) * (end - start)
+    return total / n
+
+
+def eval_graph_sample_losses(eval_model: Path, model_onnx: Path, arrays: dict[str, np.ndarray]) -> np.ndarray:
+    """Each sample's loss by the eval graph run on that sample alone (batch 1): the per-sample
+    figures the promotion gate's paired bootstrap resamples for a custom or embedded loss."""
+    run, n = _eval_graph_runner(eval_model, model_onnx, arrays)
+    return np.asarray([run(i, i + 1) for i in range(n)], np.float64)
+
+
+def _eval_graph_runner(
+    eval_model: Path, model_onnx: Path, arrays: dict[str, np.ndarray]
+) -> tuple[Callable[[int, int], float], int]:
+    """``run(start, end)``: the eval graph's loss on samples [start, end) with ``model_onnx``'s
+    weights, and the number of samples."""
     import onnx  # onnx only for a graph loss
 
     graph = onnx.load(str(eval_model))
@@ -175,12 +195,12 @@ def eval_graph_loss(
         )
     sess = session(Path(eval_model), graph.SerializeToString())
     loss_name = sess.get_outputs()[0].name
-    n, total = len(next(iter(arrays.values()))), 0.0
-    for start in range(0, n, batch_size):
-        end = min(n, start + batch_size)
+
+    def run(start: int, end: int) -> float:
         feed = {k: np.ascontiguousarray(arrays[k][start:end], dt) for k, dt in dtypes.items()}
-        total += float(np.asarray(sess.run([loss_name], feed)[0]).reshape(-1)[0]) * (end - start)
-    return total / n
+        return float(np.asarray(sess.run([loss_name], feed)[0]).reshape(-1)[0])
+
+    return run, len(next(iter(arrays.values())))
 
 
 def _np_dtype(value_info: Any) -> np.dtype:
@@ -197,6 +217,21 @@ def loss_value(
     if loss.kind not in GRAPH_LOSSES:
         return BUILTIN_LOSSES[loss.kind](out, y)
     assert loss.eval_model is not None  # HostLoss checks it
+    return eval_graph_loss(loss.eval_model, model_onnx, _graph_feeds(loss, test_npz), batch_size)
+
+
+def sample_losses(
+    loss: HostLoss, model_onnx: Path, test_npz: Path, out: np.ndarray, y: np.ndarray
+) -> np.ndarray:
+    """Each test sample's ``loss``: its share of a built-in kind, or the eval graph's loss of that
+    sample alone for a custom or embedded one."""
+    if loss.kind not in GRAPH_LOSSES:
+        return per_sample_loss(loss.kind, out, y)
+    assert loss.eval_model is not None  # HostLoss checks it
+    return eval_graph_sample_losses(loss.eval_model, model_onnx, _graph_feeds(loss, test_npz))
+
+
+def _graph_feeds(loss: HostLoss, test_npz: Path) -> dict[str, np.ndarray]:
+    """The eval graph's data inputs from the test-set arrays the loss's feeds name."""
     arrays = npz_arrays(Path(test_npz), sorted(set(loss.feeds.values())))
-    feeds = {name: arrays[key] for name, key in loss.feeds.items()}
-    return eval_graph_loss(loss.eval_model, model_onnx, feeds, batch_size)
+    return {name: arrays[key] for name, key in loss.feeds.items()}

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.judge.charts import confusion_chart, data_url, line_chart
+from tasks.judge.continual import continual_md
 from tasks.judge.registry import Decision
 from tasks.judge.report_detection import detection_md
 from tasks.judge.trend import lineage_md, trend_section
@@ -56,6 +57,7 @@ class ReportInput:
     int8: dict[str, Any] | None = None  # the quantized candidate (tasks.judge.quantize), with its verdict
     trend: list[dict[str, Any]] = field(default_factory=list)  # tasks.judge.trend.trend_points
     lineage: dict[str, Any] = field(default_factory=dict)  # start_from, board_data, rollout
+    continual: list[dict[str, Any]] = field(default_factory=list)  # tasks.judge.continual.night_rows
 
 
 def report_key(recipe: str, board: str, kind: str = "report") -> str:
@@ -160,29 +162,32 @@ INT8_COLUMN = "candidate int8"
 
 
 def gate_md(d: Decision) -> list[str]:
-    """The promotion gate: the paired test of the gain and each guardrail's verdict."""
-    out = []
-    if d.significance is not None:
-        out += ["", f"**Significance** ({d.significance.get('test')}): {d.significance.get('reason')}."]
-    if d.guardrails:
-        out += [
-            "",
-            "| guardrail | reference | candidate | regression | tolerance | verdict |",
-            "|---|---|---|---|---|---|",
-        ]
-        out += [
-            f"| {r['rule']} | {r['reference']:.4f} | {r['candidate']:.4f} | {r['regression']:+.4f} | "
-            f"{r['tolerance']:g} | {'holds' if r['holds'] else '**fails**'} |"
-            for r in d.guardrails
-        ]
-    return out
+    """The promotion gate: every check of the decision, failing first, as the headline names them.
+
+    A guarded test set that drops is flagged in red even when the drop is within its tolerance,
+    and a gain judged without a test says so."""
+    ordered = d.failing() + [c for c in d.checks if c["holds"]]
+    if not ordered:  # a decision recorded before the checks list
+        return []
+    rows = []
+    for c in ordered:
+        if not c["holds"]:
+            mark = "🔴 **fails**"
+        elif c.get("drop"):
+            mark = "🔴 holds, but drops"
+        elif c["kind"] == "significance" and not c.get("tested", True):
+            mark = "⚠️ not tested"
+        else:
+            mark = "holds"
+        rows.append(f"| {c['name']} | {mark} | {c['text']} |")
+    return ["", "| gate check | verdict | figures |", "|---|---|---|", *rows]
 
 
 def _decision_md(inp: ReportInput) -> str:
     d = inp.decision
     if d.promote:
-        return f"**Promoted**: recorded as `{inp.version}`, now `current`. {d.reason}."
-    return f"**Not promoted**: recorded as `{inp.version}` (rejected), `current` unchanged. Why: {d.reason}."
+        return f"**Promoted**: recorded as `{inp.version}`, now `current`: {d.reason}."
+    return f"**Not promoted**: recorded as `{inp.version}` (rejected), `current` unchanged: {d.reason}."
 
 
 def _training_md(inp: ReportInput) -> list[str]:
@@ -213,6 +218,7 @@ def render_report(inp: ReportInput) -> str:
         *gate_md(inp.decision),
         *lineage_md(inp.lineage),
         *trend_section(inp.trend),
+        *continual_md(inp.continual),
         "",
         f"## Before / after on the host test set `{inp.test_set}`",
         compare_table(inp.evaluations),

@@ -32,6 +32,9 @@ def verdict(version: Version) -> str:
     if version.promoted:
         return "promoted"
     d = version.info.get("decision") or {}
+    failing = [c.get("short", c.get("name", "?")) for c in d.get("checks") or [] if not c.get("holds", True)]
+    if failing:  # the decision's own checks, as its reason names them
+        return "rejected: " + "; ".join(failing)
     why = []
     gain, min_gain = _number(d.get("gain")), _number(d.get("min_gain"))
     if gain is not None and min_gain is not None and not gain > min_gain:

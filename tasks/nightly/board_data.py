@@ -25,6 +25,7 @@ import numpy as np
 
 from device_agent.protocol import DataFile, DataRef
 from tasks.errors import DataError, NoNewData, RegistryError
+from tasks.judge.continual import learnt_shards
 from tasks.judge.registry import Registry
 from tasks.recipe.schema import Recipe
 
@@ -122,5 +123,6 @@ def board_data(recipe: Recipe, board: str, listing: dict[str, Any], reg: Registr
         "replayed": replayed,
         "samples": sum(p.samples for p in pins),
         "folder_files": len(listing["files"]),
+        "learnt": learnt_shards({"files": [p.to_dict() for p in pins]}, seen),  # held-out sets judged on
     }
     return BoardData(ref, record)

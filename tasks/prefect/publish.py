@@ -7,6 +7,7 @@ from typing import Any
 
 from tasks import stages
 from tasks.errors import RegistryError
+from tasks.judge.continual import night_rows
 from tasks.judge.report import ReportInput, epoch_table, render_report, report_key, step_losses, summary_text
 from tasks.judge.trend import trend_points
 from tasks.paths import state_dir
@@ -21,13 +22,15 @@ def _columns(sets: dict[str, dict[str, Any]], reference: stages.Reference) -> di
     return {label.get(col, col): metrics for col, metrics in sets.items()}
 
 
-def trend(recipe: str, board: str) -> list[dict[str, Any]]:
+def trend(recipe: str, board: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The promoted metric across the registry's versions of recipe+board (the candidate just
-    recorded included); an unreadable registry or malformed version info raises RegistryError."""
+    recorded included) and the continual-learning rows of the nights with held-out figures; an
+    unreadable registry or malformed version info raises RegistryError."""
     reg = stages.registry()
     try:
         current = reg.current(recipe, board)
-        return trend_points(reg.versions(recipe, board), current.name if current else None)
+        versions = reg.versions(recipe, board)
+        return trend_points(versions, current.name if current else None), night_rows(versions)
     except (OSError, AttributeError, KeyError, TypeError, ValueError) as exc:
         raise RegistryError(
             f"registry {reg.root}: cannot read the versions of {recipe} on {board} ({exc})"
@@ -48,6 +51,7 @@ def report_input(
     is recorded, so the registry's trend includes this run's version)."""
     result = training.result.to_dict()
     ref = evaluation.reference
+    points, nights = trend(recipe.name, board)
     return ReportInput(
         recipe=recipe.name,
         board=board,
@@ -64,7 +68,8 @@ def report_input(
         step_losses=step_losses(training.events),
         timings=timings,
         training={k: result[k] for k in TRAINING_FIELDS if k in result},
-        trend=trend(recipe.name, board),
+        trend=points,
+        continual=nights,
         lineage=lineage or {},
     )
 

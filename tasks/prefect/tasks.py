@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -111,10 +111,15 @@ def retrieve(board: Board, training: stages.Training, out_dir: Path) -> stages.R
 
 @task(name="evaluate")
 def evaluate(
-    recipe: Recipe, prep: Prepared, candidate: Path, reference: stages.Reference
+    recipe: Recipe,
+    prep: Prepared,
+    candidate: Path,
+    reference: stages.Reference,
+    learnt: Sequence[str] = (),
 ) -> stages.Evaluation:
-    """Evaluate base, current (if any) and candidate on the test set and the extra test sets."""
-    return stages.evaluate(recipe, prep, candidate, reference)
+    """Evaluate base, current (if any) and candidate on the test set, the extra test sets and the
+    held-out parts of the ``learnt`` board shards."""
+    return stages.evaluate(recipe, prep, candidate, reference, learnt)
 
 
 @task(name="promote")

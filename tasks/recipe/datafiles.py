@@ -28,6 +28,7 @@ def recipe_files(recipe: Recipe) -> dict[str, Path]:
         "detection.priors": recipe.detection.priors if recipe.detection else None,
         "model.onnx": Path(recipe.model.ref) if recipe.model.kind == "onnx" else None,
         "quantize.calibration": recipe.quantize.calibration if recipe.quantize else None,
+        "data.heldout": d.heldout,  # a folder of held-out shard parts
     }
     files.update({f"data.extra_tests.{k}": v for k, v in d.extra_tests.items()})
     return {k: v for k, v in files.items() if v is not None}

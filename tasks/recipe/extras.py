@@ -47,10 +47,17 @@ def _distinct(classes: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _no_test(value: Any) -> Any:
-    """``significance = false``: no significance test (None)."""
+    """``significance = "off"`` (or false): no significance test (None)."""
     if value is True:
-        raise expected("a level in (0, 0.5], or false", got=value)
-    return None if value is False else value
+        raise expected('a level in (0, 0.5], or "off"', got=value)
+    return None if value is False or value == "off" else value
+
+
+def _off(value: Any) -> Any:
+    """``extra_tests_tolerance = "off"`` (or false): extra test sets are not guarded (None)."""
+    if value is True:
+        raise expected('a tolerance >= 0, or "off"', got=value)
+    return None if value is False or value == "off" else value
 
 
 @recipe_table("head")
@@ -96,6 +103,11 @@ class DetectionSpec:
         None, description="[P, 4] center-form priors in [0, 1]; default: the model's priors() at export"
     )
     scores_output: str = Field("scores", description="inference output: [N, P, C + 1] class probabilities")
+    scores: Literal["probabilities", "logits"] = Field(
+        "probabilities",
+        description="what scores_output holds: probabilities (checked: in [0, 1], rows summing to 1) | "
+        "logits (the host applies a softmax over the classes)",
+    )
     offsets_output: str = Field(
         "offsets", description="inference output: [N, P, 4] offsets (variances 0.1 / 0.2)"
     )
@@ -142,19 +154,30 @@ class PromotionSpec:
         Annotated[Number, Field(gt=0, le=0.5)] | None,
         BeforeValidator(_no_test),
         WithJsonSchema(
-            {"anyOf": [{"type": "number", "exclusiveMinimum": 0, "maximum": 0.5}, {"const": False}]}
+            {"anyOf": [{"type": "number", "exclusiveMinimum": 0, "maximum": 0.5}, {"enum": [False, "off"]}]}
         ),
-        Expect("a level in (0, 0.5], or false"),
+        Expect('a level in (0, 0.5], or "off"'),
     ] = Field(
         0.05,
         description="the gain must also be significant at this level on the paired test set (McNemar for "
-        "accuracy, paired bootstrap for losses); false: no test",
+        "accuracy, paired bootstrap over samples for losses, mse and mae, over images for mAP); a metric "
+        'without a per-sample test is never promoted on unless "off": judged on min_gain alone, untested',
     )
     guardrails: Annotated[
         dict[str, Annotated[Number, Field(ge=0)]], Expect('a table of "[set.]metric" = tolerance >= 0')
     ] = Field(
         default_factory=dict,
         description='"[set.]metric" = the regression each may show (absolute) against the reference',
+    )
+    extra_tests_tolerance: Annotated[
+        Annotated[Number, Field(ge=0)] | None,
+        BeforeValidator(_off),
+        WithJsonSchema({"anyOf": [{"type": "number", "minimum": 0}, {"enum": [False, "off"]}]}),
+        Expect('a tolerance >= 0, or "off"'),
+    ] = Field(
+        0.02,
+        description="each [data] extra_tests set is guarded on the promotion metric (else its loss): it may "
+        'regress by at most this much (absolute) unless a guardrail names the set; "off": not guarded',
     )
     rollout: Bool = Field(
         True, description="install a promoted model on the board (models/<recipe>/current.onnx)"

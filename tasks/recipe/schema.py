@@ -54,6 +54,7 @@ Task = Literal[TASKS]  # type: ignore[valid-type]  # the board's task names (dev
 
 ACCURACY_TASKS = ("classification", "binary")
 DETECTION_METRICS = ("map50", "map", "map75")
+TESTED_METRICS = ("accuracy", "loss", "mse", "mae", *DETECTION_METRICS)  # a per-sample significance test
 OPTIONAL_TABLES = ("head", "quantize", "detection")  # an empty table is the same as none
 
 
@@ -162,11 +163,17 @@ class DataSpec:
     replay: Number = Field(
         0.0, ge=0, le=0.95, description="new+replay: the share of older samples in the mix"
     )
+    heldout: FilePath | None = Field(
+        None,
+        description="board_dataset: a host folder holding each board shard's held-out part under the "
+        "shard's name; every run evaluates the candidate on the parts of the shards it has learnt "
+        "(guarded like extra_tests; the report shows accuracy per shard, backward transfer, forgetting)",
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _folder_keys(cls, data: Any) -> Any:
-        given = present(data, ("board_format", "board_select", "replay"))
+        given = present(data, ("board_format", "board_select", "replay", "heldout"))
         if given and not present(data, ("board_dataset",)):
             raise expected("data.board_dataset too (it applies to a board dataset folder)", given[0])
         return data
@@ -273,6 +280,13 @@ class Recipe:
                 f"a metric the host evaluation reports for task '{task}' ('loss'; "
                 "accuracy needs a classification or binary task)",
                 metric,
+            )
+        if self.promotion.significance is not None and metric not in TESTED_METRICS:
+            yield (
+                "promotion.significance",
+                f"'off' for promotion.metric '{metric}', which has no per-sample significance test "
+                f"(tested: {', '.join(TESTED_METRICS)}); with 'off' it is judged on min_gain alone, untested",
+                self.promotion.significance,
             )
         if kind == "cross-entropy" and task != "classification":
             yield "loss.kind", f"a loss for task '{task}' (cross-entropy needs classification)", kind

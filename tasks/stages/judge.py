@@ -6,12 +6,14 @@ The reference is the registry's current version for the recipe and board, or the
 
 from __future__ import annotations
 
-import dataclasses
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tasks.judge.continual import heldout_sets
+from tasks.judge.decision import with_check
 from tasks.judge.evaluate import base_inference_model, evaluate_cached
 from tasks.judge.losses import GRAPH_LOSSES, host_loss, task_loss
 from tasks.judge.quantize import int8_verdict, quantize_int8
@@ -45,6 +47,7 @@ class Evaluation:
     reference: Reference
     sets: dict[str, dict[str, Metrics]] = field(default_factory=dict)  # set -> column -> metrics
     int8: dict[str, Any] | None = None  # the quantized candidate: file, sizes, verdict (when [quantize])
+    heldout: tuple[str, ...] = ()  # the sets that are learnt board shards' held-out parts
 
     @property
     def test(self) -> dict[str, Metrics]:
@@ -89,8 +92,11 @@ def inference_of(prep: Prepared, checkpoint: Path, out: Path) -> Path:
     )
 
 
-def evaluate(recipe: Recipe, prep: Prepared, candidate: Path, reference: Reference) -> Evaluation:
-    """Base, current (when there is one) and candidate on the test set and every extra test set.
+def evaluate(
+    recipe: Recipe, prep: Prepared, candidate: Path, reference: Reference, learnt: Sequence[str] = ()
+) -> Evaluation:
+    """Base, current (when there is one) and candidate on the test set, every extra test set and
+    the held-out part of each ``learnt`` board shard (``[data] heldout``, :mod:`tasks.judge.continual`).
 
     Every model is scored with the recipe's own loss (``loss``, named in ``loss_kind``): the built-in
     kind it trains with, or its custom or embedded loss run by the prepared eval graph with that
@@ -100,7 +106,8 @@ def evaluate(recipe: Recipe, prep: Prepared, candidate: Path, reference: Referen
     if reference.model is not None:
         models["current"] = reference.model
     models["candidate"] = Path(candidate)
-    sets = {"test": recipe.data.test, **recipe.data.extra_tests}
+    heldout = heldout_sets(recipe.data.heldout, learnt)
+    sets = {"test": recipe.data.test, **recipe.data.extra_tests, **heldout}
     cache, loss = state_dir("cache", "evaluations"), host_loss(recipe, prep)
     detector = {"detection": recipe.detection, "priors": prep.priors} if recipe.detection else {}
     int8 = quantize(recipe, Path(candidate)) if recipe.quantize else None
@@ -126,10 +133,17 @@ def evaluate(recipe: Recipe, prep: Prepared, candidate: Path, reference: Referen
         int8["verdict"] = int8_verdict(
             columns["test"]["candidate"], columns["test"][INT8], recipe.promotion.metric, spec.max_drop
         )
-    return Evaluation(reference, columns, int8)
+    return Evaluation(reference, columns, int8, tuple(heldout))
 
 
 INT8 = "candidate int8"  # the quantized candidate's column
+
+
+def recorded_metrics(metrics: Metrics) -> Metrics:
+    """The candidate's metrics as the registry keeps them: a detector's per-image matches (the
+    gate's bootstrap input, megabytes on a large test set) stay in the evaluation cache."""
+    per_sample = {k: v for k, v in (metrics.get("per_sample") or {}).items() if k != "detection"}
+    return {**metrics, "per_sample": per_sample}
 
 
 def quantize(recipe: Recipe, candidate: Path) -> dict[str, Any]:
@@ -156,19 +170,34 @@ def promote(
     """Record the candidate; it becomes current only if it beats the evaluation's reference."""
     ref = evaluation.reference
     test = evaluation.test
-    sets = (
-        {name: cols["candidate"] for name, cols in evaluation.sets.items()},
-        {name: cols[ref.column] for name, cols in evaluation.sets.items()},
+    named = {r.rpartition(".")[0] for r in recipe.promotion.guardrails}
+    judged = {n: cols for n, cols in evaluation.sets.items() if n not in evaluation.heldout or n in named}
+    sets = (  # held-out shard parts are reported, guarded only when a guardrail names them
+        {name: cols["candidate"] for name, cols in judged.items()},
+        {name: cols[ref.column] for name, cols in judged.items()},
     )
     decision = decide(test["candidate"], test[ref.column], recipe.promotion, ref.name, sets)
     extras = {"priors.npy": prep.priors} if recipe.detection else {}
-    metrics = dict(test["candidate"])
+    metrics = recorded_metrics(test["candidate"])
+    if evaluation.heldout:  # what the candidate knows of each learnt shard (the nightly report's matrix)
+        metric = recipe.promotion.metric
+        cand = {s: evaluation.sets[s]["candidate"] for s in evaluation.heldout}
+        if not all(isinstance(m.get(metric), (int, float)) for m in cand.values()):
+            metric = "loss"
+        metrics["heldout"] = {s: m[metric] for s, m in cand.items()}
+        metrics["heldout_metric"] = metric
     if evaluation.int8 is not None:
         verdict = evaluation.int8["verdict"]
-        if decision.promote and not verdict["holds"]:  # the NPU model must hold up too
-            decision = dataclasses.replace(
-                decision, promote=False, reason=f"{decision.reason}, but {verdict['reason']}"
-            )
+        decision = with_check(  # the NPU model must hold up too
+            decision,
+            {
+                "kind": "int8",
+                "short": "int8 model does not hold up",
+                "name": "int8 model",
+                "holds": bool(verdict["holds"]),
+                "text": verdict["reason"],
+            },
+        )
         extras["model.int8.onnx"] = Path(evaluation.int8["path"])
         metrics["int8"] = {**test[INT8], "quantization": evaluation.int8}
     version = (reg or registry()).record(

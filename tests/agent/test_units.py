@@ -65,7 +65,7 @@ def test_build_job_spec_maps_recipe_and_manifest(digits_recipe, prepared_digits)
     spec, files = build_job_spec(digits_recipe, prepared_digits, "unit-1", max_steps=7)
     assert JobSpec.from_json(spec.to_json()) == spec
     t = spec.train
-    assert (t.batch_size, t.epochs, t.lr, t.max_steps) == (32, 10, 3e-3, 7)
+    assert (t.batch_size, t.epochs, t.lr, t.max_steps) == (32, 10, 1e-3, 7)
     assert (t.final_lr_ratio, t.log_every, t.seed) == (0.1, 5, 0)
     assert spec.task == "classification" and spec.num_classes == 10 and spec.output_names == ("logits",)
     assert spec.memory_estimate_mb == prepared_digits.validation["board_peak_estimate_mb"] > 0

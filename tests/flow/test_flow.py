@@ -158,7 +158,9 @@ def test_detector_with_its_loss_in_the_graph_completes(prepared_ssd_flow):
 
     version = next(v for v in stages.registry().versions("ssdlite-small", board) if v.name == out.version)
     assert version.info["decision"]["metric"] == "map50"
-    assert out.promoted == (cand["map50"] > base["map50"])
+    test = version.info["decision"]["significance"]  # a paired bootstrap over the test images
+    assert test["test"].startswith("paired bootstrap over 64 test images") and test["low"] <= test["high"]
+    assert out.promoted == (cand["map50"] > base["map50"] and test["low"] > 0)
     assert (version.path / "priors.npy").is_file() and (version.path / "model.onnx").is_file()
     report = _artifacts(run_id)[f"odl-report-ssdlite-small-{board}"].data
     for text in (
@@ -217,11 +219,15 @@ def test_rerun_is_judged_by_the_promotion_gate(promoted_run, flow_board, flow_ho
     decision = version.info["decision"]
     assert decision["reference_name"] == "v0001"
     assert decision["significance"]["test"] == "McNemar exact (one-sided)"
-    (rail,) = decision["guardrails"]
-    assert rail["rule"] == "loss" and rail["tolerance"] == 0.05
+    rails = {r["rule"]: r for r in decision["guardrails"]}
+    assert set(rails) == {"loss", "clean.accuracy"}  # the recipe's and the clean set's default guard
+    rail = rails["loss"]
+    assert rail["tolerance"] == 0.05 and rails["clean.accuracy"]["tolerance"] == 0.02
     cand, cur = out.metrics["candidate"], out.metrics["current"]
     assert rail["candidate"] == cand["loss"] and rail["reference"] == cur["loss"]
-    significant, holds = decision["significance"]["significant"], rail["holds"]
+    significant, holds = decision["significance"]["significant"], all(r["holds"] for r in rails.values())
     assert out.promoted == (cand["accuracy"] > cur["accuracy"] and significant and holds)
     report = _artifacts(run_id)[f"odl-report-digits-{board}"].data
-    assert "**Significance** (McNemar exact (one-sided))" in report and "| guardrail |" in report
+    assert "| gate check | verdict | figures |" in report
+    assert "| guardrail loss |" in report and "| guardrail clean.accuracy |" in report
+    assert version.info["reason"] in report  # the headline is the registry's reason, failing checks first

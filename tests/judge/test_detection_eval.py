@@ -91,3 +91,24 @@ def test_a_detection_test_set_needs_its_ground_truth(tmp_path):
     )
     with pytest.raises(EvaluationError, match="gt_labels has class 5"):
         detection_metrics(tmp_path / "m.onnx", tmp_path / "t.npz", DetectionSpec(CLASSES), tmp_path / "p.npy")
+
+
+def test_scores_are_checked_as_probabilities_and_logits_converted_or_refused():
+    """The ST detector's case: its ``confs`` output is raw logits, which the host took as probabilities."""
+    from tasks.judge.detection import class_probabilities
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 3, (2, 10, 4)).astype(np.float32)
+    probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    spec = DetectionSpec(classes=CLASSES, scores_output="confs")
+    assert class_probabilities(probs, spec) is probs  # probabilities pass unchanged
+    with pytest.raises(EvaluationError, match=r"detection.scores_output 'confs': expected class probabilities.*"
+                                              r'set \[detection\] scores = "logits"'):  # fmt: skip
+        class_probabilities(logits, spec)
+    # values in [0, 1] whose rows do not sum to 1 (independent sigmoids) are not softmax probabilities
+    with pytest.raises(EvaluationError, match="row sums in"):
+        class_probabilities(1 / (1 + np.exp(-logits)), spec)
+    as_logits = DetectionSpec(classes=CLASSES, scores_output="confs", scores="logits")
+    np.testing.assert_allclose(class_probabilities(logits, as_logits), probs, rtol=1e-5, atol=1e-7)
+    with pytest.raises(EvaluationError, match="a second softmax would flatten them"):
+        class_probabilities(probs, as_logits)

@@ -19,36 +19,40 @@ def model(tmp_path):
 
 
 def test_decide_higher_and_lower_is_better():
-    rule = PromotionSpec(metric="accuracy", min_gain=0.01)
+    rule = PromotionSpec(significance=None, metric="accuracy", min_gain=0.01)
     assert decide({"accuracy": 0.80}, {"accuracy": 0.70}, rule, "base").promote
     d = decide({"accuracy": 0.705}, {"accuracy": 0.70}, rule, "base")
     assert not d.promote and d.gain == pytest.approx(0.005) and "does not beat" in d.reason
-    loss_rule = PromotionSpec(metric="loss", min_gain=0.0)
+    loss_rule = PromotionSpec(significance=None, metric="loss", min_gain=0.0)
     assert decide({"loss": 0.3}, {"loss": 0.5}, loss_rule, "v0001").promote
     assert not decide({"loss": 0.6}, {"loss": 0.5}, loss_rule, "v0001").promote
     assert not decide({"loss": 0.5}, {"loss": 0.5}, loss_rule, "v0001").promote  # equal is not a gain
 
 
 def test_decide_on_loss_names_its_kind_and_refuses_mixed_kinds():
-    rule = PromotionSpec(metric="loss", min_gain=0.0)
+    rule = PromotionSpec(significance=None, metric="loss", min_gain=0.0)
     d = decide({"loss": 0.3, "loss_kind": "l1"}, {"loss": 0.5, "loss_kind": "l1"}, rule, "v0001")
-    assert d.promote and d.metric == "loss" and d.reason.startswith("loss (l1) 0.3000 vs 0.5000 (v0001)")
-    assert decide({"loss": 0.3}, {"loss": 0.5}, rule, "base").reason.startswith("loss 0.3000")
+    assert (
+        d.promote
+        and d.metric == "loss"
+        and d.reason.startswith("ok min_gain: loss (l1) 0.3000 vs 0.5000 (v0001)")
+    )
+    assert decide({"loss": 0.3}, {"loss": 0.5}, rule, "base").reason.startswith("ok min_gain: loss 0.3000")
     with pytest.raises(RegistryError, match="the candidate's loss is l1 but v0001's is mse"):
         decide({"loss": 0.3, "loss_kind": "l1"}, {"loss": 0.5, "loss_kind": "mse"}, rule, "v0001")
-    acc = PromotionSpec(metric="accuracy")
+    acc = PromotionSpec(significance=None, metric="accuracy")
     assert decide({"accuracy": 0.9, "loss_kind": "l1"}, {"accuracy": 0.8, "loss_kind": "mse"}, acc, "base")
 
 
 def test_decide_names_a_missing_metric():
     with pytest.raises(RegistryError, match="promotion.metric 'f1'"):
-        decide({"accuracy": 0.8}, {"accuracy": 0.7}, PromotionSpec(metric="f1"), "base")
+        decide({"accuracy": 0.8}, {"accuracy": 0.7}, PromotionSpec(significance=None, metric="f1"), "base")
 
 
 def test_promote_then_reject_keeps_current_and_everything(tmp_path, model):
     reg = Registry(tmp_path / "reg")
     assert reg.current("digits", "vboard") is None
-    rule = PromotionSpec(metric="accuracy", min_gain=0.0)
+    rule = PromotionSpec(significance=None, metric="accuracy", min_gain=0.0)
     d1 = decide({"accuracy": 0.8}, {"accuracy": 0.5}, rule, "base")
     v1 = reg.record("digits", "vboard", model, {"accuracy": 0.8}, d1, info={"flow_run_id": "run-1"})
     assert v1.name == "v0001" and v1.promoted
@@ -74,7 +78,7 @@ def test_promote_then_reject_keeps_current_and_everything(tmp_path, model):
 
 def test_a_version_is_never_overwritten(tmp_path, model):
     reg = Registry(tmp_path)
-    rule = PromotionSpec()
+    rule = PromotionSpec(significance=None)
     for i in range(3):
         reg.record("r", "b", model, {"accuracy": i}, decide({"accuracy": i}, {"accuracy": -1}, rule, "base"))
     (reg.entry("r", "b") / "v0005").mkdir()  # a stray folder claimed by someone else

@@ -35,7 +35,7 @@ def _metrics(acc, loss):
 
 def _input(promote=True):
     base, cand = _metrics(0.46, 1.7), _metrics(0.83 if promote else 0.40, 0.6)
-    decision = decide(cand, base, PromotionSpec(metric="accuracy", min_gain=0.0), "base")
+    decision = decide(cand, base, PromotionSpec(metric="accuracy", min_gain=0.0, significance=None), "base")
     events = [SimpleNamespace(type="step", seq=i, data={"step": i, "loss": 2.0 / (i + 1)}) for i in range(10)]
     events.append(SimpleNamespace(type="epoch", seq=10, data={"epoch": 1}))
     return ReportInput(

@@ -137,7 +137,7 @@ def test_report_shows_the_trend_after_the_gate(registry):
         trend=points,
     )
     md = render_report(inp)
-    assert md.index("**Significance**") < md.index(HEADING) < md.index("## Before / after")
+    assert md.index("| gate check |") < md.index(HEADING) < md.index("## Before / after")
     assert "`accuracy` (higher is better) of 3 recorded candidates, 2 promoted; `v0003` is in service." in md
     assert "| version | accuracy | vs (reference) | verdict | in service |" in md
     assert "| v0001 | 0.8000 | 0.5000 (base) | promoted |  |" in md
@@ -154,8 +154,8 @@ def test_publish_reads_the_trend_from_the_registry(registry, monkeypatch):
     from tasks.prefect import publish
 
     monkeypatch.setattr(publish.stages, "registry", lambda: registry)
-    assert [p["in_service"] for p in publish.trend("digits", "vboard")] == [False, False, True]
-    assert publish.trend("digits", "otherboard") == []
+    assert [p["in_service"] for p in publish.trend("digits", "vboard")[0]] == [False, False, True]
+    assert publish.trend("digits", "otherboard") == ([], [])
     (registry.entry("digits", "vboard") / "v0002" / "metrics.json").write_text("{not json")
     with pytest.raises(RegistryError, match="unreadable version"):
         publish.trend("digits", "vboard")

@@ -51,7 +51,7 @@ def test_l1_recipe_is_evaluated_and_promoted_on_its_l1_loss(tmp_path, monkeypatc
     decision = promotion.decision
     assert decision.candidate == ev.test["candidate"]["mae"]
     assert decision.reference == ev.test["current"]["mae"]  # the current version re-scored on l1
-    assert decision.reason.startswith("loss (l1) ")
+    assert "min_gain: loss (l1) " in decision.reason
     assert reg.versions(recipe.name, BOARD)[-1].metrics["loss_kind"] == "l1"
 
 
@@ -77,7 +77,11 @@ def test_embedded_recipe_is_evaluated_on_its_eval_graph_loss(prepared_embedded, 
     decision = stages.promote(
         recipe, BOARD, ev, candidate, prepared_embedded, {}, Registry(tmp_path / "registry")
     ).decision
-    assert decision.reason.startswith("loss (embedded) ") and decision.candidate == cand["loss"]
+    assert (
+        "ok min_gain: loss (embedded) " in decision.reason
+        and "ok significance: paired bootstrap" in decision.reason
+        and decision.candidate == cand["loss"]
+    )
 
 
 def test_an_int8_model_that_does_not_hold_up_blocks_promotion(tmp_path, monkeypatch):
@@ -107,4 +111,6 @@ def test_an_int8_model_that_does_not_hold_up_blocks_promotion(tmp_path, monkeypa
     blocked = stages.promote(recipe, BOARD, stages.Evaluation(ev.reference, ev.sets, {**ev.int8, "verdict": failing}),
                              candidate, prep, {}, reg)  # fmt: skip
     assert not blocked.decision.promote
-    assert "beats" in blocked.decision.reason and "but int8 accuracy 0.1" in blocked.decision.reason
+    assert "beats" in blocked.decision.reason and blocked.decision.reason.startswith(
+        "FAIL int8 model: int8 accuracy 0.1"
+    )
