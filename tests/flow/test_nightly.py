@@ -44,7 +44,7 @@ def _fresh_board_folders(board) -> None:
         conn.close()
 
 
-def test_nightly_cycles_promote_reject_rollout_and_rollback(prefect_harness, flow_home, flow_board):
+def test_nightly_cycles_promote_reject_rollout_and_rollback(prefect_harness, flow_home, flow_board, capsys):
     from tasks import stages
     from tasks.recipe.load import load_recipe
 
@@ -103,8 +103,23 @@ def test_nightly_cycles_promote_reject_rollout_and_rollback(prefect_harness, flo
     assert v2.info["start_from"]["from"] == v1.name
     assert v2.info["board_data"]["new"] == ["shard-0003.npz"]
     assert not out2.promoted
-    reason = v2.info["reason"]
-    assert "McNemar" in reason and ("not significant" in reason or "does not beat" in reason), reason
+    reason = v2.info["reason"]  # one story: the failing checks first, in the registry, report and CLI
+    failing = [c["name"] for c in v2.info["decision"]["checks"] if not c["holds"]]
+    assert failing and reason.startswith(f"FAIL {failing[0]}: ") and "McNemar" in reason, reason
+    assert all(f"FAIL {name}: " in reason for name in failing)
+    assert reason in reports[v2.name]
+    capsys.readouterr()
+    assert _odl("registry", "digits_nightly", board.name) == 0
+    assert f"{v2.name}  rejected  run {v2.info['flow_run_id']}  {reason}" in capsys.readouterr().out
+    # what each night still knows of the earlier shards (held-out parts), BWT and forgetting
+    report = reports[v2.name]
+    assert "## What each night still knows (continual learning)" in report
+    assert (
+        "| night | promoted | new shards | shard-0001 | shard-0002 | shard-0003 | BWT | forgetting |"
+        in report
+    )
+    assert f"| {v2.name} | no | shard-0003 | " in report and f"| {v1.name} | yes | shard-0002 | " in report
+    assert set(v2.metrics["heldout"]) == {"shard-0001", "shard-0002", "shard-0003"}
     assert reg.current("digits_nightly", board.name).name == v1.name
     assert _board_models(board)["current"]["version"] == v1.name  # the board kept serving v1
 
