@@ -13,15 +13,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
 export ODL_HOME=${ODL_HOME:-$PWD/.odl}
-PORT=${ODL_PREFECT_PORT:-4200}
+PORT_ARGS=()  # the stack picks this home's port (4200 when free) unless ODL_PREFECT_PORT says one
+if [ -n "${ODL_PREFECT_PORT:-}" ]; then PORT_ARGS=(--port "$ODL_PREFECT_PORT"); fi
 BOARD=${ODL_BOARD:-vboard}
 FLEET_PREFIX=${ODL_FLEET_PREFIX:-lab}   # the fleet demo's boards: lab1 .. lab4
 
 stack_env() {  # the environment tasks.stack.server gives every process of the stack
-  eval "$("$BIN/python" - "$PORT" <<'PY'
-import shlex, sys
+  eval "$("$BIN/python" - <<'PY'
+import shlex
 from tasks.stack.server import stack_env
-env = stack_env(port=int(sys.argv[1]))
+env = stack_env()  # the port, database and address `odl stack up` recorded for this ODL_HOME
 for k in ("ODL_HOME", "ODL_PROJECT_ROOT", "ODL_TIMEZONE", "PREFECT_HOME", "PREFECT_API_URL",
           "PREFECT_SERVER_ANALYTICS_ENABLED", "DO_NOT_TRACK", "PREFECT_LOGGING_EXTRA_LOGGERS"):
     print(f"export {k}={shlex.quote(env[k])}")
@@ -33,7 +34,7 @@ case "${1:-up}" in
   up)
     # an STM32MP25 in RAM (4 GB cap), CPUs (2) and speed (0.25 CPU: two Cortex-A35), kernel-enforced
     "$BIN/odl" board up --name "$BOARD" --profile stm32mp25
-    "$BIN/odl" stack up --port "$PORT"
+    "$BIN/odl" stack up "${PORT_ARGS[@]}"
     stack_env
     start=$(date +%s)
     "$BIN/prefect" --no-prompt deployment run odl/full --param "params={\"board\": \"$BOARD\"}" \
@@ -43,12 +44,12 @@ case "${1:-up}" in
     "$BIN/odl" report digits "$BOARD"
     "$BIN/odl" registry digits "$BOARD"
     echo
-    echo "Prefect UI: http://127.0.0.1:$PORT  (Runs > the latest 'odl' run > Artifacts: report, progress, epochs)"
+    echo "Prefect UI: ${PREFECT_API_URL%/api}  (Runs > the latest 'odl' run > Artifacts: report, progress, epochs)"
     echo "Everything keeps running; stop it with: make down"
     ;;
   nightly)  # nightly continual learning: one shard appended on the board before each run
     "$BIN/odl" board up --name "$BOARD" --profile stm32mp25
-    "$BIN/odl" stack up --port "$PORT"
+    "$BIN/odl" stack up "${PORT_ARGS[@]}"
     stack_env
     "$BIN/python" -c "from tasks.recipe.load import load_recipe; from tasks import stages; \
 stages.prepare_data(load_recipe('recipes/digits_nightly.toml'))"
@@ -97,7 +98,7 @@ PY
       "$BIN/odl" data push "$b" "recipes/data/digits-fleet/boards-4/board-$i.npz" --to datasets/digits
     done
     "$BIN/odl" board group lab "${FLEET_PREFIX}1" "${FLEET_PREFIX}2" "${FLEET_PREFIX}3" "${FLEET_PREFIX}4"
-    "$BIN/odl" stack up --port "$PORT"
+    "$BIN/odl" stack up "${PORT_ARGS[@]}"
     stack_env
     "$BIN/prefect" --no-prompt deployment run odl/fleet --watch --watch-timeout 1800 \
       --param 'params={"recipe": "recipes/digits_fleet.toml", "group": "lab"}' || true
@@ -114,7 +115,7 @@ for rec in json.loads(runs[-1].read_text())["rounds"]:
           f"{rec['bytes_up']} B up, {rec['bytes_down']} B down")
 PY
     "$BIN/odl" registry digits_fleet lab
-    echo "Prefect UI: http://127.0.0.1:$PORT  (Runs > the latest fleet-lab run > Artifacts: the fleet report)"
+    echo "Prefect UI: ${PREFECT_API_URL%/api}  (Runs > the latest fleet-lab run > Artifacts: the fleet report)"
     ;;
   down)
     "$BIN/odl" stack down

@@ -25,7 +25,7 @@ from prefect.futures import wait
 from prefect.runtime import flow_run
 from prefect.states import Completed
 from prefect.task_runners import ThreadPoolTaskRunner
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from tasks import stages
 from tasks.board.inventory import BOARD_NAME_PATTERN, get_group
@@ -33,6 +33,7 @@ from tasks.fleet.rounds import FleetRun, check_fleet
 from tasks.judge.report import gate_md
 from tasks.prefect import fleet as ft
 from tasks.prefect import tasks as pt
+from tasks.prefect.params import StrictParams
 from tasks.recipe.extras import DeadlineS, FleetStrategy, MinBoards, Rounds
 from tasks.recipe.load import load_recipe
 from tasks.recipe.training import Epochs, LearningRate
@@ -40,7 +41,7 @@ from tasks.recipe.training import Epochs, LearningRate
 log = logging.getLogger(__name__)
 
 
-class FleetParams(BaseModel):
+class FleetParams(StrictParams):
     """Parameters of a fleet run (the form the Prefect UI shows for deployment ``odl/fleet``)."""
 
     recipe: str = Field("recipes/digits_fleet.toml", description="recipe TOML (relative to the project root)")

@@ -20,7 +20,7 @@ from prefect import flow
 from prefect.concurrency.sync import concurrency
 from prefect.runtime import flow_run
 from prefect.states import Completed
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from tasks import stages
 from tasks.board.inventory import BOARD_NAME_PATTERN, get_board
@@ -28,6 +28,7 @@ from tasks.judge.report import report_key
 from tasks.paths import state_dir
 from tasks.prefect import tasks as pt
 from tasks.prefect.limits import ensure_board_limit
+from tasks.prefect.params import StrictParams
 from tasks.prefect.publish import publish, report_input
 from tasks.recipe.extras import MinGain
 from tasks.recipe.load import load_recipe
@@ -36,7 +37,7 @@ from tasks.recipe.training import BatchSize, Epochs, LearningRate
 log = logging.getLogger(__name__)
 
 
-class OdlParams(BaseModel):
+class OdlParams(StrictParams):
     """Parameters of a run (the form the Prefect UI shows for deployment ``odl/full``)."""
 
     recipe: str = Field(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 from pathlib import Path
 
 from tasks.paths import odl_home
@@ -21,19 +22,27 @@ def cmd_stack(args: argparse.Namespace) -> int:
     if args.action == "up":
         if args.workers < 1:
             raise StackError(f"--workers {args.workers}: at least one worker")
-        env = server.stack_env(port=args.port, db=args.db, pg_port=args.pg_port, host=args.host)
+        port = args.port or server.choose_port()
+        env = server.stack_env(port=port, db=args.db, pg_port=args.pg_port, host=args.host)
         pids = server.up(env, workers=args.workers)
         print(", ".join(f"{name} pid {pid}" for name, pid in pids.items()) + f"; database {database(env)}")
         print(f"UI: {env['PREFECT_API_URL'].removesuffix('/api')}   (stop with: odl stack down)")
         return 0
-    env = server.stack_env(port=args.port)  # the database and address up last used for this ODL_HOME
+    env = server.stack_env(port=args.port)  # the port, database and address up last used for this ODL_HOME
     if args.action == "deploy":
         server.deploy(env)
         print("deployed deploy/prefect.yaml (odl/full)")
     elif args.action == "down":
         stopped = server.down()
         print("stopped: " + (", ".join(stopped) or "nothing was running"))
+    elif args.action == "env":  # eval "$(odl stack env)": the prefect CLI then talks to this home's server
+        for key in ("ODL_HOME", "PREFECT_HOME", "PREFECT_API_URL"):
+            print(f"export {key}={shlex.quote(env[key])}")
     else:
+        print(f"server: {env['PREFECT_API_URL'].removesuffix('/api')}")
+        foreign = server.foreign_server(env)
+        if foreign:
+            print(foreign)
         print(f"database: {database(env)}")
         for name, pid in server.status().items():
             print(f"{name}: {'running, pid ' + str(pid) if pid else 'not running'}")
@@ -65,9 +74,12 @@ def prefect_api() -> str:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     if "PREFECT_API_URL" in os.environ:
         return os.environ["PREFECT_API_URL"]
-    if server.api_healthy(env):
+    if server.is_ours(env):  # this home's stack, by its identity: never another checkout's server
         os.environ["PREFECT_API_URL"] = env["PREFECT_API_URL"]
         return f"the local stack's server ({env['PREFECT_API_URL'].removesuffix('/api')})"
+    foreign = server.foreign_server(env)
+    if foreign:
+        print(foreign)
     db_url = env.get("PREFECT_API_DATABASE_CONNECTION_URL")
     if db_url and running_pid(Path(env["ODL_HOME"]), "postgres"):  # the stack's PostgreSQL
         os.environ.setdefault("PREFECT_API_DATABASE_CONNECTION_URL", db_url)

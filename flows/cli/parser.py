@@ -60,8 +60,14 @@ def add_flow(sub: Sub) -> None:
     """``odl stack | flow | evaluate | registry | report`` (areas ``home``, ``run`` and ``nightly``)."""
     stack = _command(sub, "stack", "home", "cmd_stack",
                      help="local Prefect server + work pool + deployment + worker(s)")  # fmt: skip
-    stack.add_argument("action", choices=["up", "down", "status", "deploy"])
-    stack.add_argument("--port", type=int, default=4200, help="server port (default 4200)")
+    stack.add_argument("action", choices=["up", "down", "status", "deploy", "env"],
+                       help="env: print `export PREFECT_API_URL=...` lines for this home's stack (eval them)")  # fmt: skip
+    stack.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="server port (default: the one this ODL_HOME's stack last used, else 4200 if free, else any free port)",
+    )
     stack.add_argument("--db", choices=["sqlite", "postgres"],
                        help="up: the server's database (default: the one up last used here, else sqlite)")  # fmt: skip
     stack.add_argument("--workers", type=int, default=1, help="up: process workers on odl-pool (default 1)")

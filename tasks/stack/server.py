@@ -19,7 +19,9 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 
 from tasks.paths import PROJECT_ROOT, odl_home
@@ -50,8 +52,12 @@ def stack_config(home: Path | None = None) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+DEFAULT_PORT = 4200
+IDENTITY_VARIABLE = "odl_stack_identity"  # a Prefect variable: which project home a server belongs to
+
+
 def stack_env(
-    port: int = 4200,
+    port: int | None = None,
     home: Path | None = None,
     db: str | None = None,
     pg_port: int | None = None,
@@ -59,10 +65,11 @@ def stack_env(
 ) -> dict[str, str]:
     """Environment for every process of the stack (server, CLI, worker and its flow runs).
 
-    ``db``, ``pg_port`` and ``host`` (the address the server listens on) default to what ``up`` last
-    used for ``home`` (:func:`stack_config`), else sqlite, 5433 and 127.0.0.1."""
+    ``port``, ``db``, ``pg_port`` and ``host`` (the address the server listens on) default to what
+    ``up`` last used for ``home`` (:func:`stack_config`), else 4200, sqlite, 5433 and 127.0.0.1."""
     home = Path(home) if home else odl_home()
     config = stack_config(home)
+    port = port or int(config.get("port") or DEFAULT_PORT)
     db = db or config.get("db", "sqlite")
     if db not in DATABASES:
         raise StackError(f"unknown database {db!r} for the Prefect server: one of {', '.join(DATABASES)}")
@@ -105,6 +112,80 @@ def api_healthy(env: dict[str, str]) -> bool:
             return json.loads(resp.read() or b"false") is True
     except (OSError, ValueError):
         return False
+
+
+def _api(env: dict[str, str], method: str, path: str, body: dict | None = None) -> object:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(
+        env["PREFECT_API_URL"] + path, data=data, method=method, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        raw = resp.read()
+    return json.loads(raw) if raw else None
+
+
+def server_owner(env: dict[str, str]) -> dict | None:
+    """What the server at ``PREFECT_API_URL`` says it belongs to (``{"identity", "home"}``, the
+    variable :func:`up` sets), or None: no server, or one that no ODL stack started."""
+    try:
+        found = _api(env, "GET", f"/variables/name/{IDENTITY_VARIABLE}")
+    except (OSError, ValueError):
+        return None
+    value = found.get("value") if isinstance(found, dict) else None
+    return value if isinstance(value, dict) else None
+
+
+def is_ours(env: dict[str, str]) -> bool:
+    """Whether the healthy server at ``PREFECT_API_URL`` is this project home's stack (identity check)."""
+    mine = stack_config(Path(env["ODL_HOME"])).get("identity")
+    owner = server_owner(env) if mine and api_healthy(env) else None
+    return bool(owner) and owner.get("identity") == mine
+
+
+def foreign_server(env: dict[str, str]) -> str | None:
+    """One line when a server answers at ``PREFECT_API_URL`` that is not this home's stack, else None."""
+    if not api_healthy(env) or is_ours(env):
+        return None
+    owner = server_owner(env)
+    whose = f"the project home {owner.get('home')}" if owner else "no ODL stack of this home"
+    return (
+        f"the Prefect server at {env['PREFECT_API_URL'].removesuffix('/api')} belongs to {whose}, "
+        f"not to {env['ODL_HOME']}: not used"
+    )
+
+
+def _claim(env: dict[str, str], identity: str) -> None:
+    """Mark the server as this home's (the identity variable), replacing a stale mark of this home."""
+    value = {"identity": identity, "home": env["ODL_HOME"]}
+    try:
+        _api(env, "POST", "/variables/", {"name": IDENTITY_VARIABLE, "value": value})
+    except urllib.error.HTTPError as exc:
+        if exc.code != 409:
+            raise StackError(f"cannot mark the Prefect server as this home's: {exc}") from exc
+        _api(env, "PATCH", f"/variables/name/{IDENTITY_VARIABLE}", {"value": value})
+
+
+def free_port(preferred: int = DEFAULT_PORT) -> int:
+    """``preferred`` when nothing listens there, else a free port."""
+    for port in (preferred, 0):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
+    raise StackError("no free TCP port on 127.0.0.1")
+
+
+def choose_port(home: Path | None = None) -> int:
+    """The port for this home's server: the one it runs on, else the one it last used or 4200 when
+    free, else any free port (another home's server, or anything else, may hold it)."""
+    home = Path(home) if home else odl_home()
+    config = stack_config(home)
+    preferred = int(config.get("port") or DEFAULT_PORT)
+    if running_pid(home, "prefect-server") is not None and config.get("port"):
+        return preferred
+    return free_port(preferred)
 
 
 def start_server(env: dict[str, str], timeout: float = 120.0) -> int:
@@ -189,13 +270,19 @@ def up(env: dict[str, str], workers: int = 1) -> dict[str, int]:
         raise StackError(f"the stack of {home} runs on {was}: `odl stack down` first to switch to {db}")
     pg_port = int(env.get("ODL_PG_PORT") or 0) or None
     home.mkdir(parents=True, exist_ok=True)
-    config = {"db": db, "host": env["PREFECT_SERVER_API_HOST"], "pg_port": pg_port}
+    identity = stack_config(home).get("identity") or uuid.uuid4().hex
+    port = int(env["PREFECT_SERVER_API_PORT"])
+    config = {"db": db, "host": env["PREFECT_SERVER_API_HOST"], "pg_port": pg_port, "port": port,
+              "identity": identity, "url": env["PREFECT_API_URL"].removesuffix("/api")}  # fmt: skip
     (home / "stack.json").write_text(json.dumps(config) + "\n")  # first: down stops what starts here
+    if running_pid(home, "prefect-server") is None and api_healthy(env):
+        raise StackError(foreign_server(env) or f"port {port} is taken")
     pids = {}
     if db == "postgres":
         pids["postgres"] = postgres.start(home, pg_port)
         env["PREFECT_API_DATABASE_CONNECTION_URL"] = postgres.connection_url(home, pg_port)
     pids["prefect-server"] = start_server(env)
+    _claim(env, identity)
     deploy(env)
     for n in range(1, workers + 1):
         pids[worker_service(n)] = start_worker(env, service=worker_service(n))

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from tasks.errors import BoardError
+from tasks.vboard.owner import machine_name
 
 ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
 V1 = {"cpu": Path("/sys/fs/cgroup/cpu"), "memory": Path("/sys/fs/cgroup/memory")}
@@ -40,9 +41,9 @@ def cgroup_dir(name: str, controller: str = "cpu") -> Path:
     """Where board ``name``'s cgroup for ``controller`` (cpu or memory) lives: v2, else v1."""
     root = _v2_root(controller)
     if root is not None:
-        return root / f"odl-vboard-{name}"
+        return root / f"odl-vboard-{machine_name(name)}"
     if (V1[controller] / V1_PROBE[controller]).is_file():
-        return V1[controller] / f"odl-vboard-{name}"
+        return V1[controller] / f"odl-vboard-{machine_name(name)}"
     raise BoardError(
         f"virtual board: no writable cgroup {controller} controller (neither cgroup v2 nor v1 "
         f"{V1[controller]}); run as root on a host that delegates the {controller} controller"

@@ -1,6 +1,6 @@
 """A virtual board on this machine: a private sshd for an unprivileged user, like a real board.
 
-``board_up`` creates (idempotently) the user ``odl-NAME`` with a key-only login, a board-like
+``board_up`` creates (idempotently) the user ``odl-NAME-TAG`` (TAG: the project home's, :mod:`tasks.vboard.owner`) with a key-only login, a board-like
 Python env (numpy + onnxruntime-training-cpu, from :func:`tasks.vboard.venv.ensure_board_venv`), a
 private sshd with its own config and host key (pinned into ``$ODL_HOME/known_hosts``), in its own
 network namespace with its own address when ``ip netns`` works (else on loopback), and writes the
@@ -29,6 +29,7 @@ from tasks.errors import BoardError
 from tasks.paths import state_dir
 from tasks.vboard import cgroup
 from tasks.vboard import link as shaped
+from tasks.vboard.owner import unix_user
 from tasks.vboard.profiles import resolve
 from tasks.vboard.sshd import (
     ensure_sshd_installed,
@@ -88,12 +89,13 @@ def board_up(
     state = load_state(bdir)
     wanted = {**limits, "link": str(spec) if spec else None, "profile": profile, "env": dict(env or {})}
     alive = sshd_alive(bdir) and (not (spec and spec.delay_ms) or shaped.proxy_alive(state))
+    alive = alive and state.get("user") == unix_user(name)  # a board of before per-home names: renewed
     if alive and all((state.get(k) or ({} if k == "env" else None)) == v for k, v in wanted.items()):
         log.info("virtual board %s already up at %s:%s", name, state["host"], state["port"])
         return _board_entry(name, state)
     board_down(name)
     ensure_sshd_installed()
-    user = f"odl-{name}"
+    user = unix_user(name)
     home = _ensure_user(user)
     key = _ensure_key(bdir / "id_ed25519", f"odl-host@{name}")
     _authorize(user, home, key.with_suffix(".pub"))
@@ -127,7 +129,7 @@ def board_down(name: str, *, purge: bool = False) -> dict[str, Any]:
     if state.get("proxy"):
         shaped.stop(bdir, state)
     if purge:
-        user = f"odl-{name}"
+        user = state.get("user") or unix_user(name)
         _kill_user_processes(user)
         subprocess.run(["userdel", "-r", user], capture_output=True, check=False)
         unpin_host_key(state.get("host"), state.get("port"))

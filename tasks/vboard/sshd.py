@@ -18,6 +18,7 @@ from typing import Any
 
 from tasks.errors import BoardError
 from tasks.paths import odl_home
+from tasks.vboard.owner import machine_name
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +62,8 @@ def network(name: str, use_netns: bool) -> dict[str, Any]:
 
 
 def make_netns(name: str) -> dict[str, Any]:
-    ns = f"odl-{name}"
-    k = free_subnet(name)
+    ns = f"odl-{machine_name(name)}"  # this project home's board: another home's vboard has its own
+    k = free_subnet(machine_name(name))
     vh, vb = f"odl{k}h", f"odl{k}b"
     host_ip, board_ip = f"{SUBNET}.{k}.1", f"{SUBNET}.{k}.2"
     sh(["ip", "netns", "add", ns])

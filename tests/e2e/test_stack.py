@@ -88,3 +88,26 @@ def test_report_renders_in_the_prefect_ui(prefect_stack, deployment_run, virtual
     assert "ODL run:" in dom and "Before / after on the host test set" in dom, dom[-1500:]
     assert "data:image/png;base64" in dom
     assert Path(shot).stat().st_size > 10_000
+
+
+def test_a_mistyped_parameter_is_refused_before_anything_starts(prefect_stack):
+    """The issue's case: `--param 'params={"epoch": 3}'` trained the default 10 epochs. The server
+    now refuses the run at creation (the deployment's parameter schema), naming the key, the close
+    match and the allowed keys; no flow run is created."""
+    from tasks.stack import StackError
+    from tasks.stack.server import prefect_cli
+
+    before = len(_api(prefect_stack, "/flow_runs/filter", {"limit": 200}))
+    for param, field, expected in (
+        ('params={"epoch": 3}', "params.epoch", "did you mean epochs?"),
+        ('params={"bord": "vboard"}', "params.bord", "did you mean board?"),
+        ('params={"colour": 1}', "params.colour", "a known parameter"),
+        ('params={"epochs": "many"}', "params.epochs", "is not valid"),
+    ):
+        with pytest.raises(StackError) as err:
+            prefect_cli(prefect_stack, "deployment", "run", "odl/full", "--param", param, timeout=120)
+        text = " ".join(str(err.value).split())
+        assert f"Validation failed for field '{field}'" in text and expected in text, text
+        if "known" in expected or "mean" in expected:
+            assert "(allowed: batch_size, board, epochs, lr, overrides, promotion_min_gain, recipe)" in text
+    assert len(_api(prefect_stack, "/flow_runs/filter", {"limit": 200})) == before

@@ -1,0 +1,64 @@
+"""Flow parameters that refuse what they do not know: a mistyped key fails the run before anything
+starts, naming the key, the closest known one and all of them (as recipe keys do).
+
+Pydantic's ``extra="forbid"`` puts ``additionalProperties: false`` into the parameter schema a
+deployment stores, so a Prefect server that enforces the schema refuses the run at creation
+(``prefect deployment run ... --param``); the before-validator gives the same refusal, with its
+suggestion, wherever the model is built in-process (``odl flow``, a flow called from Python)."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+
+def unknown_parameter(key: str, allowed: list[str], where: str) -> str:
+    """One line for an unknown ``key``: the closest allowed one and every allowed key."""
+    close = difflib.get_close_matches(key, allowed, n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return f"{where}: unknown parameter {key!r} ({hint}allowed: {', '.join(sorted(allowed))})"
+
+
+def near_misses(key: str) -> list[str]:
+    """Regular expressions of every name one edit away from ``key`` (a character dropped, added,
+    changed, or two swapped): the typos a schema can answer with "did you mean <key>?"."""
+    k = [re.escape(c) for c in key]
+    out = {"".join(k[:i] + k[i + 1 :]) for i in range(len(k))}
+    out |= {"".join(k[:i] + ["."] + k[i + 1 :]) for i in range(len(k))}
+    out |= {"".join(k[:i] + ["."] + k[i:]) for i in range(len(k) + 1)}
+    out |= {"".join(k[:i] + [k[i + 1], k[i]] + k[i + 2 :]) for i in range(len(k) - 1)}
+    return sorted(o for o in out if o)
+
+
+def _strict_schema(schema: dict[str, Any], model: type[BaseModel]) -> None:
+    """The parameter schema a deployment stores: a key one edit away from a known one fails with
+    "did you mean <known>?", any other unknown key with the list of known ones (the server's
+    message quotes the ``const`` it expected), known keys never match either rule."""
+    allowed = sorted(model.model_fields)
+    listing = f"(allowed: {', '.join(allowed)})"
+    known = "|".join(re.escape(a) for a in allowed)
+    patterns = {
+        f"^(?!(?:{known})$)(?:{'|'.join(near_misses(a))})$": {"const": f"did you mean {a}? {listing}"}
+        for a in allowed
+    }
+    schema["patternProperties"] = patterns
+    schema["additionalProperties"] = {"const": f"a known parameter {listing}"}
+
+
+class StrictParams(BaseModel):
+    """A flow's parameters: unknown keys are refused, with a close match suggested."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_strict_schema)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            allowed = list(cls.model_fields)
+            for key in data:
+                if key not in allowed:
+                    raise ValueError(unknown_parameter(str(key), allowed, f"{cls.__name__} parameters"))
+        return data
