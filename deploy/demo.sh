@@ -2,12 +2,12 @@
 # The one-command demo (called by `make demo` after `make install`; `deploy/demo.sh down` for `make down`).
 #   up:   virtual board "vboard" (profile stm32mp25) -> Prefect server (SQLite under $ODL_HOME/prefect, telemetry off)
 #         -> work pool odl-pool -> deployment odl/full (deploy/prefect.yaml) -> process worker
-#         -> `prefect deployment run odl/full --watch` -> summary + UI address. Leaves it all running.
+#         -> `odl watch odl/full` (creates the run, prints its stages, training and verdict) -> UI address.
 #   nightly: the same stack, then three nights of recipes/digits_nightly.toml: each appends a shard to
 #         the board's dataset folder (odl data push) and runs odl/full (warm start, new + replayed data,
 #         the gate, rollout to the board).
 #   fleet: four virtual boards lab1..lab4 (0.5 CPU each), each with its own non-IID share of the digits,
-#         group "lab", then `prefect deployment run odl/fleet`: three FedAvg rounds, the gate, rollout.
+#         group "lab", then `odl watch odl/fleet`: three FedAvg rounds, the gate, rollout.
 #   down: stops the worker, the server (by the pids under $ODL_HOME/run) and the board; keeps the data.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,14 +37,9 @@ case "${1:-up}" in
     "$BIN/odl" stack up "${PORT_ARGS[@]}"
     stack_env
     start=$(date +%s)
-    "$BIN/prefect" --no-prompt deployment run odl/full --param "params={\"board\": \"$BOARD\"}" \
-      --watch --watch-timeout 1800
-    echo
-    echo "== evaluation summary ($(( $(date +%s) - start )) s for the run) =="
-    "$BIN/odl" report digits "$BOARD"
-    "$BIN/odl" registry digits "$BOARD"
-    echo
-    echo "Prefect UI: ${PREFECT_API_URL%/api}  (Runs > the latest 'odl' run > Artifacts: report, progress, epochs)"
+    "$BIN/odl" watch odl/full --params "{\"board\": \"$BOARD\"}" --kind full
+    echo "($(( $(date +%s) - start )) s for the run; \`odl registry digits $BOARD\` lists the versions)"
+    echo "Prefect UI: ${PREFECT_API_URL%/api}  (Runs > the latest run > Artifacts: report, progress, epochs)"
     echo "Everything keeps running; stop it with: make down"
     ;;
   nightly)  # nightly continual learning: one shard appended on the board before each run
@@ -70,8 +65,8 @@ PY
     for shard in recipes/data/digits-nightly/shards/shard-000*.npz; do
       echo "== the board application appends $(basename "$shard") =="
       "$BIN/odl" data push "$BOARD" "$shard" --to datasets/digits
-      "$BIN/prefect" --no-prompt deployment run odl/full --watch --watch-timeout 1800 \
-        --param "params={\"recipe\": \"recipes/digits_nightly.toml\", \"board\": \"$BOARD\"}" || true
+      "$BIN/odl" watch odl/full --kind nightly \
+        --params "{\"recipe\": \"recipes/digits_nightly.toml\", \"board\": \"$BOARD\"}" || true
     done
     echo
     "$BIN/odl" registry digits_nightly "$BOARD"
@@ -100,8 +95,8 @@ PY
     "$BIN/odl" board group lab "${FLEET_PREFIX}1" "${FLEET_PREFIX}2" "${FLEET_PREFIX}3" "${FLEET_PREFIX}4"
     "$BIN/odl" stack up "${PORT_ARGS[@]}"
     stack_env
-    "$BIN/prefect" --no-prompt deployment run odl/fleet --watch --watch-timeout 1800 \
-      --param 'params={"recipe": "recipes/digits_fleet.toml", "group": "lab"}' || true
+    "$BIN/odl" watch odl/fleet --kind fleet \
+      --params '{"recipe": "recipes/digits_fleet.toml", "group": "lab"}' || true
     echo
     "$BIN/python" - <<'PY'
 import json, os

@@ -33,12 +33,14 @@ from tasks.fleet.rounds import FleetRun, check_fleet
 from tasks.judge.report import gate_md
 from tasks.prefect import fleet as ft
 from tasks.prefect import tasks as pt
-from tasks.prefect.params import StrictParams
+from tasks.prefect.logs import quiet_user_errors
+from tasks.prefect.params import StrictParams, parameter, run_name, run_tags, tag_run
 from tasks.recipe.extras import DeadlineS, FleetStrategy, MinBoards, Rounds
 from tasks.recipe.load import load_recipe
 from tasks.recipe.training import Epochs, LearningRate
 
 log = logging.getLogger(__name__)
+quiet_user_errors()  # our errors: one ERROR line in the run's logs, the traceback at DEBUG
 
 
 class FleetParams(StrictParams):
@@ -79,9 +81,12 @@ class FleetOutcome:
 
 
 def _run_name() -> str:
-    params = (flow_run.parameters or {}).get("params")
-    group = params.get("group") if isinstance(params, dict) else getattr(params, "group", None)
-    return f"fleet-{group or 'lab'}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """``<recipe>@<group>-<date>``, as ``make fleet`` names the run at creation."""
+    defaults = FleetParams()
+    recipe = Path(parameter("recipe", defaults.recipe)).expanduser()
+    return run_name(
+        recipe if recipe.is_absolute() else Path.cwd() / recipe, parameter("group", defaults.group)
+    )
 
 
 @flow(
@@ -96,6 +101,7 @@ def odl_fleet(params: FleetParams | None = None) -> FleetOutcome | None:
     run_id = str(flow_run.get_id() or f"local-{int(time.time())}")
     recipe = load_recipe(Path(p.recipe).expanduser().resolve(), p.recipe_overrides())
     boards = get_group(p.group)
+    tag_run(run_tags(Path(p.recipe).expanduser().resolve(), p.group, "fleet", fleet=True))
     check_fleet(recipe, boards)  # bad input stops here, before anything is built or sent
     pt.prepare_data(recipe)
     inp = stages.inputs(recipe)

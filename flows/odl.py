@@ -23,18 +23,21 @@ from prefect.states import Completed
 from pydantic import Field
 
 from tasks import stages
-from tasks.board.inventory import BOARD_NAME_PATTERN, get_board
+from tasks.board.inventory import BOARD_NAME_PATTERN, get_board, load_inventory
 from tasks.judge.report import report_key
 from tasks.paths import state_dir
+from tasks.prefect import boards
 from tasks.prefect import tasks as pt
 from tasks.prefect.limits import ensure_board_limit
-from tasks.prefect.params import StrictParams
+from tasks.prefect.logs import quiet_user_errors
+from tasks.prefect.params import StrictParams, parameter, run_name, run_tags, tag_run
 from tasks.prefect.publish import publish, report_input
 from tasks.recipe.extras import MinGain
 from tasks.recipe.load import load_recipe
 from tasks.recipe.training import BatchSize, Epochs, LearningRate
 
 log = logging.getLogger(__name__)
+quiet_user_errors()  # our errors: one ERROR line in the run's logs, the traceback at DEBUG
 
 
 class OdlParams(StrictParams):
@@ -80,13 +83,24 @@ class Outcome:
     timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds
 
 
-@flow(name="odl", log_prints=False)
+def _run_name() -> str:
+    """``<recipe>@<board>-<date>``, as ``make demo`` names the run at creation."""
+    defaults = OdlParams()
+    recipe = Path(parameter("recipe", defaults.recipe)).expanduser()
+    return run_name(
+        recipe if recipe.is_absolute() else Path.cwd() / recipe, parameter("board", defaults.board)
+    )
+
+
+@flow(name="odl", flow_run_name=_run_name, log_prints=False)
 def odl(params: OdlParams | None = None) -> Outcome | None:
     """Retrain a recipe's model on a board and promote it in the local registry if it is better."""
     p = params or OdlParams()
     run_id = str(flow_run.get_id() or f"local-{int(time.time())}")
     t: dict[str, float] = {}
     recipe = load_recipe(p.recipe_path(), p.recipe_overrides())
+    nightly = recipe.training.start_from == "current" or recipe.data.board_dataset is not None
+    tag_run(run_tags(p.recipe_path(), p.board, "nightly" if nightly else "full"))
     board = get_board(p.board)
     _, t["prepare data"] = pt.timed(pt.prepare_data, recipe)
     inp = stages.inputs(recipe)
@@ -134,6 +148,7 @@ def odl(params: OdlParams | None = None) -> Outcome | None:
         served = f"; serving on {board.name} (models/{recipe.name}/current.onnx)"
     lineage = {**info, "rollout": served.removeprefix("; ")}
     summary = publish(report_input(recipe, board.name, run_id, training, evaluation, promotion, t, lineage))
+    boards.publish_overview(sorted(load_inventory()), stages.registry())  # the fleet overview, refreshed
     test = evaluation.test
     outcome = Outcome(spec.job_id, run_dir, promotion.decision.promote, promotion.version, summary, test, t)
     # the runs list shows "Promoted" or "Not promoted" (a Completed state with that name) and why

@@ -55,6 +55,8 @@ def area_module(area: str) -> ModuleType:
             from flows.cli import board as module  # lazy: virtual boards, SSH transports, the agent
         case "nightly":
             from flows.cli import nightly as module  # lazy: the registry (numpy), the stages, board releases
+        case "watch":
+            from flows.cli import watch as module  # lazy: Prefect's client, to start and follow a run
         case "recipe":
             from flows.cli import recipe as module  # lazy: the recipe schema (pydantic)
         case _:

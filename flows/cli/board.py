@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import time
 
 from tasks.board.agent import install_agent
-from tasks.board.check import print_check
+from tasks.board.check import check_board, exit_code, report
+from tasks.board.check_items import FAIL, SKIPPED
 from tasks.board.inventory import get_board, inventory_path, load_groups, load_inventory, save_group
 from tasks.board.transport import connect
 from tasks.errors import BoardError
+from tasks.judge.registry import Registry
 from tasks.paths import odl_home
+from tasks.prefect import boards
+from tasks.stack import server
 from tasks.vboard.lifecycle import board_down, board_status, board_up
 
 
@@ -83,5 +89,30 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """``odl board check``: is a board ready (SSH, host key, python, ORT, agent, RAM, disk, clock)."""
-    return print_check(get_board(args.name), as_json=args.json)
+    """``odl board check [NAME | --all]``: is a board ready (SSH, host key, python, ORT, agent, RAM,
+    disk, clock). Each check is a heartbeat event on this home's Prefect server (when its stack is
+    up) and refreshes the fleet overview artifact ``odl-boards``."""
+    names = sorted(load_inventory()) if args.all else [args.name or "vboard"]
+    use_stack()
+    worst = 0
+    for name in names:
+        board = get_board(name)
+        start = time.monotonic()
+        checks = check_board(board)
+        print(json.dumps([c.to_dict() for c in checks], indent=2) if args.json
+              else report(board, checks, time.monotonic() - start))  # fmt: skip
+        found = {c.name: c for c in checks}
+        reachable = found["ssh"].status != FAIL
+        detail = {k: found[k].value for k in ("ram", "disk") if k in found and found[k].status != SKIPPED}
+        boards.heartbeat(board.name, reachable, detail)
+        worst = worst or exit_code(checks)
+    boards.publish_overview(sorted(load_inventory()), Registry(odl_home() / "registry"))
+    return worst
+
+
+def use_stack() -> None:
+    """Point Prefect at this home's stack when it runs (identity checked), so events and the
+    overview reach its UI; without one they are skipped."""
+    env = server.stack_env()
+    if "PREFECT_API_URL" not in os.environ and server.is_ours(env):
+        os.environ["PREFECT_API_URL"] = env["PREFECT_API_URL"]

@@ -107,6 +107,18 @@ def add_flow(sub: Sub) -> None:
     reg.add_argument("recipe")
     reg.add_argument("board", nargs="?", default="vboard")
 
+    watch = _command(sub, "watch", "watch", "cmd_watch",
+                     help="start a deployment run and follow it in a few lines (stages, training, verdict)")  # fmt: skip
+    watch.add_argument("deployment", nargs="?", default="odl/full", help="deployment (default odl/full)")
+    watch.add_argument(
+        "--params", default="{}", help='the run\'s params as JSON, e.g. \'{"board": "vboard"}\''
+    )
+    watch.add_argument("--recipe", default="recipes/digits.toml", help="the recipe when params names none")
+    watch.add_argument(
+        "--kind", default="full", choices=["full", "nightly", "fleet"], help="the run's kind tag"
+    )
+    watch.add_argument("--timeout", type=float, default=1800.0, help="seconds to follow the run")
+
     rep = _command(sub, "report", "home", "cmd_report",
                    help="print the summary of the last run of a recipe+board")  # fmt: skip
     rep.add_argument("recipe")
@@ -151,7 +163,8 @@ def add_board(sub: Sub) -> None:
     info.add_argument("name", nargs="?", default="vboard")
     check = _command(bsub, "check", "board", "cmd_check",
                      help="is a board ready? SSH, host key, python, numpy, ORT, agent, RAM, disk, clock")  # fmt: skip
-    check.add_argument("name", nargs="?", default="vboard")
+    check.add_argument("name", nargs="?", default=None, help="board name (default vboard)")
+    check.add_argument("--all", action="store_true", help="every board of the inventory")
     check.add_argument("--json", action="store_true", help="print the items as a JSON list")
 
 

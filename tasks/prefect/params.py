@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import difflib
 import re
+import tomllib
+from datetime import date
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
@@ -62,3 +65,48 @@ class StrictParams(BaseModel):
                 if key not in allowed:
                     raise ValueError(unknown_parameter(str(key), allowed, f"{cls.__name__} parameters"))
         return data
+
+
+def recipe_name(recipe: str | Path) -> str:
+    """The ``name`` a recipe file declares (its file stem when it cannot be read): what run names,
+    tags, the registry and reports call it."""
+    path = Path(recipe).expanduser()
+    try:
+        name = tomllib.loads(path.read_text()).get("name")
+    except (OSError, tomllib.TOMLDecodeError):
+        name = None
+    return name if isinstance(name, str) and name else path.stem
+
+
+def run_name(recipe: str | Path, target: str, day: date | None = None) -> str:
+    """A flow run's name, the same at creation (``make demo``) and in the flow:
+    ``digits@vboard-2026-11-25``; ``target`` is the board or the fleet's group."""
+    return f"{recipe_name(recipe)}@{target}-{(day or date.today()).isoformat()}"
+
+
+def run_tags(recipe: str | Path, target: str, kind: str, fleet: bool = False) -> list[str]:
+    """A flow run's tags: ``recipe:<name>``, ``board:<name>`` (``group:`` for a fleet), ``kind:<kind>``."""
+    return [f"recipe:{recipe_name(recipe)}", f"{'group' if fleet else 'board'}:{target}", f"kind:{kind}"]
+
+
+def tag_run(tags: list[str]) -> None:
+    """Add ``tags`` to the running flow run (kept with the ones it was created with); a no-op
+    outside a flow run."""
+    from prefect.client.orchestration import get_client  # Prefect only inside a flow run
+    from prefect.runtime import flow_run  # Prefect only inside a flow run
+
+    run_id = flow_run.get_id()
+    if not run_id:
+        return
+    have = list(flow_run.get_tags() or [])
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(run_id, tags=have + [t for t in tags if t not in have])
+
+
+def parameter(name: str, default: str) -> str:
+    """A field of the running flow's ``params`` parameter (a dict or the model), else ``default``."""
+    from prefect.runtime import flow_run  # Prefect only inside a flow run
+
+    params = (flow_run.parameters or {}).get("params")
+    value = params.get(name) if isinstance(params, dict) else getattr(params, name, None)
+    return str(value) if value else default

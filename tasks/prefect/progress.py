@@ -8,6 +8,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from device_agent.protocol import Event
+from tasks.prefect import boards
+
+JOB_EVENTS = {"started": "started", "epoch": "progress", "finished": "finished", "failed": "failed"}
 
 
 class Observer(Protocol):
@@ -74,6 +77,9 @@ class BoardProgress:
             self.percent = max(self.percent, 100.0 * data.get("epoch", 0) / self.epochs)
         if event.type != "step" or self.total_steps is None:
             get_run_logger().info("board %s: %s %s", self.board, event.type, _brief(data))
+        if event.type in JOB_EVENTS:
+            payload = {k: v for k, v in data.items() if isinstance(v, (int, float, str))}
+            boards.emit(f"odl.job.{JOB_EVENTS[event.type]}", self.board, payload)
         self._update(force=event.type in ("finished", "failed"))
 
     def _update(self, force: bool = False) -> None:

@@ -21,7 +21,8 @@ from prefect.cache_policies import CacheKeyFnPolicy
 
 from tasks import stages
 from tasks.board.inventory import Board
-from tasks.errors import NoNewData, should_retry
+from tasks.errors import DeviceUnreachable, NoNewData, should_retry
+from tasks.prefect import boards
 from tasks.prefect.progress import BoardProgress, terminal
 from tasks.prepare import Prepared
 from tasks.recipe.schema import Recipe
@@ -58,25 +59,25 @@ def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float
     return fn(*args, **kwargs), time.perf_counter() - t0
 
 
-@task(name="prepare data")
+@task(name="prepare data", task_run_name="prepare data")
 def prepare_data(recipe: Recipe) -> None:
     """Write the recipe's datasets (and base weights) when missing: [data].make, run once."""
     stages.prepare_data(recipe)
 
 
-@task(name="export", **_cached_step("export"), **RETRY)
+@task(name="export", task_run_name="export", **_cached_step("export"), **RETRY)
 def export(inp: stages.Inputs) -> Path:
     """Export the recipe's model to ONNX (training mode)."""
     return stages.export(inp)
 
 
-@task(name="generate artifacts", **_cached_step("artifacts"), **RETRY)
+@task(name="generate artifacts", task_run_name="generate artifacts", **_cached_step("artifacts"), **RETRY)
 def generate_artifacts(inp: stages.Inputs) -> dict[str, Any]:
     """Generate the ORT training artifacts and the manifest."""
     return stages.generate_artifacts(inp)
 
 
-@task(name="validate recipe", **_cached_step("validate"), **RETRY)
+@task(name="validate recipe", task_run_name="validate recipe", **_cached_step("validate"), **RETRY)
 def validate(inp: stages.Inputs) -> dict[str, Any]:
     """Dry-run the recipe on the host with the generated artifacts."""
     return stages.validate(inp)
@@ -84,8 +85,14 @@ def validate(inp: stages.Inputs) -> dict[str, Any]:
 
 @task(name="deploy", task_run_name="deploy to {board.name}", **RETRY)
 def deploy(board: Board, spec: Any, files: dict[str, Path]) -> stages.Deployment:
-    """Install/check the agent and upload the blobs the board lacks."""
-    return stages.deploy(board, spec, files, progress=terminal().upload)
+    """Install/check the agent and upload the blobs the board lacks (a heartbeat of the board)."""
+    try:
+        done = stages.deploy(board, spec, files, progress=terminal().upload)
+    except DeviceUnreachable:
+        boards.heartbeat(board.name, False)
+        raise
+    boards.heartbeat(board.name, True)
+    return done
 
 
 @task(name="train", task_run_name="train on {board.name}", **RETRY)
@@ -109,7 +116,7 @@ def retrieve(board: Board, training: stages.Training, out_dir: Path) -> stages.R
     return retrieved
 
 
-@task(name="evaluate")
+@task(name="evaluate", task_run_name="evaluate")
 def evaluate(
     recipe: Recipe,
     prep: Prepared,
@@ -122,7 +129,7 @@ def evaluate(
     return stages.evaluate(recipe, prep, candidate, reference, learnt)
 
 
-@task(name="promote")
+@task(name="promote", task_run_name="promote")
 def promote(
     recipe: Recipe,
     board: str,
@@ -132,7 +139,12 @@ def promote(
     info: dict[str, Any],
 ) -> stages.Promotion:
     """Record the candidate in the registry; it becomes current only if it beats the reference."""
-    return stages.promote(recipe, board, evaluation, candidate, prep, info)
+    done = stages.promote(recipe, board, evaluation, candidate, prep, info)
+    d = done.decision
+    boards.emit("odl.model.promoted" if d.promote else "odl.model.rejected", board,
+                {"recipe": recipe.name, "version": done.version, "metric": d.metric, "candidate": d.candidate,
+                 "reference": d.reference, "reference_name": d.reference_name, "reason": d.reason})  # fmt: skip
+    return done
 
 
 @task(name="board data", task_run_name="list data on {board.name}", **RETRY)
@@ -145,7 +157,7 @@ def board_data(recipe: Recipe, board: Board) -> Any:
         return str(exc)
 
 
-@task(name="warm start")
+@task(name="warm start", task_run_name="warm start")
 def warm_start(recipe: Recipe, prep: Prepared, board: str) -> Any:
     """The job's checkpoint from the model in service (``training.start_from = "current"``)."""
     return warm.warm_start(recipe, prep, board)
@@ -154,7 +166,9 @@ def warm_start(recipe: Recipe, prep: Prepared, board: str) -> Any:
 @task(name="rollout", task_run_name="rollout to {board.name}", **RETRY)
 def rollout(board: Board, recipe: str, version: str) -> Any:
     """Install the promoted version as the board's models/<recipe>/current, hash-verified."""
-    return nightly.rollout(board, recipe, version)
+    done = nightly.rollout(board, recipe, version)
+    boards.emit("odl.model.rolled-out", board.name, {"recipe": recipe, "version": version})
+    return done
 
 
 PREPARE_STEPS = {"export": export, "artifacts": generate_artifacts, "validate": validate}

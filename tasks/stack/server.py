@@ -26,6 +26,7 @@ from pathlib import Path
 
 from tasks.paths import PROJECT_ROOT, odl_home
 from tasks.stack import StackError, postgres
+from tasks.stack.automations import automations
 from tasks.stack.processes import running_pid, spawn, stop_service
 
 POOL = "odl-pool"
@@ -165,6 +166,18 @@ def _claim(env: dict[str, str], identity: str) -> None:
         _api(env, "PATCH", f"/variables/name/{IDENTITY_VARIABLE}", {"value": value})
 
 
+def install_automations(env: dict[str, str]) -> list[str]:
+    """Create (or replace, by name) the automations of :func:`tasks.prefect.boards.automations`."""
+    names = []
+    for body in automations():
+        found = _api(env, "POST", "/automations/filter", {"automations": {"name": {"any_": [body["name"]]}}})
+        for old in found or []:
+            _api(env, "DELETE", f"/automations/{old['id']}")
+        _api(env, "POST", "/automations/", body)
+        names.append(body["name"])
+    return names
+
+
 def free_port(preferred: int = DEFAULT_PORT) -> int:
     """``preferred`` when nothing listens there, else a free port."""
     for port in (preferred, 0):
@@ -283,6 +296,7 @@ def up(env: dict[str, str], workers: int = 1) -> dict[str, int]:
         env["PREFECT_API_DATABASE_CONNECTION_URL"] = postgres.connection_url(home, pg_port)
     pids["prefect-server"] = start_server(env)
     _claim(env, identity)
+    install_automations(env)
     deploy(env)
     for n in range(1, workers + 1):
         pids[worker_service(n)] = start_worker(env, service=worker_service(n))

@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import pytest
 
 from tasks.paths import PROJECT_ROOT
 from tests.e2e.prefect_api import post as _api
+from tests.fixtures_board import odl_home_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.board]
 SCREENSHOTS = PROJECT_ROOT / "tests" / "artifacts"
@@ -21,27 +24,34 @@ SCREENSHOTS = PROJECT_ROOT / "tests" / "artifacts"
 
 @pytest.fixture(scope="module")
 def deployment_run(prefect_stack, virtual_board):
-    from tasks.stack.server import prefect_cli
-
+    """``odl watch odl/full`` (what ``make demo`` runs): the run created, followed, its output kept."""
     params = json.dumps({"board": virtual_board.name, "epochs": 3})
-    out = prefect_cli(
-        prefect_stack,
-        "deployment",
-        "run",
-        "odl/full",
-        "--param",
-        f"params={params}",
-        "--watch",
-        "--watch-timeout",
-        "300",
-        timeout=330,
-    )
-    run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", out).group(1)
-    return run_id, out
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "odl"), "watch", "odl/full", "--params", params, "--timeout", "300"],
+        env=prefect_stack, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=360,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    run_id = re.search(r"/runs/flow-run/([0-9a-f-]{36})", out).group(1)
+    return run_id, out, proc.returncode
+
+
+def test_the_watch_prints_a_few_readable_lines(deployment_run, virtual_board):
+    """The issue: make demo's terminal was 48 lines of Prefect's event stream. odl watch prints the
+    run's name, one line per finished stage, training progress, the verdict and the report."""
+    _, out, code = deployment_run
+    lines = out.strip().splitlines()
+    assert code == 0 and len(lines) <= 25, out
+    day = time.strftime("%Y-%m-%d")
+    assert lines[0].startswith(f"run digits@{virtual_board.name}-{day}: http://127.0.0.1:")
+    assert any(line.strip().startswith("ok   export") for line in lines), out
+    assert any(line.strip().startswith("training: step") and "loss" in line for line in lines), out
+    assert any(line.startswith(("Promoted: v", "Not promoted: v")) for line in lines), out
+    assert lines[-1].startswith("report: http://127.0.0.1:") and lines[-1].endswith("?tab=Artifacts")
+    assert not [line for line in lines if re.search(r"-[0-9a-f]{3}\b", line.split(":")[0])]  # no hash names
 
 
 def test_deployment_run_completes_and_schedule_has_upcoming_runs(prefect_stack, deployment_run):
-    run_id, out = deployment_run
+    run_id, out, _ = deployment_run
     run = _api(prefect_stack, "/flow_runs/filter", {"flow_runs": {"id": {"any_": [run_id]}}})[0]
     assert run["state"]["type"] == "COMPLETED", out[-2000:]
     deadline, scheduled = time.monotonic() + 90, []
@@ -111,3 +121,57 @@ def test_a_mistyped_parameter_is_refused_before_anything_starts(prefect_stack):
         if "known" in expected or "mean" in expected:
             assert "(allowed: batch_size, board, epochs, lr, overrides, promotion_min_gain, recipe)" in text
     assert len(_api(prefect_stack, "/flow_runs/filter", {"limit": 200})) == before
+
+
+def _odl_cli(env, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(Path(sys.executable).parent / "odl"), *args], env=env, cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+def _events(env, prefix: str, board: str) -> list[dict]:
+    body = {
+        "filter": {"event": {"prefix": [prefix]}, "any_resource": {"id": [f"odl.board.{board}"]}},
+        "limit": 50,
+    }
+    return _api(env, "/events/filter", body)["events"]
+
+
+def test_boards_in_prefect_events_automations_and_overview(prefect_stack, deployment_run, virtual_board):
+    """The server knows the boards: a run's deployment is a heartbeat, its job and its verdict are
+    events with the board as resource; the stack's automations are installed; a stopped board's
+    check says it is unreachable; the fleet overview has a row per board."""
+    from tasks.vboard.lifecycle import board_down, board_up
+    from tests.fixtures_board import BOARD_VENV
+
+    name = virtual_board.name
+    names = {e["event"] for e in _events(prefect_stack, "odl.", name)}
+    assert {"odl.board.heartbeat", "odl.job.started", "odl.job.progress", "odl.job.finished"} <= names, names
+    verdicts = {e["event"] for e in _events(prefect_stack, "odl.model.", name)}
+    assert verdicts & {"odl.model.promoted", "odl.model.rejected"}, verdicts
+    automations = {a["name"]: a for a in _api(prefect_stack, "/automations/filter", {})}
+    assert {"odl: board silent", "odl: nightly run failed twice"} <= set(automations)
+    assert automations["odl: board silent"]["trigger"]["posture"] == "Proactive"
+
+    spare = f"x{os.getpid()}"  # a board that goes down: its next check is an unreachable event
+    home = prefect_stack["ODL_HOME"]
+    with odl_home_env(Path(home)):
+        board_up(spare, venv=BOARD_VENV)
+    try:
+        assert _odl_cli(prefect_stack, "board", "check", spare).returncode == 0
+        with odl_home_env(Path(home)):
+            board_down(spare)
+        down = _odl_cli(prefect_stack, "board", "check", "--all")
+        assert f"board {spare}" in down.stdout and down.returncode != 0
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not _events(prefect_stack, "odl.board.unreachable", spare):
+            time.sleep(1)
+        assert _events(prefect_stack, "odl.board.heartbeat", spare)
+        assert _events(prefect_stack, "odl.board.unreachable", spare)
+        found = _api(prefect_stack, "/artifacts/filter",
+                     {"artifacts": {"key": {"any_": ["odl-boards"]}}, "sort": "CREATED_DESC", "limit": 1})  # fmt: skip
+        rows = {r["board"]: r for r in json.loads(found[0]["data"])}
+        assert rows[spare]["reachable"] == "NO" and rows[name]["reachable"] == "yes"
+        assert rows[name]["serving"].startswith("digits v") or rows[name]["last training"] != "-"
+    finally:
+        with odl_home_env(Path(home)):
+            board_down(spare, purge=True)

@@ -59,7 +59,7 @@ def _task_states(run_id):
 
     with get_client(sync_client=True) as client:
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
-    return {r.name.rsplit("-", 1)[0]: r.state.name for r in runs}
+    return {r.name: r.state.name for r in runs}
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +91,21 @@ def test_first_run_is_promoted_with_report_and_progress(promoted_run, flow_board
     if flow_board.key is not None:  # an SSH board: its key must not leak into Prefect
         _assert_no_key_in_prefect(run_id, flow_board.key, arts)
     assert set(current.info["input_hashes"]) >= {"recipe", "data.train", "data.test"}
+    _assert_readable_run(run_id, f"digits@{board}", ["recipe:digits", f"board:{board}", "kind:full"])
+
+
+def _assert_readable_run(run_id, prefix: str, tags: list[str]) -> None:
+    """The run is named ``<recipe>@<board>-<date>`` and tagged; task runs carry no hash suffix."""
+    import datetime
+
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(run_id)
+    assert run.name == f"{prefix}-{datetime.date.today().isoformat()}"
+    assert set(tags) <= set(run.tags)
+    names = set(_task_states(run_id))
+    assert {"export", "generate artifacts", "validate recipe", "evaluate", "promote"} <= names, names
 
 
 def test_run_forced_to_lose_keeps_current_and_reuses_cache(promoted_run, flow_board, flow_home):
@@ -231,3 +246,29 @@ def test_rerun_is_judged_by_the_promotion_gate(promoted_run, flow_board, flow_ho
     assert "| gate check | verdict | figures |" in report
     assert "| guardrail loss |" in report and "| guardrail clean.accuracy |" in report
     assert version.info["reason"] in report  # the headline is the registry's reason, failing checks first
+
+
+def test_a_bad_input_run_logs_one_error_line_and_no_traceback(
+    prefect_harness, flow_home, flow_board, tmp_path
+):
+    """The issue's case: a recipe path that does not exist wrote two tracebacks at ERROR into the
+    run's logs. Now one ERROR line names the problem; the traceback is at DEBUG."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    from flows.odl import OdlParams, odl
+
+    missing = tmp_path / "no-such-recipe.toml"
+    state = odl(OdlParams(board=flow_board.name, recipe=str(missing)), return_state=True)
+    assert state.is_failed() and str(missing) in state.message
+    from prefect.logging.handlers import APILogHandler
+
+    APILogHandler().flush()  # the run's logs reach the API in batches
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id]))
+        )
+    shown = [rec for rec in logs if rec.level >= 20]
+    assert not [rec.message for rec in shown if "Traceback" in rec.message]
+    errors = [rec.message for rec in logs if rec.level >= 40]
+    assert len(errors) == 1 and str(missing) in errors[0], [(r.level, r.message[:200]) for r in logs]

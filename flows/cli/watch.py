@@ -1,0 +1,151 @@
+"""``odl watch``: start a deployment run and follow it in a few lines (what ``make demo``,
+``make nightly`` and ``make fleet`` print instead of Prefect's event stream).
+
+One line per finished stage (its seconds), one live line of training progress (step, loss, ETA,
+read from the board's events that the run logs), then the verdict (the state's message: the
+gate's checks, failing first) and where the report is. A run refused at creation (an unknown
+parameter) or a failed run prints its reason in one line and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from typing import Any
+
+from tasks.prefect.params import run_name, run_tags
+from tasks.stack import server
+
+EVENT = re.compile(r"board \S+: (\w+) (.*)")
+FIELD = re.compile(r"(\w+)=(\S+)")
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    """Create the run (named and tagged as the flow names it) and follow it to its end."""
+    env = server.stack_env()
+    if "PREFECT_API_URL" not in os.environ:  # this home's stack only (identity checked), never another's
+        if not server.is_ours(env):
+            print(
+                server.foreign_server(env) or "odl watch: this home's Prefect stack is not up (odl stack up)"
+            )
+            return 2
+        os.environ["PREFECT_API_URL"] = env["PREFECT_API_URL"]
+    from prefect.deployments import run_deployment  # Prefect only for this command, after its URL is set
+
+    params = json.loads(args.params)
+    target = params.get("group") or params.get("board") or "vboard"
+    recipe = params.get("recipe") or args.recipe
+    try:
+        run = run_deployment(
+            args.deployment, parameters={"params": params}, timeout=0,
+            flow_run_name=run_name(recipe, target),
+            tags=run_tags(recipe, target, args.kind, fleet=args.kind == "fleet"),
+        )  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - the server's refusal (422: a parameter), in one line
+        print(f"odl watch: run not created: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    ui = _ui()
+    print(f"run {run.name}: {ui}/runs/flow-run/{run.id}")
+    return follow(run.id, ui, args.timeout)
+
+
+def follow(run_id: Any, ui: str, timeout: float) -> int:
+    """Print finished stages and training progress until the run ends; its exit status."""
+    from prefect.client.orchestration import get_client  # Prefect only for this command
+    from prefect.client.schemas.filters import (  # Prefect only for this command
+        FlowRunFilter,
+        FlowRunFilterId,
+        LogFilter,
+        LogFilterFlowRunId,
+    )
+
+    live = sys.stdout.isatty()
+    done: set[str] = set()
+    progress, deadline, seen_logs = _Progress(live), time.monotonic() + timeout, 0
+    with get_client(sync_client=True) as client:
+        while True:
+            run = client.read_flow_run(run_id)
+            tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+            logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+            for rec in logs[seen_logs:]:
+                progress.feed(rec.message)
+            seen_logs = len(logs)
+            for t in sorted(tasks, key=lambda t: t.start_time or t.expected_start_time or 0):
+                if t.state and t.state.is_final() and str(t.id) not in done:
+                    done.add(str(t.id))
+                    progress.clear()
+                    secs = f"{t.total_run_time.total_seconds():.1f} s"
+                    mark = "ok  " if t.state.is_completed() else f"{t.state.name.upper():<4}"
+                    cached = " (cached)" if t.state.name == "Cached" else ""
+                    print(f"  {mark} {t.name} {secs}{cached}")
+            state = run.state
+            if state is not None and state.is_final():
+                progress.clear()
+                print(f"{state.name}: {state.message or ''}".rstrip(": "))
+                print(f"report: {ui}/runs/flow-run/{run_id}?tab=Artifacts")
+                return 0 if state.is_completed() else 1
+            if time.monotonic() > deadline:
+                progress.clear()
+                print(
+                    f"still {state.name if state else 'pending'} after {timeout:.0f} s: {ui}/runs/flow-run/{run_id}"
+                )
+                return 1
+            progress.show()
+            time.sleep(1.0)
+
+
+class _Progress:
+    """The training line: "training: step 48/160 (30 %), epoch 3, loss 0.286, ETA 25 s"."""
+
+    def __init__(self, live: bool) -> None:
+        self.live, self.total, self.step, self.epoch, self.loss = live, 0, 0, 0, None
+        self.started, self.printed, self.quarter = 0.0, False, 0
+
+    def feed(self, message: str) -> None:
+        match = EVENT.match(message)
+        if not match:
+            return
+        kind, fields = match.group(1), dict(FIELD.findall(match.group(2)))
+        if kind == "started":
+            self.total, self.started = int(fields.get("total_steps", 0)), time.monotonic()
+        elif kind == "epoch":
+            self.step, self.epoch = int(fields.get("step", 0)), int(fields.get("epoch", 0))
+            self.loss = fields.get("train_loss")
+
+    def line(self) -> str:
+        pct = 100 * self.step / self.total if self.total else 0.0
+        spent = time.monotonic() - self.started
+        eta = f", ETA {spent / self.step * (self.total - self.step):.0f} s" if self.step else ""
+        loss = f", loss {float(self.loss):.4g}" if self.loss else ""
+        return f"  training: step {self.step}/{self.total} ({pct:.0f} %), epoch {self.epoch}{loss}{eta}"
+
+    def show(self) -> None:
+        if not self.total or not self.step:
+            return
+        if self.live:
+            print("\r" + self.line().ljust(78), end="", flush=True)
+            self.printed = True
+        elif 4 * self.step // self.total > self.quarter:  # not a terminal: a line per quarter
+            self.quarter = 4 * self.step // self.total
+            print(self.line())
+
+    def clear(self) -> None:
+        if self.printed:
+            print("\r" + " " * 78 + "\r", end="", flush=True)
+            self.printed = False
+
+
+def _ui() -> str:
+    from prefect.settings import PREFECT_API_URL  # Prefect only for this command
+
+    return str(PREFECT_API_URL.value() or "").removesuffix("/api")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    detail = re.search(r"'detail': '([^']*)'", text) or re.search(r'"detail":\s*"([^"]*)"', text)
+    return detail.group(1) if detail else text[:400]

@@ -1,0 +1,113 @@
+"""The boards as the Prefect server knows them: events, automations and a fleet overview.
+
+* **Events** (``odl.board.*``, ``odl.job.*``, ``odl.model.*``), each with the board as its resource
+  (``odl.board.<name>``): a heartbeat or an unreachable board from every board check and every
+  run's deployment, a job's start, progress per epoch, end or failure, a promotion, a rejection,
+  a rollout and a rollback. The UI's event feed and automations read them.
+* **Automations** installed by ``odl stack up`` (:mod:`tasks.stack.automations`): "a board silent for 10 minutes" (no heartbeat;
+  ``ODL_BOARD_SILENT_S`` changes the window) and "a nightly run failed twice" (two failed runs
+  tagged ``kind:nightly`` within two days). Their action is ``do-nothing``: the trigger itself is
+  the mark in the UI (Automations, and an ``prefect.automation.triggered`` event).
+* **The fleet overview**: a table artifact ``odl-boards`` with one row per inventory board
+  (reachable, model in service and its metric, last training, last promotion, free disk and RAM),
+  refreshed by every run and by ``odl board check --all`` from what they saw
+  (``$ODL_HOME/boards-seen/<board>.json``) and the registry.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from tasks.paths import state_dir
+
+log = logging.getLogger(__name__)
+
+OVERVIEW_KEY = "odl-boards"
+
+
+def resource(board: str) -> dict[str, str]:
+    """A board as an event resource."""
+    return {"prefect.resource.id": f"odl.board.{board}", "prefect.resource.name": board}
+
+
+def emit(event: str, board: str, payload: dict[str, Any] | None = None) -> None:
+    """Emit ``event`` about ``board`` to the Prefect server in use; never fails the caller."""
+    try:
+        from prefect.events import emit_event  # Prefect only when a server is in use
+
+        emit_event(event=event, resource=resource(board), payload=payload or {})
+    except Exception as exc:  # noqa: BLE001 - an event is a report, not a step of the run
+        log.debug("event %s for %s not emitted: %s", event, board, exc)
+
+
+def seen(board: str, **facts: Any) -> dict[str, Any]:
+    """Record what was just seen of ``board`` (merged into its last record) and return the record."""
+    path = state_dir("boards-seen") / f"{board}.json"
+    record = json.loads(path.read_text()) if path.is_file() else {}
+    record.update(facts, updated_at=time.time())
+    tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, path)
+    return record
+
+
+def heartbeat(board: str, reachable: bool, detail: dict[str, Any] | None = None) -> None:
+    """A board check or a deployment reached the board (or did not): event and record."""
+    seen(board, reachable=reachable, checked_at=time.time(), **(detail or {}))
+    emit("odl.board.heartbeat" if reachable else "odl.board.unreachable", board, detail)
+
+
+def overview_rows(boards: list[str], registry: Any) -> list[dict[str, Any]]:
+    """One row per board: reachable, serving (recipe version metric), last training and promotion,
+    free disk and RAM, from the records and the registry (``registry.root`` folders)."""
+    rows = []
+    root = Path(registry.root)
+    for board in boards:
+        path = state_dir("boards-seen") / f"{board}.json"
+        rec = json.loads(path.read_text()) if path.is_file() else {}
+        serving, trained, promoted = [], 0.0, 0.0
+        for entry in sorted(root.glob(f"*-{board}")) if root.is_dir() else []:
+            recipe = entry.name[: -len(board) - 1]
+            current = registry.current(recipe, board)
+            versions = registry.versions(recipe, board)
+            if versions:
+                trained = max(trained, float(versions[-1].info.get("recorded_at") or 0))
+            if current is not None:
+                d = current.info.get("decision") or {}
+                metric = d.get("metric")
+                value = current.metrics.get(metric) if metric else None
+                shown = f" {metric} {value:.4f}" if isinstance(value, (int, float)) else ""
+                serving.append(f"{recipe} {current.name}{shown}")
+                promoted = max(promoted, float(current.info.get("recorded_at") or 0))
+        rows.append({
+            "board": board,
+            "reachable": {True: "yes", False: "NO"}.get(rec.get("reachable"), "not checked"),
+            "checked": _when(rec.get("checked_at")),
+            "serving": "; ".join(serving) or "-",
+            "last training": _when(trained or None),
+            "last promotion": _when(promoted or None),
+            "disk": rec.get("disk", "-"),
+            "RAM": rec.get("ram", "-"),
+        })  # fmt: skip
+    return rows
+
+
+def publish_overview(boards: list[str], registry: Any) -> list[dict[str, Any]]:
+    """Create the ``odl-boards`` table artifact (a new version of the key each time)."""
+    rows = overview_rows(boards, registry)
+    try:
+        from prefect.artifacts import create_table_artifact  # Prefect only when a server is in use
+
+        create_table_artifact(rows, key=OVERVIEW_KEY, description="ODL fleet overview: one row per board")
+    except Exception as exc:  # noqa: BLE001 - the overview is a report, not a step of the run
+        log.debug("fleet overview not published: %s", exc)
+    return rows
+
+
+def _when(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) if t else "-"
