@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml constraints.txt deploy/system-packages.txt
 	@command -v $(PY) >/dev/null || { echo "need $(PY) (Python 3.11)"; exit 1; }
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	@echo "installing Python packages from constraints.txt into $(VENV) (first time: a few minutes)"
-	set -o pipefail; $(PIP) -e '.[test]' $(QUIET)
+	@set -o pipefail; $(PIP) -e '.[test]' $(QUIET)
 	@! $(BIN)/pip show -q onnxruntime 2>/dev/null || { echo "plain onnxruntime is installed beside onnxruntime-training: remove it"; exit 1; }
 	@touch $(STAMP)
 
@@ -37,21 +37,21 @@ lint: $(STAMP)
 # virtual board + Prefect server (SQLite) + pool + deployment odl/full + worker, then
 # `prefect deployment run odl/full --watch`; everything stays up for the UI until `make down`
 demo: install
-	BIN=$(BIN) bash deploy/demo.sh up
+	@BIN=$(BIN) bash deploy/demo.sh up
 
 # the same stack, then three nights of recipes/digits_nightly.toml, a shard appended on the board
 # before each (warm start, new + replayed data, the promotion gate, rollout to the board)
 nightly: install
-	BIN=$(BIN) bash deploy/demo.sh nightly
+	@BIN=$(BIN) bash deploy/demo.sh nightly
 
 # the same stack, four virtual boards (group "lab") with non-IID shares of the digits, and
 # `prefect deployment run odl/fleet`: three FedAvg rounds, the aggregate judged and rolled out
 fleet: install
-	BIN=$(BIN) bash deploy/demo.sh fleet
+	@BIN=$(BIN) bash deploy/demo.sh fleet
 
 # stop worker, server and virtual board (by their recorded pids); data stays under $(ODL_HOME)
 down:
-	BIN=$(BIN) bash deploy/demo.sh down
+	@BIN=$(BIN) bash deploy/demo.sh down
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

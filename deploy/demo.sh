@@ -30,12 +30,27 @@ PY
 )"
 }
 
+quietly() {  # run a set-up step with its log in $ODL_HOME/logs/demo.log; on failure show its tail
+  mkdir -p "$ODL_HOME/logs"
+  if ! "$@" >> "$ODL_HOME/logs/demo.log" 2>&1; then
+    tail -20 "$ODL_HOME/logs/demo.log" >&2
+    echo "failed: $* (whole log: $ODL_HOME/logs/demo.log)" >&2
+    exit 1
+  fi
+}
+
+board_and_stack() {  # the virtual board and this home's Prefect stack, two lines
+  quietly "$BIN/odl" board up --name "$BOARD" --profile stm32mp25
+  echo "board $BOARD up (a virtual STM32MP25: 4 GB, 2 CPUs at 0.25 CPU; \`odl board check $BOARD\`)"
+  quietly "$BIN/odl" stack up "${PORT_ARGS[@]}"
+  stack_env
+  echo "Prefect server ${PREFECT_API_URL%/api} (SQLite under $PREFECT_HOME)"
+}
+
 case "${1:-up}" in
   up)
     # an STM32MP25 in RAM (4 GB cap), CPUs (2) and speed (0.25 CPU: two Cortex-A35), kernel-enforced
-    "$BIN/odl" board up --name "$BOARD" --profile stm32mp25
-    "$BIN/odl" stack up "${PORT_ARGS[@]}"
-    stack_env
+    board_and_stack
     start=$(date +%s)
     "$BIN/odl" watch odl/full --params "{\"board\": \"$BOARD\"}" --kind full
     echo "($(( $(date +%s) - start )) s for the run; \`odl registry digits $BOARD\` lists the versions)"
@@ -43,9 +58,7 @@ case "${1:-up}" in
     echo "Everything keeps running; stop it with: make down"
     ;;
   nightly)  # nightly continual learning: one shard appended on the board before each run
-    "$BIN/odl" board up --name "$BOARD" --profile stm32mp25
-    "$BIN/odl" stack up "${PORT_ARGS[@]}"
-    stack_env
+    board_and_stack
     "$BIN/python" -c "from tasks.recipe.load import load_recipe; from tasks import stages; \
 stages.prepare_data(load_recipe('recipes/digits_nightly.toml'))"
     # the virtual board outlives this host's registry (another clone, a removed .odl): a demo that

@@ -129,7 +129,7 @@ class _Progress:
         if self.live:
             print("\r" + self.line().ljust(78), end="", flush=True)
             self.printed = True
-        elif 4 * self.step // self.total > self.quarter:  # not a terminal: a line per quarter
+        elif self.quarter < 4 * self.step // self.total < 4:  # not a terminal: at 25, 50, 75 %
             self.quarter = 4 * self.step // self.total
             print(self.line())
 
