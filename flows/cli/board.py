@@ -107,6 +107,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         boards.heartbeat(board.name, reachable, detail)
         worst = worst or exit_code(checks)
     boards.publish_overview(sorted(load_inventory()), Registry(odl_home() / "registry"))
+    boards.flush()
     return worst
 
 

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -103,10 +104,22 @@ def publish_overview(boards: list[str], registry: Any) -> list[dict[str, Any]]:
     try:
         from prefect.artifacts import create_table_artifact  # Prefect only when a server is in use
 
-        create_table_artifact(rows, key=OVERVIEW_KEY, description="ODL fleet overview: one row per board")
+        with warnings.catch_warnings():  # `odl board check` publishes outside a run, on purpose
+            warnings.simplefilter("ignore", FutureWarning)
+            create_table_artifact(rows, key=OVERVIEW_KEY, description="ODL fleet overview: one row per board")
     except Exception as exc:  # noqa: BLE001 - the overview is a report, not a step of the run
         log.debug("fleet overview not published: %s", exc)
     return rows
+
+
+def flush(timeout: float = 10.0) -> None:
+    """Send the events still queued (a command about to exit), quietly."""
+    try:
+        from prefect.events.worker import EventsWorker  # Prefect only when a server is in use
+
+        EventsWorker.drain_all(timeout=timeout)
+    except Exception as exc:  # noqa: BLE001 - an event is a report, not a step
+        log.debug("events not flushed: %s", exc)
 
 
 def _when(t: float | None) -> str:
