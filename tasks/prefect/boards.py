@@ -117,6 +117,7 @@ def flush(timeout: float = 10.0) -> None:
     try:
         from prefect.events.worker import EventsWorker  # Prefect only when a server is in use
 
+        logging.getLogger("EventsWorker").setLevel(logging.ERROR)  # "still processing items": it is
         EventsWorker.drain_all(timeout=timeout)
     except Exception as exc:  # noqa: BLE001 - an event is a report, not a step
         log.debug("events not flushed: %s", exc)
