@@ -103,7 +103,11 @@ def cmd_check(args: argparse.Namespace) -> int:
               else report(board, checks, time.monotonic() - start))  # fmt: skip
         found = {c.name: c for c in checks}
         reachable = found["ssh"].status != FAIL
-        detail = {k: found[k].value for k in ("ram", "disk") if k in found and found[k].status != SKIPPED}
+        detail = {  # "55.4 GB free of 252.0 GB at /home/...": the overview keeps "55.4 GB free of 252.0 GB"
+            k: found[k].value.split(" at ")[0].split(" (")[0]
+            for k in ("ram", "disk")
+            if k in found and found[k].status != SKIPPED
+        }
         boards.heartbeat(board.name, reachable, detail)
         worst = worst or exit_code(checks)
     boards.publish_overview(sorted(load_inventory()), Registry(odl_home() / "registry"))
