@@ -174,7 +174,7 @@ def gate_md(d: Decision) -> list[str]:
         if not c["holds"]:
             mark = "🔴 **fails**"
         elif c.get("drop"):
-            mark = "🔴 holds, but drops"
+            mark = "🔴 **holds, but drops**"
         elif c["kind"] == "significance" and not c.get("tested", True):
             mark = "⚠️ not tested"
         else:
