@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from types import ModuleType
 
@@ -34,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("odl: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `odl report ... | head -3`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def dispatch(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ import shlex
 from pathlib import Path
 
 from tasks.paths import odl_home
+from tasks.prefect.params import recipe_name
 from tasks.stack import StackError, postgres, server
 from tasks.stack.processes import running_pid
 
@@ -89,10 +90,13 @@ def prefect_api() -> str:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """``odl report``: the summary (or ``--markdown``: the whole report) of the last run of a recipe+board."""
-    folder = odl_home() / "reports" / f"{args.recipe}-{args.board}"
+    recipe = recipe_name(args.recipe) if args.recipe.endswith(".toml") or "/" in args.recipe else args.recipe
+    folder = odl_home() / "reports" / f"{recipe}-{args.board}"
     path = folder / ("latest.md" if args.markdown else "latest.txt")
     if not path.is_file():
-        print(f"no report yet at {path}")
+        known = sorted(p.name for p in (odl_home() / "reports").glob("*-*") if p.is_dir())
+        print(f"no report of {recipe} on {args.board} yet (reports are kept under a recipe's `name`, "
+              f"then the board: {', '.join(known) or 'none yet'})")  # fmt: skip
         return 1
     print(path.read_text())
     return 0

@@ -18,6 +18,7 @@ import argparse
 import json
 import posixpath
 import secrets
+import time
 
 from tasks.board.agent import install_agent
 from tasks.board.control import list_dataset
@@ -89,7 +90,21 @@ def cmd_models(args: argparse.Namespace) -> int:
         answer = board_models(conn, board, args.recipe)
     finally:
         conn.close()
-    _print({"board": answer, "registry_current": current.name if current else None})
+    if args.json:
+        _print({"board": answer, "registry_current": current.name if current else None})
+        return 0
+    print(
+        f"{args.recipe} on {board.name}: the registry's current version is {current.name if current else 'none'}"
+    )
+    for role in ("current", "previous"):
+        m = answer.get(role) if isinstance(answer, dict) else None
+        if not m:
+            print(f"  {role:<8} none on the board")
+            continue
+        when = m.get("installed_at")
+        at = time.strftime("%Y-%m-%d %H:%M", time.localtime(when)) if isinstance(when, (int, float)) else "?"
+        ok = "hash-verified" if m.get("verified") else "NOT matching its recorded hashes"
+        print(f"  {role:<8} {m.get('version', '?')} installed {at}, {ok}")
     return 0
 
 

@@ -121,7 +121,7 @@ def add_flow(sub: Sub) -> None:
 
     rep = _command(sub, "report", "home", "cmd_report",
                    help="print the summary of the last run of a recipe+board")  # fmt: skip
-    rep.add_argument("recipe")
+    rep.add_argument("recipe", help="the recipe's name (or its .toml file)")
     rep.add_argument("board", nargs="?", default="vboard")
     rep.add_argument("--markdown", action="store_true", help="print the whole markdown report")
 
@@ -195,6 +195,7 @@ def add_nightly(sub: Sub) -> None:
                       help="the model the board serves for a recipe, and the registry's")  # fmt: skip
     models.add_argument("recipe")
     models.add_argument("board")
+    models.add_argument("--json", action="store_true", help="the board's answer as JSON")
     data = sub.add_parser("data", help="a board dataset folder: push files to it, list it")
     dsub = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
     push = _command(dsub, "push", "nightly", "cmd_push",

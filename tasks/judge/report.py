@@ -28,8 +28,8 @@ HEADLINE = [
     ("loss", "loss", "{:.4f}"),
     ("mse", "mse", "{:.4f}"),
     ("mae", "mae", "{:.4f}"),
-    ("latency_ms_batch1", "latency, 1 sample (ms)", "{:.3f}"),
-    ("latency_ms_per_sample", "latency per sample, batched (ms)", "{:.4f}"),
+    ("latency_ms_batch1", "host latency, 1 sample (ms; this machine's CPU, not the board's)", "{:.3f}"),
+    ("latency_ms_per_sample", "host latency per sample, batched (ms)", "{:.4f}"),
     ("model_size_bytes", "model size (KiB)", None),
 ]
 
@@ -190,12 +190,22 @@ def _decision_md(inp: ReportInput) -> str:
     return f"**Not promoted**: recorded as `{inp.version}` (rejected), `current` unchanged: {d.reason}."
 
 
+TRAINING_LABELS = {
+    "steps": "steps",
+    "epochs_done": "epochs",
+    "duration_s": "time on the board (s)",
+    "train_loop_s": "of it in the training loop (s)",
+    "peak_rss_mb": "peak memory of the job (MB)",
+}
+
+
 def _training_md(inp: ReportInput) -> list[str]:
     t = inp.training
     parts = [
-        f"{k.replace('_', ' ')}: {v:.2f}" if isinstance(v, float) else f"{k.replace('_', ' ')}: {v}"
+        f"{TRAINING_LABELS.get(k, k.replace('_', ' '))}: {v:.2f}" if isinstance(v, float)
+        else f"{TRAINING_LABELS.get(k, k.replace('_', ' '))}: {v}"
         for k, v in t.items()
-    ]
+    ]  # fmt: skip
     out = ["## Training on the board", ", ".join(parts) if parts else "(no job result)"]
     if inp.step_losses:
         png = line_chart(
