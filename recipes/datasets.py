@@ -168,6 +168,16 @@ def two_textures(out_dir: Path, *, n_train: int = 256, n_test: int = 64, size: i
     _save(out_dir / "test.npz", *make(n_test))
 
 
+def textures_and_features(out_dir: Path) -> None:
+    """:func:`two_textures` and the MobileNetV2 weights the STM32 wiki recipe starts from
+    (``models.mobilenet_v2_features``: ImageNet's from torchvision's hub cache when present, else a
+    short pretraining on generated textures of another task on this host): a model with random
+    features keeps its loss at ln 2 on the board."""
+    two_textures(out_dir)
+    origin = _sibling_models().mobilenet_v2_features(Path(out_dir) / "mobilenet_v2_features.pt")
+    print(f"mobilenet_v2 weights: {origin}")
+
+
 def shapes_detection(out_dir: Path, size: int = 300, n_train: int = 128, n_test: int = 64) -> None:
     """The synthetic shapes detection set (tasks.detection.synthetic) as the SSD-Lite recipe's
     npz files (tasks.detection.annotations.detection_arrays: images centred as (pixel - 0.5) /

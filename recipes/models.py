@@ -114,3 +114,59 @@ class EmbeddedLossNet(DigitsCNN):
 def embedded_loss_net(num_classes: int = 10) -> nn.Module:
     """The embedded-loss recipe's model (loss computed inside the graph)."""
     return EmbeddedLossNet(num_classes)
+
+
+def mobilenet_v2_features(
+    out: Path, *, size: int = 64, steps: int = 240, batch: int = 32, seed: int = 0
+) -> str:
+    """Weights for the STM32 wiki recipe's MobileNetV2 that are not random: ImageNet's from
+    torchvision's hub cache when a user has them (``torch.hub.get_dir()/checkpoints``; nothing is
+    downloaded), else a short pretraining on this host on generated textures of *another* task
+    (four classes: stripes at 45 and 135 degrees, checkerboards, dots) at ``size`` px, so the
+    backbone's filters respond to oriented edges before the board fine-tunes a new 2-class head.
+    Saves a state_dict (classifier included; its shape differs and is replaced) and returns where
+    the weights came from, for the log."""
+    import glob
+    import os
+
+    import torchvision
+
+    cached = sorted(glob.glob(os.path.join(torch.hub.get_dir(), "checkpoints", "mobilenet_v2-*.pth")))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if cached:
+        torch.save(torch.load(cached[-1], map_location="cpu", weights_only=True), out)
+        return f"ImageNet weights from torchvision's hub cache ({cached[-1]})"
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    model = torchvision.models.mobilenet_v2(num_classes=4)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=1e-4)
+    model.train()
+    for _ in range(steps):
+        x, y = pretext_textures(rng, batch, size)
+        opt.zero_grad()
+        F.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y)).backward()
+        opt.step()
+    torch.save(model.eval().state_dict(), out)
+    return f"a {steps}-step pretraining on generated textures on this host (no ImageNet weights cached)"
+
+
+def pretext_textures(rng: np.random.Generator, n: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` images of four texture classes that are not the recipe's task: diagonal stripes at 45
+    and at 135 degrees, checkerboards and dot grids, random period, phase, colour and noise."""
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32)
+    y = rng.integers(0, 4, n)
+    x = np.empty((n, 3, size, size), np.float32)
+    for i in range(n):
+        period, phase = rng.uniform(4, 12), rng.uniform(0, 2 * np.pi)
+        k = 2 * np.pi / period
+        if y[i] == 0:
+            img = np.sin(k * (xx + yy) / np.sqrt(2) + phase)
+        elif y[i] == 1:
+            img = np.sin(k * (xx - yy) / np.sqrt(2) + phase)
+        elif y[i] == 2:
+            img = np.sign(np.sin(k * xx + phase) * np.sin(k * yy + phase))
+        else:
+            img = (np.cos(k * xx + phase) + np.cos(k * yy + phase)) / 2
+        colour = rng.uniform(0.5, 1.5, 3).astype(np.float32)[:, None, None]
+        x[i] = colour * img[None] + rng.normal(0, 0.3, (3, size, size))
+    return x, y.astype(np.int64)

@@ -180,7 +180,12 @@ def gate_md(d: Decision) -> list[str]:
         else:
             mark = "holds"
         rows.append(f"| {c['name']} | {mark} | {c['text']} |")
-    return ["", "| gate check | verdict | figures |", "|---|---|---|", *rows]
+    out = ["", "| gate check | verdict | figures |", "|---|---|---|", *rows]
+    per_class = (d.significance or {}).get("per_class")
+    if per_class:  # a detector: each class's AP gain on the same resamples of the test images
+        cells = ", ".join(f"{name} [{lo:+.4f}, {hi:+.4f}]" for name, (lo, hi) in per_class.items())
+        out += ["", f"Per-class AP gain, same bootstrap resamples of the test images: {cells}."]
+    return out
 
 
 def _decision_md(inp: ReportInput) -> str:

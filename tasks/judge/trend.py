@@ -139,8 +139,12 @@ def lineage_md(lineage: dict[str, Any]) -> list[str]:
     if start and start.get("from") not in (None, "base"):
         lines.append(f"- **Warm start** from `{start['from']}` (weights sha256 `{start['weights_sha256'][:12]}`, "
                      f"{start['parameters']} parameters)")  # fmt: skip
+    elif start and lineage.get("weights"):
+        lines.append(f"- **Started** from the recipe's base weights `{lineage['weights']}`")
     elif start:
-        lines.append("- **Started** from the recipe's base weights")
+        lines.append("- **Started from random features**: the recipe names no `[model] weights`, so the "
+                     "frozen layers compute random features and little can be learnt on top of them; give "
+                     "a local state_dict (ImageNet's, or one pretrained on your data)")  # fmt: skip
     if data:
         new, old = ", ".join(data["new"]) or "none", ", ".join(data["replayed"]) or "none"
         lines.append(f"- **Board data** `{data['path']}` ({data['select']}): {len(data['files'])} of "

@@ -95,3 +95,32 @@ def test_keys_and_tables():
     rows = epoch_table([{"train_loss": 0.123456789, "epoch": 1}])
     assert rows == [{"epoch": 1, "train_loss": 0.123457}]
     assert step_losses([SimpleNamespace(type="step", seq=3, data={"loss": float("nan")})]) == []
+
+
+def test_the_gate_table_lists_every_check_failing_first_and_flags_drops():
+    from tasks.judge.decision import Decision
+    from tasks.judge.report import gate_md
+
+    checks = [
+        {"kind": "min_gain", "name": "min_gain", "holds": True, "text": "map50 0.0069 vs 0.0029"},
+        {
+            "kind": "significance",
+            "name": "significance",
+            "holds": False,
+            "text": "interval [-0.0008, +0.0155]",
+        },
+        {
+            "kind": "guardrail",
+            "name": "guardrail clean.map50",
+            "holds": True,
+            "drop": True,
+            "text": "0.5 -> 0.49",
+        },
+    ]
+    sig = {"test": "paired bootstrap", "low": -0.0008, "high": 0.0155, "per_class": {"square": [-0.01, 0.02]}}
+    d = Decision(False, "map50", 0.0069, 0.0029, "v0001", 0.004, 0.0, "r", sig, [], checks)
+    md = "\n".join(gate_md(d))
+    rows = [line for line in md.splitlines() if line.startswith("| ") and "gate check" not in line]
+    assert rows[0].startswith("| significance | 🔴 **fails** |")
+    assert rows[2].startswith("| guardrail clean.map50 | 🔴 **holds, but drops** |")
+    assert "Per-class AP gain, same bootstrap resamples of the test images: square [-0.0100, +0.0200]." in md
