@@ -146,8 +146,10 @@ def odl(params: OdlParams | None = None) -> Outcome | None:
     if promotion.decision.promote and recipe.promotion.rollout:
         _, t[f"rollout to {board.name}"] = pt.timed(pt.rollout, board, recipe.name, promotion.version)
         served = f"; serving on {board.name} (models/{recipe.name}/current.onnx)"
-    spec = recipe.model  # what the first version starts from: a weights file, an ONNX file's own, or random
-    weights = spec.weights.name if spec.weights else (Path(spec.ref).name if spec.kind == "onnx" else None)
+    model = recipe.model  # what the first version starts from: a weights file, an ONNX file's own, or random
+    weights = (
+        model.weights.name if model.weights else (Path(model.ref).name if model.kind == "onnx" else None)
+    )
     lineage = {**info, "rollout": served.removeprefix("; "), "weights": weights}
     summary = publish(report_input(recipe, board.name, run_id, training, evaluation, promotion, t, lineage))
     boards.publish_overview(sorted(load_inventory()), stages.registry())  # the fleet overview, refreshed

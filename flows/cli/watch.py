@@ -82,8 +82,17 @@ def follow(run_id: Any, ui: str, timeout: float) -> int:
                     mark = "ok  " if t.state.is_completed() else f"{t.state.name.upper():<4}"
                     cached = " (cached)" if t.state.name == "Cached" else ""
                     print(f"  {mark} {t.name} {secs}{cached}")
+                    if t.name.startswith("train on "):
+                        progress.trained = True
+            if progress.trained:
+                progress.finished()
             state = run.state
             if state is not None and state.is_final():
+                time.sleep(1.0)  # the run's last log lines reach the API in a batch
+                logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+                for rec in logs[seen_logs:]:
+                    progress.feed(rec.message)
+                progress.finished()
                 progress.clear()
                 print(f"{state.name}: {state.message or ''}".rstrip(": "))
                 print(f"report: {ui}/runs/flow-run/{run_id}?tab=Artifacts")
@@ -103,7 +112,7 @@ class _Progress:
 
     def __init__(self, live: bool) -> None:
         self.live, self.total, self.step, self.epoch, self.loss = live, 0, 0, 0, None
-        self.started, self.printed, self.quarter = 0.0, False, 0
+        self.started, self.printed, self.quarter, self.trained = 0.0, False, 0, False
 
     def feed(self, message: str) -> None:
         match = EVENT.match(message)
@@ -132,6 +141,13 @@ class _Progress:
         elif self.quarter < 4 * self.step // self.total < 4:  # not a terminal: at 25, 50, 75 %
             self.quarter = 4 * self.step // self.total
             print(self.line())
+
+    def finished(self) -> None:
+        """The training task ended: its last figures (once its log lines are in), unless a line
+        at 100 % was shown."""
+        if self.trained and self.total and self.step == self.total and not self.live and self.quarter < 4:
+            self.quarter = 4
+            print(self.line().replace(", ETA 0 s", ""))
 
     def clear(self) -> None:
         if self.printed:

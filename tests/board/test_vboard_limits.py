@@ -71,16 +71,18 @@ def _python(board: Board, source: str, *args: str):
 
 
 @pytest.mark.board
-def test_the_kernel_kills_a_process_over_the_ram_cap(capped: Board) -> None:
+def test_the_kernel_kills_a_process_over_the_ram_cap(capped: Board, virtual_board_home: Path) -> None:
     from tasks.vboard import cgroup
 
-    before = cgroup.memory(capped.name)
+    with odl_home_env(virtual_board_home):  # a board's cgroup is its project home's (tasks.vboard.owner)
+        before = cgroup.memory(capped.name)
     assert before is not None and before["limit_mb"] == CAP_MB
     under = _python(capped, ALLOC, "96")
     assert under.code == 0 and under.stdout.strip() == str(96 * 2**20), under.stderr
     over = _python(capped, ALLOC, str(2 * CAP_MB))
     assert over.code in (137, -9), (over.code, over.stdout, over.stderr)  # SIGKILL (via the shell: 128+9)
-    after = cgroup.memory(capped.name)
+    with odl_home_env(virtual_board_home):
+        after = cgroup.memory(capped.name)
     assert after["oom_kills"] > before["oom_kills"]  # the cgroup's OOM killer, not a Python MemoryError
     assert "MemoryError" not in over.stderr
 
