@@ -174,7 +174,9 @@ def textures_and_features(out_dir: Path) -> None:
     short pretraining on generated textures of another task on this host): a model with random
     features keeps its loss at ln 2 on the board."""
     two_textures(out_dir)
-    origin = _sibling_models().mobilenet_v2_features(Path(out_dir) / "mobilenet_v2_features.pt")
+    with np.load(Path(out_dir) / "train.npz") as train:  # BatchNorm statistics of the recipe's images
+        images = train["x"]
+    origin = _sibling_models().mobilenet_v2_features(Path(out_dir) / "mobilenet_v2_features.pt", images)
     print(f"mobilenet_v2 weights: {origin}")
 
 

@@ -117,14 +117,21 @@ def embedded_loss_net(num_classes: int = 10) -> nn.Module:
 
 
 def mobilenet_v2_features(
-    out: Path, *, size: int = 64, steps: int = 240, batch: int = 32, seed: int = 0
+    out: Path,
+    calibration: np.ndarray | None = None,
+    *,
+    size: int = 64,
+    steps: int = 240,
+    batch: int = 32,
+    seed: int = 0,
 ) -> str:
     """Weights for the STM32 wiki recipe's MobileNetV2 that are not random: ImageNet's from
     torchvision's hub cache when a user has them (``torch.hub.get_dir()/checkpoints``; nothing is
     downloaded), else a short pretraining on this host on generated textures of *another* task
     (four classes: stripes at 45 and 135 degrees, checkerboards, dots) at ``size`` px, so the
-    backbone's filters respond to oriented edges before the board fine-tunes a new 2-class head.
-    Saves a state_dict (classifier included; its shape differs and is replaced) and returns where
+    backbone's filters respond to oriented edges before the board fine-tunes a new 2-class head;
+    then its BatchNorm statistics are measured on ``calibration`` images (the recipe's own, at their
+    size: statistics of 64 px textures would misnormalise 224 px images). Saves a state_dict (classifier included; its shape differs and is replaced) and returns where
     the weights came from, for the log."""
     import glob
     import os
@@ -146,8 +153,24 @@ def mobilenet_v2_features(
         opt.zero_grad()
         F.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y)).backward()
         opt.step()
+    if calibration is not None:
+        calibrate(model, calibration)
     torch.save(model.eval().state_dict(), out)
     return f"a {steps}-step pretraining on generated textures on this host (no ImageNet weights cached)"
+
+
+def calibrate(model: nn.Module, x: np.ndarray, batch: int = 16) -> None:
+    """Set every BatchNorm's running statistics to its input's mean and variance over ``x``
+    (forward passes only: no weight changes)."""
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # a cumulative average over the batches
+    model.train()
+    with torch.no_grad():
+        for start in range(0, len(x), batch):
+            model(torch.from_numpy(np.ascontiguousarray(x[start : start + batch])))
+    model.eval()
 
 
 def pretext_textures(rng: np.random.Generator, n: int, size: int) -> tuple[np.ndarray, np.ndarray]:
