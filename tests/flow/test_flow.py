@@ -92,6 +92,8 @@ def test_first_run_is_promoted_with_report_and_progress(promoted_run, flow_board
         _assert_no_key_in_prefect(run_id, flow_board.key, arts)
     assert set(current.info["input_hashes"]) >= {"recipe", "data.train", "data.test"}
     _assert_readable_run(run_id, f"digits@{board}", ["recipe:digits", f"board:{board}", "kind:full"])
+    epochs = [m for m in _logs(run_id) if m.startswith(f"board {board}: epoch ")]
+    assert epochs and len(epochs) == len(set(epochs)), epochs  # each epoch's line once
 
 
 def _assert_readable_run(run_id, prefix: str, tags: list[str]) -> None:
