@@ -59,28 +59,50 @@ def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float
     return fn(*args, **kwargs), time.perf_counter() - t0
 
 
+def said(line: str, t0: float) -> None:
+    """The stage's one line in the run's logs: what it did and in how many seconds."""
+    from prefect.logging import get_run_logger  # inside a task run
+
+    get_run_logger().info("%s (%.1f s)", line, time.perf_counter() - t0)
+
+
 @task(name="prepare data", task_run_name="prepare data")
 def prepare_data(recipe: Recipe) -> None:
     """Write the recipe's datasets (and base weights) when missing: [data].make, run once."""
+    t0 = time.perf_counter()
     stages.prepare_data(recipe)
+    d = recipe.data
+    sets = [p for p in (d.train, d.eval, d.test, *d.extra_tests.values()) if p is not None]
+    said(f"data ready: {len(sets)} host data sets ({', '.join(p.name for p in sets)})", t0)
 
 
 @task(name="export", task_run_name="export", **_cached_step("export"), **RETRY)
 def export(inp: stages.Inputs) -> Path:
     """Export the recipe's model to ONNX (training mode)."""
-    return stages.export(inp)
+    t0 = time.perf_counter()
+    out = stages.export(inp)
+    said(f"exported {out.name} ({out.stat().st_size / 1024:.0f} KiB, training mode, dynamic batch)", t0)
+    return out
 
 
 @task(name="generate artifacts", task_run_name="generate artifacts", **_cached_step("artifacts"), **RETRY)
 def generate_artifacts(inp: stages.Inputs) -> dict[str, Any]:
     """Generate the ORT training artifacts and the manifest."""
-    return stages.generate_artifacts(inp)
+    t0 = time.perf_counter()
+    manifest = stages.generate_artifacts(inp)
+    said(f"training, eval and optimizer graphs and the checkpoint: {manifest.get('trainable_count', '?')} "
+         f"trainable parameters, loss {manifest.get('loss', '?')}", t0)  # fmt: skip
+    return manifest
 
 
 @task(name="validate recipe", task_run_name="validate recipe", **_cached_step("validate"), **RETRY)
 def validate(inp: stages.Inputs) -> dict[str, Any]:
     """Dry-run the recipe on the host with the generated artifacts."""
-    return stages.validate(inp)
+    t0 = time.perf_counter()
+    report = stages.validate(inp)
+    checks = report.get("checks") or {}
+    said(f"offline validation {'passed' if report.get('passed') else 'FAILED'}: {len(checks)} checks", t0)
+    return report
 
 
 @task(name="deploy", task_run_name="deploy to {board.name}", **RETRY)
