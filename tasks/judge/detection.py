@@ -182,10 +182,18 @@ def coco_eval(
         per_ap50[name] = round(float(at50[at50 > -1].mean()), 6)
         per_ap[name] = round(float(every[every > -1].mean()), 6)
         pr50[name] = [round(float(p), 4) for p in np.maximum(at50, 0)]
+    # from the precision array at the last maxDets (= max_detections), not ev.stats: summarize()
+    # reads mAP@[.5:.95] at maxDets == 100 only and gives -1 for any other max_detections
+    last = precision[:, :, :, 0, -1]
+    iou = np.asarray(ev.params.iouThrs)
+
+    def mean_ap(p: np.ndarray) -> float:
+        return round(float(p[p > -1].mean()), 6) if (p > -1).any() else 0.0
+
     return {
-        "map": round(max(float(ev.stats[0]), 0.0), 6),
-        "map50": round(max(float(ev.stats[1]), 0.0), 6),
-        "map75": round(max(float(ev.stats[2]), 0.0), 6),
+        "map": mean_ap(last),
+        "map50": mean_ap(last[np.isclose(iou, 0.5)]),
+        "map75": mean_ap(last[np.isclose(iou, 0.75)]),
         "per_class_ap50": per_ap50,
         "per_class_ap": per_ap,
         "pr50": pr50,

@@ -47,7 +47,7 @@ from tasks.recipe.extras import DetectionSpec
 log = logging.getLogger(__name__)
 
 EVAL_TASKS = ("classification", "binary", "regression", "embedded")
-EVAL_CACHE_VERSION = 5  # bump when evaluate() changes what it reports
+EVAL_CACHE_VERSION = 6  # bump when evaluate() changes what it reports
 
 
 def confusion_matrix(y_true: np.ndarray, y_pred: np.ndarray, n_classes: int) -> np.ndarray:

@@ -239,7 +239,7 @@ def test_link_cut_during_download_leaves_no_file_then_retrieve_succeeds(
         def prog(done: int, total: int) -> None:
             if done > 20 * 2**20 and not cut.is_set():
                 cut.set()
-                _cut_for(faults, virtual_board, 14)
+                _cut_for(faults, virtual_board, 25)  # well past the ~10 s the transport takes to notice
 
         return real_get(self, remote_path, local, prog)
 

@@ -5,7 +5,11 @@ the first one's board key and wrote its runs into the first one's server)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -97,3 +101,35 @@ def test_a_stack_never_uses_another_homes_server(tmp_path: Path, capsys):
     finally:
         server.down(one)
         server.down(two)
+
+
+def test_a_silent_board_is_marked_by_the_automation(tmp_path: Path, monkeypatch):
+    """The stack's "board silent" automation fires for a board whose heartbeats stop (window
+    shortened to 15 s here; 10 minutes by default)."""
+    from tasks.stack import server
+
+    monkeypatch.setenv("ODL_BOARD_SILENT_S", "15")
+    home = tmp_path / "silent" / ".odl"
+    env = server.stack_env(port=server.free_port(0), home=home)
+    try:
+        server.up(env)
+        beat = "from tasks.prefect import boards; boards.heartbeat('quiet1', True); boards.flush()"
+        subprocess.run(
+            [sys.executable, "-c", beat], env=env, check=True, timeout=60
+        )  # its own Prefect client
+        deadline, fired = time.monotonic() + 120, []
+        while not fired and time.monotonic() < deadline:
+            time.sleep(3)
+            body = {"filter": {"event": {"prefix": ["prefect.automation.triggered"]}}, "limit": 50}
+            found = _post(env, "/events/filter", body)["events"]
+            fired = [e for e in found if "odl: board silent" in json.dumps(e)]
+        assert fired, "the automation did not fire for a board silent for 15 s"
+        assert "odl.board.quiet1" in json.dumps(fired[0])
+    finally:
+        server.down(home)
+
+
+def _post(env, path, body):
+    from tests.e2e.prefect_api import post
+
+    return post(env, path, body)

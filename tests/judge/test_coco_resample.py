@@ -94,3 +94,15 @@ def test_the_bootstrap_tells_a_real_gain_from_noise():
     assert n["low"] <= 0 <= n["high"]
     with pytest.raises(EvaluationError, match="evaluated on 40 images and 4 classes, the reference on 12"):
         paired_map_bootstrap(good, _coco(*_scene(3))["matches"], "map50", 0.95)
+
+
+@pytest.mark.parametrize("max_detections", [50, 100, 200])
+def test_map_is_reported_for_any_max_detections(max_detections):
+    """pycocotools' summarize() reads mAP@[.5:.95] at maxDets == 100 only; the host's figures come
+    from the precision at the recipe's own max_detections, as the bootstrap's records do."""
+    found, gt_boxes, gt_labels = _scene(2)
+    m = coco_eval(found, gt_boxes, gt_labels, CLASSES, (96, 96), max_detections)
+    assert m["map"] > 0
+    for metric in ("map", "map50", "map75"):
+        got = map_from_records(m["matches"], np.ones((1, 12)), metric)[metric][0]
+        assert got == pytest.approx(m[metric], abs=1e-6)
