@@ -123,7 +123,7 @@ for rec in json.loads(runs[-1].read_text())["rounds"]:
           f"{rec['bytes_up']} B up, {rec['bytes_down']} B down")
 PY
     "$BIN/odl" registry digits_fleet lab
-    echo "Prefect UI: ${PREFECT_API_URL%/api}  (Runs > the latest fleet-lab run > Artifacts: the fleet report)"
+    echo "Prefect UI: ${PREFECT_API_URL%/api}  (Runs > the latest digits_fleet@lab run > Artifacts: the fleet report)"
     ;;
   down)
     "$BIN/odl" stack down
