@@ -93,7 +93,7 @@ stages.prepare_data(load_recipe('recipes/digits_fleet.toml'))"
       b="${FLEET_PREFIX}$((i + 1))"
       # an STM32MP25 each (4 GB RAM cap, 2 CPUs) but 0.5 CPU (a kernel quota) instead of the profile's
       # 0.25, so the four boards share this machine's two cores and the demo stays short
-      "$BIN/odl" board up --name "$b" --profile stm32mp25 --cpu-quota 0.5
+      quietly "$BIN/odl" board up --name "$b" --profile stm32mp25 --cpu-quota 0.5
       "$BIN/python" - "$b" <<'PY'
 import posixpath, sys
 from tasks.board.inventory import get_board
@@ -103,11 +103,13 @@ conn = connect(board)  # a fresh demo: the board's own data is exactly its share
 conn.run(["rm", "-rf", posixpath.join(board.root, "datasets", "digits")])
 conn.close()
 PY
-      "$BIN/odl" data push "$b" "recipes/data/digits-fleet/boards-4/board-$i.npz" --to datasets/digits
+      quietly "$BIN/odl" data push "$b" "recipes/data/digits-fleet/boards-4/board-$i.npz" --to datasets/digits
+      echo "board $b up with its share of the digits (board-$i.npz)"
     done
     "$BIN/odl" board group lab "${FLEET_PREFIX}1" "${FLEET_PREFIX}2" "${FLEET_PREFIX}3" "${FLEET_PREFIX}4"
-    "$BIN/odl" stack up "${PORT_ARGS[@]}"
+    quietly "$BIN/odl" stack up "${PORT_ARGS[@]}"
     stack_env
+    echo "Prefect server ${PREFECT_API_URL%/api}"
     "$BIN/odl" watch odl/fleet --kind fleet \
       --params '{"recipe": "recipes/digits_fleet.toml", "group": "lab"}' || true
     echo
