@@ -16,7 +16,7 @@ from tasks.errors import BoardError
 from tasks.judge.registry import Registry
 from tasks.paths import odl_home
 from tasks.prefect import boards
-from tasks.stack import server
+from tasks.stack import ownership, server
 from tasks.vboard.lifecycle import board_down, board_status, board_up
 
 
@@ -119,5 +119,5 @@ def use_stack() -> None:
     """Point Prefect at this home's stack when it runs (identity checked), so events and the
     overview reach its UI; without one they are skipped."""
     env = server.stack_env()
-    if "PREFECT_API_URL" not in os.environ and server.is_ours(env):
+    if "PREFECT_API_URL" not in os.environ and ownership.is_ours(env):
         os.environ["PREFECT_API_URL"] = env["PREFECT_API_URL"]

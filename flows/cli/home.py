@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tasks.paths import odl_home
 from tasks.prefect.params import recipe_name
-from tasks.stack import StackError, postgres, server
+from tasks.stack import StackError, ownership, postgres, server
 from tasks.stack.processes import running_pid
 
 
@@ -23,7 +23,7 @@ def cmd_stack(args: argparse.Namespace) -> int:
     if args.action == "up":
         if args.workers < 1:
             raise StackError(f"--workers {args.workers}: at least one worker")
-        port = args.port or server.choose_port()
+        port = args.port or ownership.choose_port()
         env = server.stack_env(port=port, db=args.db, pg_port=args.pg_port, host=args.host)
         pids = server.up(env, workers=args.workers)
         print(", ".join(f"{name} pid {pid}" for name, pid in pids.items()) + f"; database {database(env)}")
@@ -41,7 +41,7 @@ def cmd_stack(args: argparse.Namespace) -> int:
             print(f"export {key}={shlex.quote(env[key])}")
     else:
         print(f"server: {env['PREFECT_API_URL'].removesuffix('/api')}")
-        foreign = server.foreign_server(env)
+        foreign = ownership.foreign_server(env)
         if foreign:
             print(foreign)
         print(f"database: {database(env)}")
@@ -75,10 +75,10 @@ def prefect_api() -> str:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     if "PREFECT_API_URL" in os.environ:
         return os.environ["PREFECT_API_URL"]
-    if server.is_ours(env):  # this home's stack, by its identity: never another checkout's server
+    if ownership.is_ours(env):  # this home's stack, by its identity: never another checkout's server
         os.environ["PREFECT_API_URL"] = env["PREFECT_API_URL"]
         return f"the local stack's server ({env['PREFECT_API_URL'].removesuffix('/api')})"
-    foreign = server.foreign_server(env)
+    foreign = ownership.foreign_server(env)
     if foreign:
         print(foreign)
     db_url = env.get("PREFECT_API_DATABASE_CONNECTION_URL")

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from tasks.prefect.params import run_name, run_tags
-from tasks.stack import server
+from tasks.stack import ownership, server
 
 EVENT = re.compile(r"board \S+: (\w+) (.*)")
 FIELD = re.compile(r"(\w+)=(\S+)")
@@ -28,9 +28,10 @@ def cmd_watch(args: argparse.Namespace) -> int:
     """Create the run (named and tagged as the flow names it) and follow it to its end."""
     env = server.stack_env()
     if "PREFECT_API_URL" not in os.environ:  # this home's stack only (identity checked), never another's
-        if not server.is_ours(env):
+        if not ownership.is_ours(env):
             print(
-                server.foreign_server(env) or "odl watch: this home's Prefect stack is not up (odl stack up)"
+                ownership.foreign_server(env)
+                or "odl watch: this home's Prefect stack is not up (odl stack up)"
             )
             return 2
         os.environ["PREFECT_API_URL"] = env["PREFECT_API_URL"]

@@ -8,7 +8,6 @@ suggestion, wherever the model is built in-process (``odl flow``, a flow called 
 
 from __future__ import annotations
 
-import difflib
 import re
 import tomllib
 from datetime import date
@@ -17,12 +16,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from tasks.recipe.messages import close_match
+
 
 def unknown_parameter(key: str, allowed: list[str], where: str) -> str:
     """One line for an unknown ``key``: the closest allowed one and every allowed key."""
-    close = difflib.get_close_matches(key, allowed, n=1)
-    hint = f"did you mean {close[0]}? " if close else ""
-    return f"{where}: unknown parameter {key!r} ({hint}allowed: {', '.join(sorted(allowed))})"
+    return f"{where}: unknown parameter {key!r} ({close_match(key, allowed)})"
 
 
 def near_misses(key: str) -> list[str]:

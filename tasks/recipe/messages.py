@@ -66,11 +66,16 @@ def recipe_error(exc: ValidationError, root: type, where: str = "", source: str 
 
 def unknown_key(owner: type, key: str, field: str, source: str = "") -> RecipeError:
     """The error for an unknown ``key`` of table ``owner``: the closest known key, and all of them."""
-    allowed = known_keys(owner)
+    return RecipeError(
+        field, f"a known key, this one is unknown ({close_match(key, known_keys(owner))})", source=source
+    )
+
+
+def close_match(key: str, allowed: list[str]) -> str:
+    """ "did you mean <closest>? allowed: a, b, c" for an unknown ``key`` (recipe keys, flow parameters)."""
     close = difflib.get_close_matches(key, allowed, n=1)
     hint = f"did you mean {close[0]}? " if close else ""
-    text = f"a known key, this one is unknown ({hint}allowed: {', '.join(sorted(allowed))})"
-    return RecipeError(field, text, source=source)
+    return f"{hint}allowed: {', '.join(sorted(allowed))}"
 
 
 def known_keys(table: type) -> list[str]:

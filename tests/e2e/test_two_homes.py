@@ -73,25 +73,25 @@ def test_a_stack_never_uses_another_homes_server(tmp_path: Path, capsys):
     """Home one's stack runs; home two sees it on the port, refuses it with one line, and gets its
     own server on another port; each home's CLI and flows point at their own server only."""
     from flows.cli.home import prefect_api
-    from tasks.stack import StackError, server
+    from tasks.stack import StackError, ownership, server
 
     one, two = tmp_path / "one" / ".odl", tmp_path / "two" / ".odl"
-    port = server.free_port(0)
+    port = ownership.free_port(0)
     env1 = server.stack_env(port=port, home=one)
     try:
         server.up(env1)
-        assert server.is_ours(env1)
-        assert server.server_owner(env1)["home"] == str(one)
+        assert ownership.is_ours(env1)
+        assert ownership.server_owner(env1)["home"] == str(one)
         with odl_home_env(two):
             foreign = server.stack_env(port=port, home=two)
-            assert not server.is_ours(foreign)
-            assert server.foreign_server(foreign) == (
+            assert not ownership.is_ours(foreign)
+            assert ownership.foreign_server(foreign) == (
                 f"the Prefect server at http://127.0.0.1:{port} belongs to the project home {one}, "
                 f"not to {two}: not used"
             )
             with pytest.raises(StackError, match=f"belongs to the project home {one}"):
                 server.up(foreign)  # an explicit port held by another home: refused, not shared
-            assert server.choose_port(two) != port  # without --port: a free one
+            assert ownership.choose_port(two) != port  # without --port: a free one
             with _own_environ():
                 where = prefect_api()
                 assert "temporary Prefect server" in where and "PREFECT_API_URL" not in os.environ
@@ -106,11 +106,11 @@ def test_a_stack_never_uses_another_homes_server(tmp_path: Path, capsys):
 def test_a_silent_board_is_marked_by_the_automation(tmp_path: Path, monkeypatch):
     """The stack's "board silent" automation fires for a board whose heartbeats stop (window
     shortened to 15 s here; 10 minutes by default)."""
-    from tasks.stack import server
+    from tasks.stack import ownership, server
 
     monkeypatch.setenv("ODL_BOARD_SILENT_S", "15")
     home = tmp_path / "silent" / ".odl"
-    env = server.stack_env(port=server.free_port(0), home=home)
+    env = server.stack_env(port=ownership.free_port(0), home=home)
     try:
         server.up(env)
         beat = "from tasks.prefect import boards; boards.heartbeat('quiet1', True); boards.flush()"
