@@ -158,7 +158,10 @@ def test_the_gate_rejects_detection_noise_and_names_its_interval(prepared_ssd, t
         test = loss.significance  # the embedded loss is always tested now, per image
         assert test["test"].startswith("paired bootstrap") and "per-sample loss gain lies in [" in loss.reason
         assert loss.promote == (loss.gain > 0 and test["low"] > 0)
-        d = decide(cand, ref, PromotionSpec("map50", 0.0, 0.05, extra_tests_tolerance=None), "base")
+        spec = PromotionSpec("map50", 0.0, 0.05, extra_tests_tolerance=None)
+        d = decide(cand, ref, spec, "base")
+        if d.gain < 0:  # the nudge lost a little: then the base gains by noise over the nudged model
+            d = decide(ref, cand, spec, "nudged")
         if d.gain > 0:
             seen.add(seed)
             assert not d.promote, d.reason
@@ -168,4 +171,4 @@ def test_the_gate_rejects_detection_noise_and_names_its_interval(prepared_ssd, t
             assert "which includes no gain" in d.reason
         if seen:
             break
-    assert seen  # a noise "gain" in mAP@0.5 was met and refused
+    assert seen  # a noise "gain" in mAP@0.5 (either direction of the nudge) was met and refused
