@@ -4,7 +4,7 @@ A board application appends to a folder under the agent root (``ROOT/datasets/<n
 convention): ``.npz`` shards with the same arrays (``npz-shards``; detection shards too, bound by
 ``feeds``) or images in class subfolders (``image-folder``). It writes each file under a name
 starting with ``.`` or ending in ``.tmp``/``.part`` and renames it when complete; such names are
-never listed. ``list_dataset`` answers every file with its size, sha256 and sample count (hashes
+never listed. ``list_dataset`` answers every file with its size, sha256, sample count and arrays (hashes
 cached by size and mtime under ``ROOT/cache/datasets``); a job names the exact files it trains on
 (``DataRef.files``) and each is verified by sha256 before training.
 """
@@ -64,6 +64,11 @@ def _samples(path: Path, fmt: str) -> int:
     return int(len(next(iter(arrays.values()))))
 
 
+def _arrays(path: Path, fmt: str) -> list[str]:
+    """The array names of a shard (a shard without labels is one a teacher labels)."""
+    return sorted(load_npz_arrays(path, "dataset")) if fmt == "npz-shards" else []
+
+
 def list_dataset(root: Path, path: str, fmt: str) -> dict[str, Any]:
     """Every visible file of the folder with size, sha256 and samples; classes of an image folder."""
     if fmt not in ("npz-shards", "image-folder"):
@@ -82,10 +87,16 @@ def list_dataset(root: Path, path: str, fmt: str) -> dict[str, Any]:
         st = (folder / name).stat()
         key = [st.st_size, st.st_mtime_ns]
         hit = cache.get(name)
-        if not (isinstance(hit, list) and hit[:2] == key):
-            hit = [*key, file_sha256(folder / name), _samples(folder / name, fmt)]
+        if not (isinstance(hit, list) and len(hit) == 5 and hit[:2] == key):
+            hit = [
+                *key,
+                file_sha256(folder / name),
+                _samples(folder / name, fmt),
+                _arrays(folder / name, fmt),
+            ]
         fresh[name] = hit
-        files.append({"name": name, "size": hit[0], "sha256": hit[2], "samples": hit[3]})
+        files.append({"name": name, "size": hit[0], "sha256": hit[2], "samples": hit[3]}
+                     | ({"arrays": hit[4]} if fmt == "npz-shards" else {}))  # fmt: skip
     cache_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache_file.with_name(cache_file.name + f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(fresh))
@@ -116,8 +127,9 @@ def verify_files(folder: Path, ref: DataRef, field: str) -> list[Path]:
 class ShardDataset:
     """Several npz shards bound to the same model inputs, read as one dataset (memory-mapped)."""
 
-    def __init__(self, paths: list[Path], inputs: list[str], feeds: dict[str, str], field: str) -> None:
-        self.shards = [NpzDataset(p, inputs, feeds, f"{field} ({p.name})") for p in paths]
+    def __init__(self, paths: list[Path], inputs: list[str], feeds: dict[str, str], field: str,
+                 shards: list[Any] | None = None) -> None:  # fmt: skip
+        self.shards = shards or [NpzDataset(p, inputs, feeds, f"{field} ({p.name})") for p in paths]
         first = self.shards[0].arrays
         for shard in self.shards[1:]:
             for name, arr in shard.arrays.items():

@@ -154,6 +154,8 @@ def verify_inputs(job: JobDir, spec: JobSpec) -> dict[str, Path]:
     paths = {k: verify_blob(job, ref, f"artifacts.{k}") for k, ref in spec.artifacts.items()}
     if spec.prefix is not None:
         paths["prefix_model"] = verify_blob(job, spec.prefix.model, "prefix.model")
+    if spec.teacher is not None:
+        paths["teacher_model"] = verify_blob(job, spec.teacher.model, "teacher.model")
     paths["train_data"] = data_path(job, spec.train_data, "train_data")
     if spec.eval_data is not None:
         paths["eval_data"] = data_path(job, spec.eval_data, "eval_data")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from device_agent.prefix_spec import PrefixSpec
+from device_agent.teacher_spec import TeacherSpec
 from device_agent.wire import (
     PROTOCOL_VERSION,
     VERSION_KEY,
@@ -158,7 +159,7 @@ class TrainParams:
 
 
 JOB_KEYS = {VERSION_KEY, "job_id", "recipe_name", "artifacts", "train_data", "eval_data", "train", "task",
-            "output_names", "feeds", "memory_estimate_mb", "num_classes", "prefix"}  # fmt: skip
+            "output_names", "feeds", "memory_estimate_mb", "num_classes", "prefix", "teacher"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -177,23 +178,28 @@ class JobSpec:
     recipe_name: str = ""
     num_classes: int = 0  # classification: labels must be < num_classes (0 = take it from the model)
     prefix: PrefixSpec | None = None  # frozen-prefix caching: the artifacts train the suffix
+    teacher: TeacherSpec | None = None  # labels the unlabeled shards of train_data before training
     protocol_version: int = PROTOCOL_VERSION
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            VERSION_KEY: self.protocol_version,
-            "job_id": self.job_id,
-            "recipe_name": self.recipe_name,
-            "artifacts": {k: v.to_dict() for k, v in self.artifacts.items()},
-            "train_data": self.train_data.to_dict(),
-            "eval_data": self.eval_data.to_dict() if self.eval_data else None,
-            "train": self.train.to_dict(),
-            "task": self.task,
-            "output_names": list(self.output_names),
-            "feeds": dict(self.feeds),
-            "memory_estimate_mb": self.memory_estimate_mb,
-            "num_classes": self.num_classes,
-        } | ({"prefix": self.prefix.to_dict()} if self.prefix else {})
+        return (
+            {
+                VERSION_KEY: self.protocol_version,
+                "job_id": self.job_id,
+                "recipe_name": self.recipe_name,
+                "artifacts": {k: v.to_dict() for k, v in self.artifacts.items()},
+                "train_data": self.train_data.to_dict(),
+                "eval_data": self.eval_data.to_dict() if self.eval_data else None,
+                "train": self.train.to_dict(),
+                "task": self.task,
+                "output_names": list(self.output_names),
+                "feeds": dict(self.feeds),
+                "memory_estimate_mb": self.memory_estimate_mb,
+                "num_classes": self.num_classes,
+            }
+            | ({"prefix": self.prefix.to_dict()} if self.prefix else {})
+            | ({"teacher": self.teacher.to_dict()} if self.teacher else {})
+        )
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
@@ -240,6 +246,7 @@ class JobSpec:
             recipe_name=get_field(d, "recipe_name", str, "", ""),
             num_classes=num_classes,
             prefix=PrefixSpec.from_dict(d["prefix"]) if d.get("prefix") is not None else None,
+            teacher=TeacherSpec.from_dict(d["teacher"]) if d.get("teacher") is not None else None,
             protocol_version=version,
         )
 

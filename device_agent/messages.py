@@ -94,6 +94,7 @@ class JobResult:
     outputs: dict[str, FileRef]  # e.g. inference -> inference.onnx, checkpoint -> checkpoints/final
     error: str = ""
     versions: dict[str, str] = field(default_factory=dict)
+    teacher: dict[str, Any] = field(default_factory=dict)  # the teacher's labels (device_agent.teacher)
     protocol_version: int = PROTOCOL_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -132,6 +133,7 @@ class JobResult:
             outputs=outputs,
             error=get_field(d, "error", str, "result", ""),
             versions=dict(get_field(d, "versions", dict, "result", {})),
+            teacher=dict(get_field(d, "teacher", dict, "result", {})),
             protocol_version=read_version(d, "result", PROTOCOL_VERSION),
         )
 

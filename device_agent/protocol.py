@@ -41,6 +41,7 @@ import re
 from device_agent.jobspec import ARTIFACT_KEYS, TASKS, DataFile, DataRef, JobSpec, TrainParams
 from device_agent.messages import BlobListing, BoardInfo, Event, FileRef, JobResult
 from device_agent.prefix_spec import PrefixSpec
+from device_agent.teacher_spec import TeacherSpec
 from device_agent.wire import (
     JOB_ID_RE,
     PROTOCOL_VERSION,
@@ -64,7 +65,8 @@ BLOBS_DIR = "blobs"
 BLOB_TMP_PREFIX = ".tmp-"
 BLOB_TMP_RE = re.compile(r"^\.tmp-[0-9a-f]{64}-[0-9a-f]{8,32}$")
 STALE_TMP_S = 600  # an upload untouched this long was cut off: ``blobs`` removes it
-EVENT_TYPES = ("started", "step", "epoch", "eval", "checkpoint", "cache", "finished", "failed", "cancelled")
+EVENT_TYPES = ("started", "labels", "step", "epoch", "eval", "checkpoint", "cache", "finished", "failed",
+               "cancelled")  # fmt: skip
 
 
 @enum.unique
@@ -150,7 +152,7 @@ __all__ = [
     "AGENT_VERSION", "ARTIFACT_KEYS", "BLOBS_DIR", "BLOB_TMP_PREFIX", "BLOB_TMP_RE", "EVENT_TYPES",
     "EXIT_HELP", "JOB_ID_RE", "NEVER_RETRY", "PROTOCOL_VERSION", "SHA256_RE", "STALE_TMP_S", "TASKS",
     "V1_VERSION_KEYS", "VERSION_KEY", "BlobListing", "BlobRef", "BoardInfo", "DataFile", "DataRef", "Event",
-    "ExitCode", "FileRef", "JobResult", "JobSpec", "PrefixSpec", "SpecError", "TrainParams", "blob_tmp_name",
+    "ExitCode", "FileRef", "JobResult", "JobSpec", "PrefixSpec", "SpecError", "TeacherSpec", "TrainParams", "blob_tmp_name",
     "check_version", "file_sha256", "get_field", "parse_json", "read_version", "reject_unknown", "typed_fields",
     "valid_blob_name", "valid_job_id",
 ]  # fmt: skip

@@ -7,6 +7,7 @@ last checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -20,7 +21,7 @@ import numpy as np
 from device_agent.checkpoints import Progress, latest_checkpoint, write_state
 from device_agent.checks import check_dataset, model_io, np_dtype
 from device_agent.data import ImageFolderDataset, InputSpec, NpzDataset
-from device_agent.datasets import folder_dataset
+from device_agent.datasets import ShardDataset, dataset_files, folder_dataset, verify_files
 from device_agent.errors import AgentError
 from device_agent.events import EventLog
 from device_agent.jobdir import JobDir, atomic_write, check_resources, read_result, verify_inputs
@@ -28,6 +29,7 @@ from device_agent.ort import load_training_api
 from device_agent.prefix_cache import RAM_SHARE, PrefixCache, open_prefix
 from device_agent.protocol import NEVER_RETRY, DataRef, ExitCode, FileRef, JobResult, JobSpec, file_sha256
 from device_agent.sysinfo import meminfo_mb, peak_rss_mb, versions
+from device_agent.teacher import teacher_shards
 from device_agent.trainer import Cancelled, Session, Trainer
 
 log = logging.getLogger(__name__)
@@ -55,10 +57,10 @@ def run_job(job: JobDir, spec: JobSpec) -> JobResult:
     trainer: Trainer | None = None
     progress = Progress()
     try:
-        trainer, progress = _prepare(job, spec, events)
+        trainer, progress, teacher = _prepare(job, spec, events)
         _install_sigterm(trainer)
         trainer.train(progress)
-        result = _finish(job, spec, trainer, progress, t0)
+        result = dataclasses.replace(_finish(job, spec, trainer, progress, t0), teacher=teacher)
         events.emit("finished", steps=result.steps, metrics=result.metrics, duration_s=result.duration_s)
     except Cancelled as exc:
         result = _result(spec, "cancelled", ExitCode.CANCELLED, progress, t0, error=str(exc))
@@ -89,6 +91,9 @@ class OpenJob:
     resumed: bool
     num_classes: int | None
     data_inputs: list  # what the data must hold: the model's inputs (a split job: the prefix's)
+    teacher: dict[
+        str, Any
+    ]  # the teacher's labels: counts, confidence histogram, classes, timing ({} without)
 
 
 def open_job(job: JobDir, spec: JobSpec, events: EventLog | None = None) -> OpenJob:
@@ -111,7 +116,11 @@ def open_job(job: JobDir, spec: JobSpec, events: EventLog | None = None) -> Open
     if spec.prefix is not None:  # the data feeds the prefix; the module reads its output instead
         prefix, data_inputs = _prefix_inputs(paths["prefix_model"], spec, inputs)
         data_names = [i.name for i in data_inputs]
-    train_ds = _dataset(spec.train_data, paths["train_data"], data_names, data_inputs, spec, "train_data")
+    teacher: dict[str, Any] = {}
+    if spec.teacher is not None:  # the unlabeled shards get the teacher's labels first
+        train_ds, teacher = _taught(spec, paths, data_names, classes or 0, events)
+    else:
+        train_ds = _dataset(spec.train_data, paths["train_data"], data_names, data_inputs, spec, "train_data")
     eval_ds = None
     if spec.eval_data is not None:
         eval_ds = _dataset(spec.eval_data, paths["eval_data"], data_names, data_inputs, spec, "eval_data")
@@ -124,7 +133,27 @@ def open_job(job: JobDir, spec: JobSpec, events: EventLog | None = None) -> Open
         train_ds, eval_ds = _cached(job, spec, prefix, names, train_ds, eval_ds, events)
     progress = Progress.from_properties(state.properties) if resume else Progress()
     session = Session(api, state, module, optimizer, inputs)
-    return OpenJob(session, train_ds, eval_ds, progress, resume is not None, classes, data_inputs)
+    return OpenJob(session, train_ds, eval_ds, progress, resume is not None, classes, data_inputs, teacher)
+
+
+def _taught(spec: JobSpec, paths: dict[str, Path], names: list[str], classes: int,
+            events: EventLog | None) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+    """The train shards with the teacher's labels on the unlabeled ones, and the labels' figures."""
+    assert spec.teacher is not None
+    ref, folder = spec.train_data, paths["train_data"]
+    if ref.format != "npz-shards":
+        raise AgentError(ExitCode.INVALID_SPEC, f"teacher: labels npz-shards datasets only (train_data is {ref.format})",
+                         "teacher")  # fmt: skip
+    files = (
+        verify_files(folder, ref, "train_data")
+        if ref.files
+        else [folder / n for n in dataset_files(folder, ref.format)[0]]
+    )
+    if not files:
+        raise AgentError(ExitCode.DATA_MISMATCH, f"train_data: no files in {folder}", "train_data")
+    got = teacher_shards(paths["teacher_model"], spec.teacher, folder, files, names, spec.feeds, classes, events,
+                         "train_data")  # fmt: skip
+    return ShardDataset(files, names, spec.feeds, "train_data", shards=got.shards), got.figures
 
 
 def _prefix_inputs(path: Path, spec: JobSpec, inputs: list) -> tuple[Any, list]:
@@ -152,14 +181,15 @@ def _cached(job: JobDir, spec: JobSpec, sess: Any, names: list[str], train_ds: A
     return train, eval_ds
 
 
-def _prepare(job: JobDir, spec: JobSpec, events: EventLog) -> tuple[Trainer, Progress]:
+def _prepare(job: JobDir, spec: JobSpec, events: EventLog) -> tuple[Trainer, Progress, dict[str, Any]]:
     opened = open_job(job, spec, events)
     progress = opened.progress
     trainer = Trainer(job, spec, opened.session, opened.train_ds, opened.eval_ds, events)
     events.emit("started", resumed_from_step=progress.step if opened.resumed else None, total_steps=trainer.total,
                 steps_per_epoch=trainer.spe, train_samples=len(opened.train_ds), pid=os.getpid(),
-                eval_samples=len(opened.eval_ds) if opened.eval_ds is not None else 0)  # fmt: skip
-    return trainer, progress
+                eval_samples=len(opened.eval_ds) if opened.eval_ds is not None else 0,
+                **({"teacher": opened.teacher} if opened.teacher else {}))  # fmt: skip
+    return trainer, progress, opened.teacher
 
 
 def _training_api() -> Any:

@@ -253,13 +253,16 @@ class Trainer:
 def _correct_of(task: str, logits: np.ndarray, labels: np.ndarray) -> int:
     """Correct predictions of one batch: argmax = label (classification), sign = label (binary)."""
     if task == "classification":
-        return int((logits.argmax(axis=-1) == labels.reshape(-1)).sum())
+        top = labels.argmax(axis=-1) if labels.ndim == logits.ndim == 2 else labels  # soft labels: top class
+        return int((logits.argmax(axis=-1) == top.reshape(-1)).sum())
     return int(((logits.reshape(-1) > 0) == (labels.reshape(-1) > 0.5)).sum())
 
 
 def _count_correct(task: str, pending: list[tuple[np.ndarray, np.ndarray]]) -> int:
     """``_correct_of`` summed over several batches, in a few numpy calls when their shapes allow."""
     logits = [lg for lg, _ in pending]
+    if task == "classification" and all(lb.ndim == 2 for _, lb in pending):  # soft labels: their top class
+        pending = [(lg, lb.argmax(axis=-1)) for lg, lb in pending]
     labels = np.concatenate([lb for _, lb in pending], axis=None)
     if task == "binary":
         return int(((np.concatenate(logits, axis=None) > 0) == (labels > 0.5)).sum())

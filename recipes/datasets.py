@@ -102,6 +102,45 @@ def digits_nightly(out_dir: Path) -> None:
         _save(out_dir / "heldout" / name, hx, hy)
 
 
+def augment(x: np.ndarray, copies: int, seed: int) -> np.ndarray:
+    """``copies`` randomly rotated (-50..50 degrees) and noised (sigma 0..0.25) versions of each digit."""
+    from scipy.ndimage import rotate
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(copies):
+        angles, sigma = rng.uniform(-50, 50, len(x)), rng.uniform(0, 0.25, (len(x), 1, 1, 1))
+        rot = np.stack([rotate(img[0], a, reshape=False, order=1, mode="constant")[None]
+                        for img, a in zip(x, angles, strict=True)])  # fmt: skip
+        out.append(rot + rng.normal(0, 1, rot.shape) * sigma)
+    return np.concatenate(out).astype(np.float32)
+
+
+def digits_teacher(out_dir: Path) -> None:
+    """A teacher and a student for learning from unlabeled board data: ``teacher.onnx`` (a larger CNN
+    trained on the host on the 900 clean pretraining digits, augmented by random rotations and noise),
+    the student's ``base_weights.pt`` (the small CNN pretrained on the same clean digits), the shifted
+    test set (197) and the clean one (200), and the board's two nights of unlabeled shifted digits,
+    ``shards/shard-000{1,2}.npz`` (250 each, ``x`` only); their withheld labels are in ``truth/``
+    for measuring the teacher's pseudo-labels, never sent."""
+    out_dir = Path(out_dir)
+    x, y = _digits()
+    pre, clean, rest = slice(0, 900), slice(900, 1100), slice(1100, None)
+    xs, ys = shift_domain(x[rest], seed=1), y[rest]
+    _save(out_dir / "clean_test.npz", x[clean], y[clean])
+    _save(out_dir / "test.npz", xs[500:], ys[500:])
+    for night, rows in enumerate((slice(0, 250), slice(250, 500)), start=1):
+        path = out_dir / "shards" / f"shard-{night:04d}.npz"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(path, x=xs[rows].astype(np.float32))
+        (out_dir / "truth").mkdir(exist_ok=True)
+        np.savez(out_dir / "truth" / path.name, y=ys[rows].astype(np.int64))
+    models = _sibling_models()
+    models.pretrain_digits(x[pre], y[pre], out_dir / "base_weights.pt")
+    xa = np.concatenate([x[pre], augment(x[pre], copies=5, seed=21)])
+    models.train_digits_teacher(xa, np.tile(y[pre], 6), out_dir / "teacher.onnx")
+
+
 FLEET_SIZES = (1, 2, 4, 8)
 FLEET_ALPHA = 0.5  # Dirichlet concentration of the label split: small = each board sees few classes
 

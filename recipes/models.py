@@ -43,11 +43,12 @@ def digits_cnn(num_classes: int = 10) -> nn.Module:
     return DigitsCNN(num_classes)
 
 
-def pretrain_digits(x: np.ndarray, y: np.ndarray, out: Path, *, epochs: int = 15, seed: int = 0) -> Path:
-    """Pretrain :class:`DigitsCNN` on clean digits with torch and save its state_dict to ``out``."""
-    torch.manual_seed(seed)
-    model = DigitsCNN(10)
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+def fit(
+    model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int, lr: float, seed: int = 0
+) -> nn.Module:
+    """Train ``model`` with Adam and cross-entropy on (x, y), batches shuffled by ``seed``; returns it
+    in eval mode."""
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
     gen = torch.Generator().manual_seed(seed)
     model.train()
@@ -56,8 +57,44 @@ def pretrain_digits(x: np.ndarray, y: np.ndarray, out: Path, *, epochs: int = 15
             opt.zero_grad()
             F.cross_entropy(model(xt[idx]), yt[idx]).backward()
             opt.step()
+    return model.eval()
+
+
+def pretrain_digits(x: np.ndarray, y: np.ndarray, out: Path, *, epochs: int = 15, seed: int = 0) -> Path:
+    """Pretrain :class:`DigitsCNN` on clean digits with torch and save its state_dict to ``out``."""
+    torch.manual_seed(seed)
+    model = fit(DigitsCNN(10), x, y, epochs=epochs, lr=3e-3, seed=seed)
     out.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(model.eval().state_dict(), out)
+    torch.save(model.state_dict(), out)
+    return out
+
+
+class DigitsTeacher(nn.Module):
+    """A larger digits CNN (about 20x the student's parameters): the teacher of ``digits_teacher``."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(1, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+            nn.Conv2d(64, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(128, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(), nn.Flatten(),
+            nn.Linear(128 * 4 * 4, 256), nn.ReLU(), nn.Linear(256, num_classes),
+        )  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def train_digits_teacher(x: np.ndarray, y: np.ndarray, out: Path, *, epochs: int = 12, seed: int = 0) -> Path:
+    """Train :class:`DigitsTeacher` on (augmented) digits and export it to ONNX (opset 17, dynamic batch)."""
+    torch.manual_seed(seed)
+    model = fit(DigitsTeacher(10), x, y, epochs=epochs, lr=2e-3, seed=seed)
+    xt = torch.from_numpy(x[:2])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp.onnx")
+    torch.onnx.export(model, (xt,), str(tmp), input_names=["input"], output_names=["logits"],
+                      dynamic_axes={"input": {0: "N"}, "logits": {0: "N"}}, opset_version=17, dynamo=False)  # fmt: skip
+    tmp.replace(out)
     return out
 
 

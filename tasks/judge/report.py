@@ -18,6 +18,7 @@ from tasks.judge.charts import confusion_chart, data_url, line_chart
 from tasks.judge.continual import continual_md
 from tasks.judge.registry import Decision
 from tasks.judge.report_detection import detection_md
+from tasks.judge.report_teacher import teacher_md
 from tasks.judge.trend import lineage_md, trend_section
 
 HEADLINE = [
@@ -58,6 +59,7 @@ class ReportInput:
     trend: list[dict[str, Any]] = field(default_factory=list)  # tasks.judge.trend.trend_points
     lineage: dict[str, Any] = field(default_factory=dict)  # start_from, board_data, rollout
     continual: list[dict[str, Any]] = field(default_factory=list)  # tasks.judge.continual.night_rows
+    teacher: dict[str, Any] = field(default_factory=dict)  # the board's teacher figures (result.teacher)
 
 
 def report_key(recipe: str, board: str, kind: str = "report") -> str:
@@ -240,6 +242,7 @@ def render_report(inp: ReportInput) -> str:
     ]
     for name, cols in inp.extra_tests.items():
         md += ["", f"### Extra test set `{name}`", compare_table(cols)]
+    md += teacher_md(inp.teacher, (inp.lineage.get("board_data") or {}).get("unlabeled"))
     md += detection_md(inp.evaluations, inp.test_path)
     md += _int8_md(inp)
     md += [""] + _training_md(inp)

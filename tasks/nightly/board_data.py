@@ -28,6 +28,7 @@ from tasks.errors import DataError, NoNewData, RegistryError
 from tasks.judge.continual import learnt_shards
 from tasks.judge.registry import Registry
 from tasks.recipe.schema import Recipe
+from tasks.recipe.teacher import label_key
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,13 @@ def board_data(recipe: Recipe, board: str, listing: dict[str, Any], reg: Registr
         files, new, replayed = select(listing, mode, d.replay, recipe.training.seed, seen)
     else:
         files = pinned(reg, recipe.name, board, mode, listing)
+    unlabeled = unlabeled_files(recipe, files)
+    if unlabeled and recipe.teacher is None:
+        raise DataError(
+            f"data.board_dataset: {unlabeled[0]['name']} on {board} has no {label_key(recipe)!r} array "
+            f"({len(unlabeled)} unlabeled file(s), {sum(f['samples'] for f in unlabeled)} samples): add a "
+            "[teacher] table to label them on the board"
+        )
     pins = tuple(DataFile(f["name"], f["sha256"], f["size"], f["samples"]) for f in files)
     classes = tuple(listing.get("classes") or ()) or None
     ref = DataRef(d.board_format, path=d.board_dataset, files=pins, classes=classes)
@@ -123,6 +131,18 @@ def board_data(recipe: Recipe, board: str, listing: dict[str, Any], reg: Registr
         "replayed": replayed,
         "samples": sum(p.samples for p in pins),
         "folder_files": len(listing["files"]),
+        "unlabeled": {
+            "files": [f["name"] for f in unlabeled],
+            "samples": sum(f["samples"] for f in unlabeled),
+            "new_samples": sum(f["samples"] for f in unlabeled if f["name"] in new),
+            "label_key": label_key(recipe),
+        },
         "learnt": learnt_shards({"files": [p.to_dict() for p in pins]}, seen),  # held-out sets judged on
     }
     return BoardData(ref, record)
+
+
+def unlabeled_files(recipe: Recipe, files: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The listed files without the label array (the board's listing names each shard's arrays)."""
+    key = label_key(recipe)
+    return [f for f in files if "arrays" in f and key not in f["arrays"]]

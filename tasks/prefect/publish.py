@@ -71,6 +71,7 @@ def report_input(
         trend=points,
         continual=nights,
         lineage=lineage or {},
+        teacher=result.get("teacher") or {},
     )
 
 

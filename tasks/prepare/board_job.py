@@ -15,6 +15,7 @@ from device_agent.protocol import (
     JobSpec,
     PrefixSpec,
     SpecError,
+    TeacherSpec,
     TrainParams,
     file_sha256,
     valid_job_id,
@@ -22,6 +23,7 @@ from device_agent.protocol import (
 from tasks.checkpoint import checkpoint_weights, write_checkpoint
 from tasks.errors import ArtifactError, DataError, RecipeError
 from tasks.prepare import Prepared
+from tasks.prepare.teacher import wire_teacher
 from tasks.recipe.schema import Recipe
 
 __all__ = ["build_job_spec", "file_sha256", "train_params"]
@@ -98,8 +100,21 @@ def build_job_spec(
         recipe_name=recipe.name,
         num_classes=(recipe.model.num_classes or 0) if recipe.task == "classification" else 0,
         prefix=prefix,
+        teacher=_teacher(recipe, files),
     )
     return spec, files
+
+
+def _teacher(recipe: Recipe, files: dict[str, Path]) -> TeacherSpec | None:
+    """The job's ``teacher``: the recipe's teacher model as a blob, and its labelling rule."""
+    if recipe.teacher is None:
+        return None
+    path = recipe.teacher.model
+    if not path.is_file():
+        raise RecipeError("teacher.model", "an ONNX file on the host", str(path), source=str(recipe.source))
+    sha = file_sha256(path)
+    files[sha] = path
+    return wire_teacher(recipe, sha, path.stat().st_size, recipe.model.num_classes or 0)
 
 
 def _prefix(recipe: Recipe, prepared: Prepared, split: dict, files: dict[str, Path]) -> PrefixSpec:

@@ -18,6 +18,7 @@ import onnx
 
 from tasks.errors import ArtifactError, RecipeError
 from tasks.hashing import file_sha256
+from tasks.prepare.distillation import distillation_loss
 from tasks.prepare.export import quiet_stderr
 from tasks.prepare.messages import generate_failure
 from tasks.prepare.onnx_versions import MAX_IR, MAX_OPSET
@@ -93,6 +94,12 @@ def build_loss(recipe: Recipe, model: onnx.ModelProto) -> tuple[Any, str]:
                 type(block).__name__,
             )
         return block, f"custom:{recipe.loss.factory}"
+    if kind == "distillation":
+        if len(outs) != 1 or len(shapes[outs[0]]) != 2:
+            raise RecipeError("loss.kind", "'distillation' for a model with one [batch, classes] output",
+                              f"outputs {shapes}")  # fmt: skip
+        temperature = recipe.teacher.temperature if recipe.teacher else 1.0
+        return distillation_loss(temperature), f"distillation (T = {temperature:g})"
     if len(outs) != 1:
         raise RecipeError(
             "loss.kind",

@@ -25,11 +25,12 @@ from onnx import numpy_helper
 
 from tasks.errors import ValidationFailed
 from tasks.paths import PROJECT_ROOT
-from tasks.prepare.data_checks import check_data
+from tasks.prepare.data_checks import check_data, model_classes
 from tasks.prepare.export import example_arrays, quiet_stderr
 from tasks.prepare.messages import layer_of
 from tasks.prepare.probe_failures import crash_check, failed_check
 from tasks.prepare.rehearse import check_join, inference_paths
+from tasks.prepare.teacher import check_budget, rehearse_teacher
 from tasks.prepare.torch_model import build_model
 from tasks.recipe.load import recipe_hash
 from tasks.recipe.schema import Recipe
@@ -50,7 +51,9 @@ def run_probe(recipe: Recipe, out_dir: Path, manifest: dict, steps: int) -> dict
     """Train a few steps in a torch-free subprocess; return its report or raise the failed check."""
     cfg = {
         "artifacts_dir": str(out_dir / "artifacts"),
-        "data": str(recipe.data.train or recipe.data.test),
+        "data": str(
+            out_dir / "teacher_probe.npz" if recipe.teacher else recipe.data.train or recipe.data.test
+        ),
         "feeds": manifest["feeds"],
         "batch_size": recipe.training.batch_size,
         "steps": max(steps, 2),
@@ -227,6 +230,9 @@ def validate(recipe: Recipe, out_dir: Path, *, steps: int = 5) -> dict:
     report: dict[str, Any] = {"passed": False, "recipe_hash": recipe_hash(recipe), "checks": {}}
     try:
         report["checks"]["data_fits_model"] = check_data(recipe, manifest, out_dir)
+        if recipe.teacher is not None:  # before the probe, which trains on the teacher's labels
+            classes = recipe.model.num_classes or model_classes(out_dir, manifest) or 0
+            report["checks"]["teacher"] = rehearse_teacher(recipe, out_dir, classes, MEMORY_MARGIN)
         probe = run_probe(recipe, out_dir, manifest, steps)
         report["checks"].update(load_artifacts=True, train_step=True, eval_step=True, export_inference=True)
         note = check_losses(probe, recipe.trainable.batchnorm)
@@ -241,7 +247,16 @@ def validate(recipe: Recipe, out_dir: Path, *, steps: int = 5) -> dict:
         _write(out_dir, report)
         exc.report = report  # for callers whose folder does not survive the failure
         raise
-    report.update(_figures(recipe, probe, manifest), passed=True)
+    report.update(_figures(recipe, probe, manifest))
+    if recipe.teacher is not None:
+        try:
+            check_budget(recipe, report["checks"]["teacher"], report["board_peak_estimate_mb"])
+        except ValidationFailed as exc:
+            report.update(failed_check=exc.check, error=str(exc))
+            _write(out_dir, report)
+            exc.report = report
+            raise
+    report["passed"] = True
     _write(out_dir, report)
     log.info(
         "validation passed: %.4f s/step at batch %d, board peak estimate %.0f MB",

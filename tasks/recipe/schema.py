@@ -9,7 +9,7 @@ A recipe file is one :class:`Recipe`::
     [trainable]    # strategy = "last-conv+classifier"
     [loss]         # kind = "cross-entropy"
     [data]         # train = "data/train.npz", test = "data/test.npz"
-    # optional: [optimizer] [schedule] [training] [promotion] [fleet] [head] [quantize] [detection]
+    # optional: [optimizer] [schedule] [training] [promotion] [fleet] [head] [quantize] [detection] [teacher]
 
 The fields below are the reference (each ``description`` is its help); ``odl recipe schema`` writes
 them as a JSON Schema (``recipes/recipe.schema.json``) for editors. Unknown keys are errors, and so
@@ -47,6 +47,7 @@ from tasks.recipe.fields import (
     recipe_table,
 )
 from tasks.recipe.messages import Expect, expected
+from tasks.recipe.teacher import TeacherSpec, teacher_rules
 from tasks.recipe.training import LossSpec, OptimizerSpec, ScheduleSpec, TrainableSpec, TrainingSpec
 
 BoardFormat = Literal["npz-shards", "image-folder"]
@@ -55,7 +56,7 @@ Task = Literal[TASKS]  # type: ignore[valid-type]  # the board's task names (dev
 ACCURACY_TASKS = ("classification", "binary")
 DETECTION_METRICS = ("map50", "map", "map75")
 TESTED_METRICS = ("accuracy", "loss", "mse", "mae", *DETECTION_METRICS)  # a per-sample significance test
-OPTIONAL_TABLES = ("head", "quantize", "detection")  # an empty table is the same as none
+OPTIONAL_TABLES = ("head", "quantize", "detection", "teacher")  # an empty table is the same as none
 
 
 @recipe_table("model")
@@ -214,6 +215,7 @@ class Recipe:
     detection: DetectionSpec | None = None
     head: HeadSpec | None = None
     quantize: QuantizeSpec | None = None
+    teacher: TeacherSpec | None = None
     fleet: FleetSpec = dataclasses.field(default_factory=FleetSpec)
     # set by the loader, not keys of the file:
     source: SkipJsonSchema[Path] = Path("recipe.toml")  # the recipe file (or a synthetic path)
@@ -290,3 +292,4 @@ class Recipe:
             )
         if kind == "cross-entropy" and task != "classification":
             yield "loss.kind", f"a loss for task '{task}' (cross-entropy needs classification)", kind
+        yield from teacher_rules(self)

@@ -31,11 +31,11 @@ LearningRate = Annotated[Number, Field(gt=0, le=10, description="the optimizer's
 
 
 def _loss_kind(kind: str) -> str:
-    if kind in (*BUILTIN_LOSSES, "embedded", "custom") or re.match(CUSTOM_LOSS, kind):
+    if kind in (*BUILTIN_LOSSES, "embedded", "custom", "distillation") or re.match(CUSTOM_LOSS, kind):
         return kind
     if kind.startswith("custom:"):
         raise expected("custom:module:factory (a 'module:callable' reference after 'custom:')", got=kind)
-    raise expected(", ".join(BUILTIN_LOSSES) + ", custom:module:factory or embedded", got=kind)
+    raise expected(", ".join(BUILTIN_LOSSES) + ", distillation, custom:module:factory or embedded", got=kind)
 
 
 @recipe_table("trainable")
@@ -105,11 +105,17 @@ class LossSpec:
         str,
         AfterValidator(_loss_kind),
         WithJsonSchema(
-            {"anyOf": [{"enum": [*BUILTIN_LOSSES, "embedded"]}, {"type": "string", "pattern": CUSTOM_LOSS}]}
+            {
+                "anyOf": [
+                    {"enum": [*BUILTIN_LOSSES, "distillation", "embedded"]},
+                    {"type": "string", "pattern": CUSTOM_LOSS},
+                ]
+            }
         ),
     ] = Field(
-        description="mse | cross-entropy | bce-with-logits | l1 | custom:module:factory (an onnxblock "
-        "loss) | embedded (the model's first output is the loss)"
+        description="mse | cross-entropy | bce-with-logits | l1 | distillation (soft labels of a [teacher] "
+        "at its temperature) | custom:module:factory (an onnxblock loss) | embedded (the model's first "
+        "output is the loss)"
     )
     factory: SkipJsonSchema[str | None] = None  # set from kind = "custom:module:factory"
 

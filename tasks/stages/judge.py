@@ -102,7 +102,8 @@ def evaluate(
     kind it trains with, or its custom or embedded loss run by the prepared eval graph with that
     model's weights; the current version is evaluated again, so it is compared on the same loss.
     """
-    models = {"base": base_model(prep)}
+    models = {"teacher": recipe.teacher.model} if recipe.teacher else {}  # its accuracy beside the student's
+    models["base"] = base_model(prep)
     if reference.model is not None:
         models["current"] = reference.model
     models["candidate"] = Path(candidate)

@@ -1,0 +1,173 @@
+"""Offline rehearsal of a recipe's ``[teacher]``: before anything reaches a board, the teacher must
+load in the board's ONNX Runtime, answer ``[N, num_classes]`` on the host's test samples, and fit the
+job's RAM budget together with training. Each refusal is one line naming the field.
+
+It also writes what validation's training probe trains on (the test inputs with the labels the
+teacher gives them, by the board's own code: :mod:`device_agent.teacher`), so a distillation
+loss is rehearsed on the soft targets the board will feed it, and measures the teacher's accuracy
+on the test set (the report sets it beside the student's).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from device_agent.errors import AgentError
+from device_agent.teacher import log_probs, make_labels, select_rows
+from device_agent.teacher_spec import TeacherSpec as WireTeacher
+from tasks.errors import ValidationFailed
+from tasks.prepare.onnx_versions import MAX_IR, MAX_OPSET
+from tasks.recipe.schema import Recipe
+from tasks.recipe.teacher import label_key
+
+PROBE_ROWS = 256  # test rows the teacher answers on the host
+BOARD_ORT = "ONNX Runtime 1.19.2"
+MEASURE = r"""
+import json, sys
+import numpy as np
+import onnxruntime as ort
+
+def rss(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return float(line.split()[1]) / 1024.0
+cfg = json.loads(sys.argv[1])
+base = rss("VmRSS:")
+sess = ort.InferenceSession(cfg["model"], providers=["CPUExecutionProvider"])
+arg = sess.get_inputs()[0]
+x = np.load(cfg["data"])[cfg["input"]][: cfg["batch"]]
+reps = -(-cfg["batch"] // max(1, len(x)))
+x = np.concatenate([x] * reps)[: cfg["batch"]].astype(np.float16 if "float16" in arg.type else np.float32)
+sess.run(None, {arg.name: x})
+print(json.dumps({"base_mb": base, "peak_mb": rss("VmHWM:")}))
+"""
+
+
+def fail(message: str) -> ValidationFailed:
+    return ValidationFailed("teacher", message)
+
+
+def wire_teacher(recipe: Recipe, sha256: str = "0" * 64, size: int = 0, num_classes: int = 0) -> WireTeacher:
+    """The recipe's ``[teacher]`` as the job spec's (the board's) teacher."""
+    from device_agent.protocol import BlobRef
+
+    t = recipe.teacher
+    assert t is not None
+    return WireTeacher(BlobRef(sha256, size), labels=t.labels, scores=t.scores, input=t.input, output=t.output,
+                       target=label_key(recipe), threshold=t.threshold, balance_cap=t.balance_cap, temperature=t.temperature,
+                       batch_size=t.batch_size, num_classes=num_classes)  # fmt: skip
+
+
+def check_versions(path: Path) -> dict[str, int]:
+    """The teacher's IR version and default-domain opset, refused when the board's ORT cannot load them."""
+    if not path.is_file():
+        raise fail(f"teacher.model: {path} does not exist")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - protobuf decode errors
+        raise fail(f"teacher.model: {path.name} is not an ONNX model ({type(exc).__name__})") from exc
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    if opset > MAX_OPSET:
+        raise fail(f"teacher.model: {path.name} uses opset {opset}; the board's {BOARD_ORT} loads opsets up to "
+                   f"{MAX_OPSET} (export it with opset_version <= {MAX_OPSET})")  # fmt: skip
+    if model.ir_version > MAX_IR:
+        raise fail(f"teacher.model: {path.name} has IR version {model.ir_version}; the board's {BOARD_ORT} loads "
+                   f"up to {MAX_IR} (save it with onnx 1.16/1.17 or convert it)")  # fmt: skip
+    return {"opset": opset, "ir_version": model.ir_version}
+
+
+def teacher_outputs(path: Path, x: np.ndarray, output: str) -> np.ndarray:
+    """The teacher's output ``output`` (or first) on ``x``, through the board's ORT version."""
+    import onnxruntime as ort
+
+    try:
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise fail(f"teacher.model: {path.name} does not load in {BOARD_ORT}: {first[:300]}") from exc
+    arg, outs = sess.get_inputs()[0], [o.name for o in sess.get_outputs()]
+    name = output or outs[0]
+    if name not in outs:
+        raise fail(f"teacher.output: {name!r} is not an output of {path.name} (outputs: {outs})")
+    want = [d if isinstance(d, int) else None for d in arg.shape[1:]]
+    if len(want) != x.ndim - 1 or any(w not in (None, g) for w, g in zip(want, x.shape[1:], strict=False)):
+        raise fail(f"teacher.model: its input {arg.name!r} is {arg.shape}, the shards' samples are "
+                   f"{list(x.shape[1:])}")  # fmt: skip
+    dtype = np.float16 if "float16" in arg.type else np.float32
+    try:
+        return np.concatenate([sess.run([name], {arg.name: x[i : i + 64].astype(dtype)})[0]
+                               for i in range(0, len(x), 64)])  # fmt: skip
+    except Exception as exc:  # noqa: BLE001
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise fail(f"teacher.model: inference on the test samples failed: {first[:300]}") from exc
+
+
+def measure_memory(path: Path, data: Path, input_key: str, batch: int) -> float:
+    """MB the teacher adds to a process running it at ``batch`` rows (a torch-free subprocess)."""
+    cfg = {"model": str(path), "data": str(data), "input": input_key, "batch": batch}
+    proc = subprocess.run([sys.executable, "-c", MEASURE, json.dumps(cfg)], capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise fail(f"teacher.model: measuring its memory failed: {tail[:300]}")
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    return max(0.0, got["peak_mb"] - got["base_mb"])
+
+
+def rehearse_teacher(
+    recipe: Recipe, out_dir: Path, num_classes: int, margin: tuple[float, float]
+) -> dict[str, Any]:
+    """The teacher's checks but the RAM budget (:func:`check_budget`, once training's estimate is
+    known); writes ``teacher_probe.npz`` (test inputs, the teacher's labels) for the training probe."""
+    t = recipe.teacher
+    assert t is not None and recipe.data.test is not None
+    versions = check_versions(t.model)
+    with np.load(recipe.data.test, allow_pickle=False) as npz:
+        if t.input not in npz.files:
+            raise fail(f"teacher.input: the test set {recipe.data.test.name} has no array {t.input!r} "
+                       f"(has {sorted(npz.files)})")  # fmt: skip
+        x, y = npz[t.input], (npz["y"] if "y" in npz.files else None)
+    out = teacher_outputs(t.model, x[:PROBE_ROWS] if y is None else x, t.output)
+    if out.ndim != 2 or out.shape[1] != num_classes:
+        raise fail(f"teacher.output: the teacher answers {list(out.shape)} for {len(out)} test samples; expected "
+                   f"[N, {num_classes}] (the student's classes)")  # fmt: skip
+    wire = wire_teacher(recipe, num_classes=num_classes)
+    try:
+        logp = log_probs(out, t.scores)
+    except AgentError as exc:
+        raise fail(str(exc)) from exc
+    rows, figures = select_rows(wire, {"test": logp})
+    teacher_mb = measure_memory(t.model, recipe.data.test, t.input, t.batch_size) * margin[0]
+    probe = out_dir / "teacher_probe.npz"
+    labels = make_labels(logp, wire)
+    np.savez(probe, x=x[: len(labels)], y=labels)
+    summary = {**versions, "output_shape": ["N", int(out.shape[1])], "teacher_mb": round(teacher_mb, 1),
+               "ram_budget_mb": t.ram_budget_mb,
+               "kept_share_on_test": round(len(rows["test"]) / len(logp), 4), "probe_data": probe.name}  # fmt: skip
+    if y is not None:
+        pred = logp.argmax(axis=1)
+        summary["test_accuracy"] = round(float((pred == y.reshape(-1)).mean()), 4)
+        kept = rows["test"]
+        if len(kept):
+            summary["kept_accuracy_on_test"] = round(float((pred[kept] == y.reshape(-1)[kept]).mean()), 4)
+    summary["mean_confidence_on_test"] = figures["mean_confidence"]
+    return summary
+
+
+def check_budget(recipe: Recipe, summary: dict[str, Any], training_mb: float) -> None:
+    """Refuse a teacher that does not fit the job's RAM budget together with training."""
+    t = recipe.teacher
+    assert t is not None
+    teacher_mb = summary["teacher_mb"]
+    total = training_mb + teacher_mb
+    summary.update(training_mb=round(training_mb, 1), job_mb=round(total, 1))
+    if total > t.ram_budget_mb:
+        raise fail(f"teacher.ram_budget_mb: the teacher needs ~{teacher_mb:.0f} MB at batch {t.batch_size} and "
+                   f"training ~{training_mb:.0f} MB: {total:.0f} MB > the budget {t.ram_budget_mb:.0f} MB")  # fmt: skip
