@@ -11,7 +11,7 @@ QUIET := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || 
 STAMP := $(VENV)/.installed
 export ODL_HOME ?= $(CURDIR)/.odl
 
-.PHONY: demo nightly fleet down test install system-deps lint clean
+.PHONY: demo nightly teacher fleet down test install system-deps lint clean
 
 $(STAMP): pyproject.toml constraints.txt deploy/system-packages.txt
 	@command -v $(PY) >/dev/null || { echo "need $(PY) (Python 3.11)"; exit 1; }
@@ -43,6 +43,11 @@ demo: install
 # before each (warm start, new + replayed data, the promotion gate, rollout to the board)
 nightly: install
 	@BIN=$(BIN) bash deploy/demo.sh nightly
+
+# the same stack, then two nights of recipes/digits_teacher.toml: unlabeled shards appended on the
+# board, a teacher model labels them there before each run, the student trains on its labels
+teacher: install
+	@BIN=$(BIN) bash deploy/demo.sh teacher
 
 # the same stack, four virtual boards (group "lab") with non-IID shares of the digits, and
 # `prefect deployment run odl/fleet`: three FedAvg rounds, the aggregate judged and rolled out

@@ -6,6 +6,8 @@
 #   nightly: the same stack, then three nights of recipes/digits_nightly.toml: each appends a shard to
 #         the board's dataset folder (odl data push) and runs odl/full (warm start, new + replayed data,
 #         the gate, rollout to the board).
+#   teacher: the same with recipes/digits_teacher.toml: two nights of unlabeled shifted digits, labelled
+#         on the board by a teacher model before each run (no label on the board).
 #   fleet: four virtual boards lab1..lab4 (0.5 CPU each), each with its own non-IID share of the digits,
 #         group "lab", then `odl watch odl/fleet`: three FedAvg rounds, the gate, rollout.
 #   down: stops the worker, the server (by the pids under $ODL_HOME/run) and the board; keeps the data.
@@ -47,6 +49,36 @@ board_and_stack() {  # the virtual board and this home's Prefect stack, two line
   echo "Prefect server ${PREFECT_API_URL%/api} (SQLite under $PREFECT_HOME)"
 }
 
+nights() {  # RECIPE NAME DATASET SHARDS: per shard, append it on the board, then run odl/full
+  local recipe=$1 name=$2 dataset=$3 shards=$4
+  "$BIN/python" -c "from tasks.recipe.load import load_recipe; from tasks import stages; \
+stages.prepare_data(load_recipe('$recipe'))"
+  # the virtual board outlives this host's registry (another clone, a removed .odl): a demo that
+  # starts with no version of the recipe starts from an empty dataset folder on the board too
+  "$BIN/python" - "$BOARD" "$name" "$dataset" <<'PY'
+import posixpath, sys
+from tasks import stages
+from tasks.board.inventory import get_board
+from tasks.board.transport import connect
+board, name, dataset = get_board(sys.argv[1]), sys.argv[2], sys.argv[3]
+if not stages.registry().versions(name, board.name):
+    conn = connect(board)
+    conn.run(["rm", "-rf", posixpath.join(board.root, dataset)])
+    conn.close()
+    print(f"board {board.name}: a fresh demo, {dataset} emptied")
+PY
+  for shard in "$shards"/shard-000*.npz; do
+    echo "== the board application appends $(basename "$shard") =="
+    "$BIN/odl" data push "$BOARD" "$shard" --to "$dataset"
+    "$BIN/odl" watch odl/full --kind nightly \
+      --params "{\"recipe\": \"$recipe\", \"board\": \"$BOARD\"}" || true
+  done
+  echo
+  "$BIN/odl" registry "$name" "$BOARD"
+  "$BIN/odl" models "$name" "$BOARD"
+  echo "Undo the last promotion on the board and in the registry: $BIN/odl rollback $name $BOARD"
+}
+
 case "${1:-up}" in
   up)
     # an STM32MP25 in RAM (4 GB cap), CPUs (2) and speed (0.25 CPU: two Cortex-A35), kernel-enforced
@@ -59,32 +91,11 @@ case "${1:-up}" in
     ;;
   nightly)  # nightly continual learning: one shard appended on the board before each run
     board_and_stack
-    "$BIN/python" -c "from tasks.recipe.load import load_recipe; from tasks import stages; \
-stages.prepare_data(load_recipe('recipes/digits_nightly.toml'))"
-    # the virtual board outlives this host's registry (another clone, a removed .odl): a demo that
-    # starts with no digits_nightly version starts from an empty dataset folder on the board too
-    "$BIN/python" - "$BOARD" <<'PY'
-import posixpath, sys
-from tasks import stages
-from tasks.board.inventory import get_board
-from tasks.board.transport import connect
-board = get_board(sys.argv[1])
-if not stages.registry().versions("digits_nightly", board.name):
-    conn = connect(board)
-    conn.run(["rm", "-rf", posixpath.join(board.root, "datasets", "digits")])
-    conn.close()
-    print(f"board {board.name}: a fresh demo, datasets/digits emptied")
-PY
-    for shard in recipes/data/digits-nightly/shards/shard-000*.npz; do
-      echo "== the board application appends $(basename "$shard") =="
-      "$BIN/odl" data push "$BOARD" "$shard" --to datasets/digits
-      "$BIN/odl" watch odl/full --kind nightly \
-        --params "{\"recipe\": \"recipes/digits_nightly.toml\", \"board\": \"$BOARD\"}" || true
-    done
-    echo
-    "$BIN/odl" registry digits_nightly "$BOARD"
-    "$BIN/odl" models digits_nightly "$BOARD"
-    echo "Undo the last promotion on the board and in the registry: $BIN/odl rollback digits_nightly $BOARD"
+    nights recipes/digits_nightly.toml digits_nightly datasets/digits recipes/data/digits-nightly/shards
+    ;;
+  teacher)  # no label on the board: a teacher labels each night's unlabeled shard on the board
+    board_and_stack
+    nights recipes/digits_teacher.toml digits_teacher datasets/digits-unlabeled recipes/data/digits-teacher/shards
     ;;
   fleet)  # four boards, each with its own non-IID share of the digits, three FedAvg rounds
     "$BIN/python" -c "from tasks.recipe.load import load_recipe; from tasks import stages; \
@@ -135,5 +146,5 @@ PY
     done
     ;;
   *)
-    echo "usage: $0 [up|nightly|fleet|down]" >&2; exit 2 ;;
+    echo "usage: $0 [up|nightly|teacher|fleet|down]" >&2; exit 2 ;;
 esac
