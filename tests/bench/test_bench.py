@@ -133,3 +133,14 @@ def test_timm_bench_prepares_a_seeded_sample_of_families(tmp_path: Path) -> None
     assert proc.returncode == 0, proc.stderr[-3000:]
     figures = json.loads(out.read_text())
     assert figures["families"] == 4 and figures["raw"] == 0, [r.get("message") for r in figures["rows"]]
+
+
+def test_teacher_bench_measures_labelling_beside_training(tmp_path: Path) -> None:
+    figures = run_bench("teacher", tmp_path)
+    taught, plain = figures["rows"]
+    assert taught["samples"] == plain["samples"] == 500 and plain["teacher_s"] == 0
+    positive(taught, "teacher_s", "label_per_s", "train_s", "teacher_peak_mb", "peak_rss_mb", "estimate_mb")
+    positive(plain, "train_s", "peak_rss_mb")
+    assert taught["peak_rss_mb"] <= taught["estimate_mb"]  # the job stays inside validation's estimate
+    ratio = figures["ratios"]["peak_with_teacher_over_without"]
+    assert ratio == pytest.approx(taught["peak_rss_mb"] / plain["peak_rss_mb"], rel=0.01)
