@@ -156,6 +156,8 @@ def verify_inputs(job: JobDir, spec: JobSpec) -> dict[str, Path]:
         paths["prefix_model"] = verify_blob(job, spec.prefix.model, "prefix.model")
     if spec.teacher is not None:
         paths["teacher_model"] = verify_blob(job, spec.teacher.model, "teacher.model")
+        if spec.teacher.priors is not None:
+            paths["teacher_priors"] = verify_blob(job, spec.teacher.priors, "teacher.priors")
     paths["train_data"] = data_path(job, spec.train_data, "train_data")
     if spec.eval_data is not None:
         paths["eval_data"] = data_path(job, spec.eval_data, "eval_data")

@@ -30,6 +30,7 @@ from device_agent.prefix_cache import RAM_SHARE, PrefixCache, open_prefix
 from device_agent.protocol import NEVER_RETRY, DataRef, ExitCode, FileRef, JobResult, JobSpec, file_sha256
 from device_agent.sysinfo import meminfo_mb, peak_rss_mb, versions
 from device_agent.teacher import teacher_shards
+from device_agent.teacher_boxes import box_shards
 from device_agent.trainer import Cancelled, Session, Trainer
 
 log = logging.getLogger(__name__)
@@ -151,8 +152,12 @@ def _taught(spec: JobSpec, paths: dict[str, Path], names: list[str], classes: in
     )
     if not files:
         raise AgentError(ExitCode.DATA_MISMATCH, f"train_data: no files in {folder}", "train_data")
-    got = teacher_shards(paths["teacher_model"], spec.teacher, folder, files, names, spec.feeds, classes, events,
-                         "train_data")  # fmt: skip
+    if spec.teacher.labels == "boxes":  # a detector teacher: its boxes matched to the student's priors
+        got = box_shards(paths["teacher_model"], spec.teacher, folder, files, names, spec.feeds,
+                         paths["teacher_priors"], events, "train_data")  # fmt: skip
+    else:
+        got = teacher_shards(paths["teacher_model"], spec.teacher, folder, files, names, spec.feeds, classes,
+                             events, "train_data")  # fmt: skip
     return ShardDataset(files, names, spec.feeds, "train_data", shards=got.shards), got.figures
 
 

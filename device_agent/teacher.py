@@ -101,6 +101,7 @@ def label_shards(
         return figures
     t0, done = time.monotonic(), 0
     sess, in_name, out_name, dtype = open_teacher(model, teacher)
+    outputs = [out_name] + ([teacher.boxes_output] if teacher.labels == "boxes" else [])
     total = sum(_rows(p, teacher) for p in todo)
     last = 0.0
     for path in todo:
@@ -109,16 +110,18 @@ def label_shards(
         for start in range(0, len(x), teacher.batch_size):
             batch = np.ascontiguousarray(x[start : start + teacher.batch_size], dtype=dtype)
             try:
-                out = sess.run([out_name], {in_name: batch})[0]
+                outs = sess.run(outputs, {in_name: batch})
             except Exception as exc:  # noqa: BLE001
                 raise AgentError(ExitCode.RUNTIME_ERROR, f"teacher.model: inference failed on {path.name}: {exc}",
                                  "teacher.model") from exc  # fmt: skip
-            parts.append(log_probs(out, teacher.scores))
+            parts.append(digest(outs, teacher))
             done += len(batch)
             if events is not None and (time.monotonic() - last > 1.0 or done == total):
                 last = time.monotonic()
                 events.emit("labels", shard=path.name, done=done, total=total)
-        _store(labels_file(folder, teacher, path), np.concatenate(parts))
+        _store(
+            labels_file(folder, teacher, path), {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        )
         log.info("teacher labelled %s (%d samples)", path.name, len(x))
     del sess
     seconds = time.monotonic() - t0
@@ -135,11 +138,20 @@ def _rows(path: Path, teacher: TeacherSpec) -> int:
     return len(arrays[teacher.input])
 
 
-def _store(path: Path, logp: np.ndarray) -> None:
+def digest(outs: list[np.ndarray], teacher: TeacherSpec) -> dict[str, np.ndarray]:
+    """What is stored of one batch of teacher outputs: log-probabilities, or a detector's detections."""
+    if teacher.labels != "boxes":
+        return {"logp": log_probs(outs[0], teacher.scores)}
+    from device_agent.teacher_boxes import detections  # numpy box code, for detector teachers only
+
+    return detections(outs[0], outs[1], teacher)
+
+
+def _store(path: Path, arrays: dict[str, np.ndarray]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as fh:
-        np.savez(fh, logp=logp)
+        np.savez(fh, **arrays)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)

@@ -55,14 +55,17 @@ def _extra(cin: int, cout: int) -> nn.Sequential:
 class SSDLite(nn.Module):
     """SSD-Lite MobileNetV2 for ``num_classes`` object classes at ``size`` x ``size`` inputs."""
 
-    def __init__(self, num_classes: int, size: int = 300) -> None:
+    def __init__(self, num_classes: int, size: int = 300, width: float = 1.0) -> None:
         super().__init__()
         self.num_classes, self.size = num_classes, size
-        features = mobilenet_v2(weights=None).features
-        self.stem = features[:14]  # stride 16, 96 channels
-        self.trunk = features[14:]  # stride 32, 1280 channels
-        self.extras = nn.ModuleList([_extra(1280, 512), _extra(512, 256), _extra(256, 256), _extra(256, 64)])
-        channels = [96, 1280, 512, 256, 256, 64]
+        features = mobilenet_v2(weights=None, width_mult=width).features
+        self.stem = features[:14]  # stride 16, 96 channels (at width 1)
+        self.trunk = features[14:]  # stride 32, 1280 channels (at width 1)
+        stem_out, trunk_out = features[13].out_channels, features[-1].out_channels
+        self.extras = nn.ModuleList(
+            [_extra(trunk_out, 512), _extra(512, 256), _extra(256, 256), _extra(256, 64)]
+        )
+        channels = [stem_out, trunk_out, 512, 256, 256, 64]
         per_cell = det.FeatureSpec(1, 1, 1).per_cell
         self.cls_heads = nn.ModuleList([_separable(c, per_cell * (num_classes + 1)) for c in channels])
         self.box_heads = nn.ModuleList([_separable(c, per_cell * 4) for c in channels])
@@ -141,3 +144,36 @@ def priors_for(size: int) -> np.ndarray:
 def ssdlite(num_classes: int = 3, size: int = 300) -> SSDLite:
     """The recipe's ``model.callable``."""
     return SSDLite(num_classes, size)
+
+
+class DecodedDetector(nn.Module):
+    """A detector as a teacher exports it: ``images -> (scores [N, P, C + 1], boxes [N, P, 4])``,
+    class probabilities and corner boxes in [0, 1] (its offsets decoded with its own priors)."""
+
+    def __init__(self, model: SSDLite) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("priors", torch.from_numpy(model.priors()))
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, offsets = self.model.heads(images)
+        p = self.priors
+        centers = offsets[..., :2] * det.CENTER_VARIANCE * p[:, 2:] + p[:, :2]
+        sizes = torch.exp(offsets[..., 2:] * det.SIZE_VARIANCE) * p[:, 2:]
+        return torch.softmax(logits, -1), torch.cat([centers - sizes / 2, centers + sizes / 2], -1)
+
+
+def train_detector(model: SSDLite, arrays: dict[str, np.ndarray], *, epochs: int, lr: float = 2e-3,
+                   batch: int = 32, seed: int = 0) -> SSDLite:  # fmt: skip
+    """Train every parameter of ``model`` on matched targets (``x``, ``y``, ``offsets``) with Adam."""
+    torch.manual_seed(seed)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    x, y, o = (torch.from_numpy(arrays[k]) for k in ("x", "y", "offsets"))
+    gen = torch.Generator().manual_seed(seed)
+    model.train()
+    for _ in range(epochs):
+        for idx in torch.randperm(len(x), generator=gen).split(batch):
+            opt.zero_grad()
+            model(x[idx], y[idx], o[idx])[0].backward()
+            opt.step()
+    return model.eval()

@@ -255,3 +255,24 @@ def _has_gt(test_npz: Path) -> bool:
         return True  # npz_arrays names the missing file
     with np.load(path) as data:
         return {"gt_boxes", "gt_labels"} <= set(data.files)
+
+
+def teacher_box_metrics(model_onnx: Path, test_npz: Path, recipe: Any) -> dict[str, Any]:
+    """COCO metrics of a detector teacher (class scores and corner boxes outputs) on the test set,
+    its detections made by the board's code (:func:`device_agent.teacher_boxes.detections`)."""
+    from device_agent.teacher_boxes import detections
+    from tasks.prepare.teacher import teacher_outputs, wire_teacher
+
+    spec, t = recipe.detection, recipe.teacher
+    arrays = npz_arrays(Path(test_npz), ["x", "gt_boxes", "gt_labels"])
+    x = np.asarray(arrays["x"], np.float32)
+    scores, boxes = teacher_outputs(Path(model_onnx), x, t.output, (t.boxes_output,))
+    found = detections(scores, boxes, wire_teacher(recipe))
+    per_image = [
+        (found["boxes"][i][keep], found["labels"][i][keep], found["scores"][i][keep])
+        for i in range(len(x))
+        for keep in [found["labels"][i] >= 0]
+    ]
+    metrics = coco_eval(per_image, arrays["gt_boxes"], arrays["gt_labels"], spec.classes,
+                        (x.shape[-1], x.shape[-2]), spec.max_detections)  # fmt: skip
+    return {**metrics, "classes": list(spec.classes)}

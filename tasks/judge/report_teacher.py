@@ -23,10 +23,19 @@ def teacher_md(figures: dict[str, Any], unlabeled: dict[str, Any] | None) -> lis
         )
     total, kept = figures.get("teacher_samples", 0), figures.get("kept", 0)
     share = f" ({kept / total:.0%})" if total else ""
+    if "boxes" in figures:  # a detector teacher: images with a confident box, and the boxes
+        md.append(
+            f"- teacher-labeled images trained on: **{kept}** of {total}{share} (the others had no detection "
+            f"scoring {figures.get('threshold', 0):g} or more); {figures['boxes']} boxes, "
+            f"{figures.get('boxes_per_image', 0):g} per image, matched to the student's priors on the board"
+        )
+    else:
+        md.append(
+            f"- teacher-labeled samples trained on: **{kept}** of {total}{share}; dropped under the threshold "
+            f"{figures.get('threshold', 0):g}: {figures.get('dropped_threshold', 0)}, by the per-class cap: "
+            f"{figures.get('dropped_cap', 0)}; mean confidence {figures.get('mean_confidence', 0):.3f}"
+        )
     md += [
-        f"- teacher-labeled samples trained on: **{kept}** of {total}{share}; dropped under the threshold "
-        f"{figures.get('threshold', 0):g}: {figures.get('dropped_threshold', 0)}, by the per-class cap: "
-        f"{figures.get('dropped_cap', 0)}; mean confidence {figures.get('mean_confidence', 0):.3f}",
         f"- labelled now: {figures.get('shards_labelled', 0)} shard(s) ({figures.get('samples', 0)} samples"
         + (f", {figures['samples_per_s']:.0f} samples/s" if figures.get("samples_per_s") else "")
         + (
@@ -67,4 +76,4 @@ def _classes(counts: dict[str, int]) -> list[str]:
         f"| {c} | {n} | {BAR * round(20 * n / top)} |"
         for c, n in sorted(counts.items(), key=lambda kv: int(kv[0]))
     ]
-    return ["", "### Classes of the kept labels", "| class | samples | |", "|---|---|---|", *rows]
+    return ["", "### Classes of the kept labels (or boxes)", "| class | count | |", "|---|---|---|", *rows]

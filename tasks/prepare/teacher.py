@@ -20,12 +20,13 @@ import numpy as np
 import onnx
 
 from device_agent.errors import AgentError
+from device_agent.protocol import BlobRef
 from device_agent.teacher import log_probs, make_labels, select_rows
 from device_agent.teacher_spec import TeacherSpec as WireTeacher
 from tasks.errors import ValidationFailed
 from tasks.prepare.onnx_versions import MAX_IR, MAX_OPSET
 from tasks.recipe.schema import Recipe
-from tasks.recipe.teacher import label_key
+from tasks.recipe.teacher import label_keys
 
 PROBE_ROWS = 256  # test rows the teacher answers on the host
 BOARD_ORT = "ONNX Runtime 1.19.2"
@@ -54,15 +55,18 @@ def fail(message: str) -> ValidationFailed:
     return ValidationFailed("teacher", message)
 
 
-def wire_teacher(recipe: Recipe, sha256: str = "0" * 64, size: int = 0, num_classes: int = 0) -> WireTeacher:
+def wire_teacher(recipe: Recipe, sha256: str = "0" * 64, size: int = 0, num_classes: int = 0,
+                 priors: BlobRef | None = None) -> WireTeacher:  # fmt: skip
     """The recipe's ``[teacher]`` as the job spec's (the board's) teacher."""
-    from device_agent.protocol import BlobRef
-
     t = recipe.teacher
     assert t is not None
+    keys = label_keys(recipe)
+    boxes = {"boxes_output": t.boxes_output, "iou_threshold": t.iou_threshold, "match_iou": t.match_iou,
+             "max_boxes": t.max_boxes, "offsets_target": keys[1] if len(keys) > 1 else "offsets",
+             "priors": priors or BlobRef("0" * 64, 0)} if t.labels == "boxes" else {}  # fmt: skip
     return WireTeacher(BlobRef(sha256, size), labels=t.labels, scores=t.scores, input=t.input, output=t.output,
-                       target=label_key(recipe), threshold=t.threshold, balance_cap=t.balance_cap, temperature=t.temperature,
-                       batch_size=t.batch_size, num_classes=num_classes)  # fmt: skip
+                       target=keys[0], threshold=t.threshold, balance_cap=t.balance_cap, temperature=t.temperature,
+                       batch_size=t.batch_size, num_classes=num_classes, **boxes)  # fmt: skip
 
 
 def check_versions(path: Path) -> dict[str, int]:
@@ -83,8 +87,8 @@ def check_versions(path: Path) -> dict[str, int]:
     return {"opset": opset, "ir_version": model.ir_version}
 
 
-def teacher_outputs(path: Path, x: np.ndarray, output: str) -> np.ndarray:
-    """The teacher's output ``output`` (or first) on ``x``, through the board's ORT version."""
+def teacher_outputs(path: Path, x: np.ndarray, output: str, extra: tuple[str, ...] = ()) -> list[np.ndarray]:
+    """The teacher's outputs ``output`` (or its first) and ``extra`` on ``x``, through the board's ORT version."""
     import onnxruntime as ort
 
     try:
@@ -93,17 +97,18 @@ def teacher_outputs(path: Path, x: np.ndarray, output: str) -> np.ndarray:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise fail(f"teacher.model: {path.name} does not load in {BOARD_ORT}: {first[:300]}") from exc
     arg, outs = sess.get_inputs()[0], [o.name for o in sess.get_outputs()]
-    name = output or outs[0]
-    if name not in outs:
-        raise fail(f"teacher.output: {name!r} is not an output of {path.name} (outputs: {outs})")
+    names = [output or outs[0], *extra]
+    for field, name in zip(("output", "boxes_output"), names, strict=False):
+        if name not in outs:
+            raise fail(f"teacher.{field}: {name!r} is not an output of {path.name} (outputs: {outs})")
     want = [d if isinstance(d, int) else None for d in arg.shape[1:]]
     if len(want) != x.ndim - 1 or any(w not in (None, g) for w, g in zip(want, x.shape[1:], strict=False)):
         raise fail(f"teacher.model: its input {arg.name!r} is {arg.shape}, the shards' samples are "
                    f"{list(x.shape[1:])}")  # fmt: skip
     dtype = np.float16 if "float16" in arg.type else np.float32
     try:
-        return np.concatenate([sess.run([name], {arg.name: x[i : i + 64].astype(dtype)})[0]
-                               for i in range(0, len(x), 64)])  # fmt: skip
+        parts = [sess.run(names, {arg.name: x[i : i + 64].astype(dtype)}) for i in range(0, len(x), 64)]
+        return [np.concatenate([p[k] for p in parts]) for k in range(len(names))]
     except Exception as exc:  # noqa: BLE001
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise fail(f"teacher.model: inference on the test samples failed: {first[:300]}") from exc
@@ -134,7 +139,9 @@ def rehearse_teacher(
             raise fail(f"teacher.input: the test set {recipe.data.test.name} has no array {t.input!r} "
                        f"(has {sorted(npz.files)})")  # fmt: skip
         x, y = npz[t.input], (npz["y"] if "y" in npz.files else None)
-    out = teacher_outputs(t.model, x[:PROBE_ROWS] if y is None else x, t.output)
+    if t.labels == "boxes":
+        return rehearse_boxes(recipe, out_dir, x, versions, margin)
+    (out,) = teacher_outputs(t.model, x[:PROBE_ROWS] if y is None else x, t.output)
     if out.ndim != 2 or out.shape[1] != num_classes:
         raise fail(f"teacher.output: the teacher answers {list(out.shape)} for {len(out)} test samples; expected "
                    f"[N, {num_classes}] (the student's classes)")  # fmt: skip
@@ -171,3 +178,39 @@ def check_budget(recipe: Recipe, summary: dict[str, Any], training_mb: float) ->
     if total > t.ram_budget_mb:
         raise fail(f"teacher.ram_budget_mb: the teacher needs ~{teacher_mb:.0f} MB at batch {t.batch_size} and "
                    f"training ~{training_mb:.0f} MB: {total:.0f} MB > the budget {t.ram_budget_mb:.0f} MB")  # fmt: skip
+
+
+def rehearse_boxes(recipe: Recipe, out_dir: Path, x: np.ndarray,
+                   versions: dict[str, int], margin: tuple[float, float]) -> dict[str, Any]:  # fmt: skip
+    """A detector teacher: scores ``[N, K, C + 1]`` and boxes ``[N, K, 4]`` on the test images, and
+    its detections matched to the student's priors by the board's code (the probe trains on them);
+    its mAP on the test set is the evaluation's (:func:`tasks.judge.detection.teacher_box_metrics`)."""
+    from device_agent import detection as det
+    from device_agent.teacher_boxes import detections
+
+    t, spec = recipe.teacher, recipe.detection
+    assert t is not None and spec is not None
+    scores, boxes = teacher_outputs(t.model, x, t.output, (t.boxes_output,))
+    want = len(spec.classes) + 1
+    if scores.ndim != 3 or scores.shape[2] != want or boxes.shape != (*scores.shape[:2], 4):
+        raise fail(f"teacher.output: the teacher answers scores {list(scores.shape)} and boxes {list(boxes.shape)} "
+                   f"for {len(x)} test images; expected [N, K, {want}] (background + {len(spec.classes)} classes) "
+                   "and [N, K, 4]")  # fmt: skip
+    wire = wire_teacher(recipe)
+    try:
+        found = detections(scores, boxes, wire)
+    except AgentError as exc:
+        raise fail(str(exc)) from exc
+    priors = np.load(out_dir / "priors.npy")
+    confident = (found["labels"] >= 0) & (found["scores"] >= t.threshold)
+    targets = [det.match(found["boxes"][i][confident[i]], found["labels"][i][confident[i]], priors, t.match_iou)
+               for i in range(len(x))]  # fmt: skip
+    keys = label_keys(recipe)
+    probe = out_dir / "teacher_probe.npz"
+    np.savez(probe, **{t.input: x, keys[0]: np.stack([c for c, _ in targets]),
+                       keys[1]: np.stack([o for _, o in targets]).astype(np.float32)})  # fmt: skip
+    summary = {**versions, "output_shape": ["N", int(scores.shape[1]), want], "probe_data": probe.name,
+               "teacher_mb": round(measure_memory(t.model, recipe.data.test, t.input, t.batch_size) * margin[0], 1),
+               "ram_budget_mb": t.ram_budget_mb, "kept_share_on_test": round(float(confident.any(axis=1).mean()), 4),
+               "boxes_per_image_on_test": round(float(confident.sum(axis=1).mean()), 2)}  # fmt: skip
+    return summary

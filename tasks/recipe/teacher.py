@@ -26,10 +26,11 @@ class TeacherSpec:
     """``[teacher]``: an ONNX model run on the board over the unlabeled shards of ``data.board_dataset``."""
 
     model: FilePath = Field(description="the teacher's ONNX file (uploaded once as a content-addressed blob)")
-    labels: Literal["hard", "soft"] = Field(
+    labels: Literal["hard", "soft", "boxes"] = Field(
         "hard",
         description="hard: the top class, as the recipe's loss trains | soft: the teacher's distribution "
-        "at temperature, for loss.kind = 'distillation'",
+        "at temperature, for loss.kind = 'distillation' | boxes: a detector teacher's boxes, matched to "
+        "the student detector's priors",
     )
     scores: Literal["logits", "probabilities"] = Field(
         "logits", description="what the teacher's output holds: logits | probabilities (rows summing to 1)"
@@ -45,7 +46,15 @@ class TeacherSpec:
         2.0, gt=0, le=100, description="soft labels: softmax(logits / temperature); the loss uses the same T"
     )
     input: Text = Field("x", description="the shard array fed to the teacher's first input")
-    output: str = Field("", description="the teacher output read ('' = its first output): [N, num_classes]")
+    output: str = Field(
+        "", description="the teacher output read ('' = its first): [N, classes] | boxes: scores [N, K, C + 1]"
+    )
+    boxes_output: str = Field("", description="boxes: the teacher's corner boxes output [N, K, 4] in [0, 1]")
+    iou_threshold: Number = Field(0.45, gt=0, le=1, description="boxes: the teacher's per-class NMS")
+    match_iou: Number = Field(
+        0.5, gt=0, le=1, description="boxes: a student prior takes a box it overlaps this much"
+    )
+    max_boxes: Int = Field(50, ge=1, le=10000, description="boxes: detections kept per image, best first")
     batch_size: Int = Field(64, ge=1, le=65536, description="rows per teacher inference on the board")
     ram_budget_mb: Number = Field(
         2048.0, gt=0, le=10**6,
@@ -64,8 +73,27 @@ def teacher_rules(recipe: Any) -> Iterator[tuple[str, str, object]]:
                 kind,
             )
         return
-    if recipe.task != "classification":
-        yield "teacher", "a classification recipe (the teacher gives class labels)", recipe.task
+    boxes = teacher.labels == "boxes"
+    if boxes and recipe.detection is None:
+        yield (
+            "teacher.labels",
+            "'hard' or 'soft' for a classifier ('boxes' needs a [detection] student)",
+            "boxes",
+        )
+    if boxes and not teacher.boxes_output:
+        yield "teacher.boxes_output", "the teacher's boxes output (labels = 'boxes')", teacher.boxes_output
+    if boxes and len(recipe.model.input_names) < 3:
+        yield (
+            "model.input_names",
+            "images, per-prior labels and offsets (a detector with its loss inside)",
+            None,
+        )
+    if not boxes and recipe.task != "classification":
+        yield (
+            "teacher.labels",
+            f"'boxes' for task '{recipe.task}' (hard and soft labels are classes)",
+            teacher.labels,
+        )
     if recipe.data.board_dataset is None or recipe.data.board_format != "npz-shards":
         yield (
             "teacher",
@@ -86,7 +114,15 @@ def teacher_rules(recipe: Any) -> Iterator[tuple[str, str, object]]:
         yield "teacher.model", "an .onnx file", str(teacher.model)
 
 
+def label_keys(recipe: Any) -> tuple[str, ...]:
+    """The shard arrays that hold the labels: the feeds of the model's inputs after the first
+    (default "y", then "offsets")."""
+    names = recipe.model.input_names
+    feeds = dict(recipe.data.feeds) or dict(zip(names, ("x", "y", "offsets"), strict=False))
+    keys = tuple(feeds[n] for n in names[1:] if n in feeds)
+    return keys or ("y",)
+
+
 def label_key(recipe: Any) -> str:
-    """The shard array that holds the labels: the feed of the model's label input ("y" by default)."""
-    values = [v for k, v in dict(recipe.data.feeds).items() if k not in recipe.model.input_names[:1]]
-    return values[0] if values else "y"
+    """The shard array whose absence marks a shard unlabeled (the first label array)."""
+    return label_keys(recipe)[0]

@@ -14,6 +14,7 @@ from typing import Any
 
 from tasks.judge.continual import heldout_sets
 from tasks.judge.decision import with_check
+from tasks.judge.detection import teacher_box_metrics
 from tasks.judge.evaluate import base_inference_model, evaluate_cached
 from tasks.judge.losses import GRAPH_LOSSES, host_loss, task_loss
 from tasks.judge.quantize import int8_verdict, quantize_int8
@@ -102,7 +103,8 @@ def evaluate(
     kind it trains with, or its custom or embedded loss run by the prepared eval graph with that
     model's weights; the current version is evaluated again, so it is compared on the same loss.
     """
-    models = {"teacher": recipe.teacher.model} if recipe.teacher else {}  # its accuracy beside the student's
+    teacher = recipe.teacher
+    models = {"teacher": teacher.model} if teacher and teacher.labels != "boxes" else {}  # beside the student
     models["base"] = base_model(prep)
     if reference.model is not None:
         models["current"] = reference.model
@@ -129,6 +131,11 @@ def evaluate(
         }
         for name, path in sets.items()
     }
+    if teacher is not None and teacher.labels == "boxes":  # a detector teacher's mAP, by the board's box code
+        columns["test"] = {
+            "teacher": teacher_box_metrics(teacher.model, recipe.data.test, recipe),
+            **columns["test"],
+        }
     if int8 is not None:
         spec = recipe.quantize
         int8["verdict"] = int8_verdict(

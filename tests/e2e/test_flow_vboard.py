@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.flow.teacher_nights import (  # noqa: F401
+    test_a_teacher_labels_two_nights_of_unlabeled_board_data,
+)
 from tests.flow.test_flow import (  # noqa: F401 - collected here with the fixtures below
     prepared_ssd_flow,
     promoted_run,
@@ -20,9 +23,6 @@ from tests.flow.test_foreign_models import (  # noqa: F401
 )
 from tests.flow.test_nightly import (  # noqa: F401
     test_nightly_cycles_promote_reject_rollout_and_rollback,
-)
-from tests.flow.test_teacher_nightly import (  # noqa: F401
-    test_a_teacher_labels_two_nights_of_unlabeled_board_data,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.board]

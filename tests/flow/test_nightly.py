@@ -33,12 +33,12 @@ def _board_models(board) -> dict:
         conn.close()
 
 
-def _fresh_board_folders(board) -> None:
+def _fresh_board_folders(board, subs=("datasets/digits", "models/digits_nightly")) -> None:
     from tasks.board.transport import connect
 
     conn = connect(board)
     try:
-        for sub in ("datasets/digits", "models/digits_nightly"):
+        for sub in subs:
             conn.run(["rm", "-rf", posixpath.join(board.root, sub)])
     finally:
         conn.close()

@@ -1,18 +1,17 @@
 """Learning from what the board sees, end to end (issue 26): two nights of unlabeled shifted digits
 appended on the board, a teacher labelling them there before each run of odl/full, the student
 promoted only through the gate's significance test; the report shows the teacher's figures.
-tests/e2e/test_flow_vboard.py runs it on the virtual board."""
+Collected only by tests/e2e/test_flow_vboard.py, on the virtual board (its real sshd and user)."""
 
 from __future__ import annotations
 
-import posixpath
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.flow.test_flow import _artifacts, _run
-from tests.flow.test_nightly import _odl
+from tests.flow.test_nightly import _fresh_board_folders, _odl
 
 pytestmark = pytest.mark.slow
 
@@ -20,39 +19,31 @@ RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "digits_teacher.toml"
 DATASET = "datasets/digits-unlabeled"
 
 
-def _fresh(board) -> None:
-    from tasks.board.transport import connect
+def unlabeled_nights(board, recipe_file: Path, dataset: str, shards=("shard-0001.npz", "shard-0002.npz")):
+    """Prepare the recipe's data, empty its board folders, then per shard: check it holds images
+    only, append it on the board and run odl/full; (outcome, registry version, report) per night."""
+    from tasks import stages
+    from tasks.judge.report import report_key
+    from tasks.recipe.load import load_recipe
 
-    conn = connect(board)
-    try:
-        for sub in (DATASET, "models/digits_teacher"):
-            conn.run(["rm", "-rf", posixpath.join(board.root, sub)])
-    finally:
-        conn.close()
+    recipe = load_recipe(recipe_file)
+    stages.prepare_data(recipe)
+    data = Path(recipe.data.test).parent
+    _fresh_board_folders(board, (dataset, f"models/{recipe.name}"))
+    reg, nights = stages.registry(), []
+    for shard in shards:
+        with np.load(data / "shards" / shard) as z:
+            assert z.files == ["x"]  # the board gets images only
+        assert _odl("data", "push", board.name, str(data / "shards" / shard), "--to", dataset) == 0
+        run_id, out = _run(board.name, recipe=str(recipe_file))
+        version = next(v for v in reg.versions(recipe.name, board.name) if v.name == out.version)
+        nights.append((out, version, _artifacts(run_id)[report_key(recipe.name, board.name)].data))
+    return nights
 
 
 def test_a_teacher_labels_two_nights_of_unlabeled_board_data(prefect_harness, flow_home, flow_board):
-    from tasks import stages
-    from tasks.recipe.load import load_recipe
-
     board = flow_board
-    recipe = load_recipe(RECIPE)
-    stages.prepare_data(recipe)
-    data = RECIPE.parent / "data" / "digits-teacher"
-    for shard in ("shard-0001.npz", "shard-0002.npz"):  # the board gets images only
-        with np.load(data / "shards" / shard) as z:
-            assert z.files == ["x"]
-    _fresh(board)
-    reg = stages.registry()
-
-    def night(shard: str):
-        assert _odl("data", "push", board.name, str(data / "shards" / shard), "--to", DATASET) == 0
-        run_id, out = _run(board.name, recipe=str(RECIPE))
-        version = next(v for v in reg.versions("digits_teacher", board.name) if v.name == out.version)
-        report = _artifacts(run_id)[f"odl-report-digits-teacher-{board.name}"].data
-        return out, version, report
-
-    out0, v0, report0 = night("shard-0001.npz")
+    (out0, v0, report0), (out1, v1, report1) = unlabeled_nights(board, RECIPE, DATASET)
     unlabeled = v0.info["board_data"]["unlabeled"]
     assert (
         unlabeled["samples"] == 250
@@ -69,16 +60,17 @@ def test_a_teacher_labels_two_nights_of_unlabeled_board_data(prefect_harness, fl
         and "unlabeled on the board for this run: 250 samples" in report0
     )
     assert (
-        "### Teacher confidence (top-class probability)" in report0
+        "### Teacher confidence (top-class probability" in report0
         and "### Classes of the kept labels" in report0
     )
     assert "| teacher |" in report0 or "teacher" in report0.split("## Before / after")[1].splitlines()[2]
 
-    out1, v1, report1 = night("shard-0002.npz")
     assert v1.info["start_from"]["from"] == v0.name
     bd = v1.info["board_data"]
     assert bd["new"] == ["shard-0002.npz"] and bd["replayed"] == ["shard-0001.npz"]
     assert bd["unlabeled"]["new_samples"] == 250 and bd["unlabeled"]["samples"] == 500
     assert "stored labels reused: 1 shard(s)" in report1  # the replayed shard is not labelled twice
-    served = reg.current("digits_teacher", board.name)
+    from tasks import stages
+
+    served = stages.registry().current("digits_teacher", board.name)
     assert served.metrics["accuracy"] > test["base"]["accuracy"] + 0.2  # two nights, no label on the board
