@@ -11,7 +11,7 @@ QUIET := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || 
 STAMP := $(VENV)/.installed
 export ODL_HOME ?= $(CURDIR)/.odl
 
-.PHONY: demo nightly teacher fleet down test install system-deps lint clean
+.PHONY: demo nightly teacher teacher-detection fleet down test install system-deps lint clean
 
 $(STAMP): pyproject.toml constraints.txt deploy/system-packages.txt
 	@command -v $(PY) >/dev/null || { echo "need $(PY) (Python 3.11)"; exit 1; }
@@ -48,6 +48,10 @@ nightly: install
 # board, a teacher model labels them there before each run, the student trains on its labels
 teacher: install
 	@BIN=$(BIN) bash deploy/demo.sh teacher
+
+# the same for a detector: recipes/ssdlite_teacher.toml (the teacher's boxes matched to the student's priors)
+teacher-detection: install
+	@BIN=$(BIN) bash deploy/demo.sh teacher-detection
 
 # the same stack, four virtual boards (group "lab") with non-IID shares of the digits, and
 # `prefect deployment run odl/fleet`: three FedAvg rounds, the aggregate judged and rolled out

@@ -8,6 +8,8 @@
 #         the gate, rollout to the board).
 #   teacher: the same with recipes/digits_teacher.toml: two nights of unlabeled shifted digits, labelled
 #         on the board by a teacher model before each run (no label on the board).
+#   teacher-detection: the same with recipes/ssdlite_teacher.toml (a detector teacher's boxes; its data
+#         take ~8 min to make the first time: the teacher trains on the host).
 #   fleet: four virtual boards lab1..lab4 (0.5 CPU each), each with its own non-IID share of the digits,
 #         group "lab", then `odl watch odl/fleet`: three FedAvg rounds, the gate, rollout.
 #   down: stops the worker, the server (by the pids under $ODL_HOME/run) and the board; keeps the data.
@@ -97,6 +99,10 @@ case "${1:-up}" in
     board_and_stack
     nights recipes/digits_teacher.toml digits_teacher datasets/digits-unlabeled recipes/data/digits-teacher/shards
     ;;
+  teacher-detection)  # the same for a detector: a larger SSD-Lite labels unlabeled shapes images
+    board_and_stack
+    nights recipes/ssdlite_teacher.toml ssdlite-teacher datasets/shapes-unlabeled recipes/data/shapes-teacher/shards
+    ;;
   fleet)  # four boards, each with its own non-IID share of the digits, three FedAvg rounds
     "$BIN/python" -c "from tasks.recipe.load import load_recipe; from tasks import stages; \
 stages.prepare_data(load_recipe('recipes/digits_fleet.toml'))"
@@ -146,5 +152,5 @@ PY
     done
     ;;
   *)
-    echo "usage: $0 [up|nightly|teacher|fleet|down]" >&2; exit 2 ;;
+    echo "usage: $0 [up|nightly|teacher|teacher-detection|fleet|down]" >&2; exit 2 ;;
 esac
