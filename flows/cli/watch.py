@@ -125,6 +125,9 @@ class _Progress:
         elif kind == "epoch":
             self.step, self.epoch = int(fields.get("step", 0)), int(fields.get("epoch", 0))
             self.loss = fields.get("train_loss")
+        elif kind == "labels" and fields.get("done") == fields.get("total"):  # a teacher on the board
+            self.clear()
+            print(f"  teacher: labelled {fields.get('total')} unlabeled samples on the board")
 
     def line(self) -> str:
         pct = 100 * self.step / self.total if self.total else 0.0
