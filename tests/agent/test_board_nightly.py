@@ -49,7 +49,10 @@ def listing(board, path: str = DS, *extra: str) -> dict:
 
 
 def pinned(spec, listed: list[dict]):
-    ref = DataRef("npz-shards", path=DS, files=tuple(DataFile(**f) for f in listed))
+    pins = (
+        DataFile(f["name"], f["sha256"], f["size"], f["samples"]) for f in listed
+    )  # "arrays": listing only
+    ref = DataRef("npz-shards", path=DS, files=tuple(pins))
     return replace(spec, train_data=ref)
 
 
@@ -73,6 +76,7 @@ def test_dataset_lists_visible_shards_hashed_and_cached(agent_board, digits_job)
         data = (folder / f["name"]).read_bytes()
         assert f["sha256"] == hashlib.sha256(data).hexdigest() and f["size"] == len(data)
     assert [f["samples"] for f in first["files"]] == [150, 120, 130] and first["samples"] == 400
+    assert all(f["arrays"] == ["x", "y"] for f in first["files"])  # what tells an unlabeled shard
     cached = list((agent_board.root / "cache" / "datasets").glob("*.json"))
     assert len(cached) == 1
 
