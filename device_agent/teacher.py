@@ -91,9 +91,11 @@ def log_probs(out: np.ndarray, scores: str) -> np.ndarray:
 
 
 def label_shards(
-    model: Path, teacher: TeacherSpec, folder: Path, shards: list[Path], events: Any
+    model: Path, teacher: TeacherSpec, folder: Path, shards: list[Path], events: Any, digest: Any = None
 ) -> dict[str, Any]:
-    """Store the teacher's outputs for every shard of ``shards`` that has none yet; timing figures."""
+    """Store what ``digest`` keeps of the teacher's outputs (default :func:`class_digest`) for every
+    shard of ``shards`` that has none yet; timing figures."""
+    digest = digest or class_digest
     todo = [p for p in shards if not labels_file(folder, teacher, p).is_file()]
     figures = {"shards_labelled": len(todo), "shards_reused": len(shards) - len(todo), "seconds": 0.0,
                "samples_per_s": None, "teacher_peak_rss_mb": None}  # fmt: skip
@@ -138,13 +140,9 @@ def _rows(path: Path, teacher: TeacherSpec) -> int:
     return len(arrays[teacher.input])
 
 
-def digest(outs: list[np.ndarray], teacher: TeacherSpec) -> dict[str, np.ndarray]:
-    """What is stored of one batch of teacher outputs: log-probabilities, or a detector's detections."""
-    if teacher.labels != "boxes":
-        return {"logp": log_probs(outs[0], teacher.scores)}
-    from device_agent.teacher_boxes import detections  # numpy box code, for detector teachers only
-
-    return detections(outs[0], outs[1], teacher)
+def class_digest(outs: list[np.ndarray], teacher: TeacherSpec) -> dict[str, np.ndarray]:
+    """What is stored of one batch of a class teacher's outputs: its log-probabilities."""
+    return {"logp": log_probs(outs[0], teacher.scores)}
 
 
 def _store(path: Path, arrays: dict[str, np.ndarray]) -> None:

@@ -68,7 +68,8 @@ def box_shards(model: Path, teacher: TeacherSpec, folder: Path, paths: list[Path
                          f"{teacher.offsets_target!r} (feeds: {mapping})", "teacher.target")  # fmt: skip
     priors = np.load(priors_path, allow_pickle=False).astype(np.float32)
     unlabeled = [p for p in paths if not has_array(p, teacher.target)]
-    figures = label_shards(model, teacher, folder, unlabeled, events)
+    figures = label_shards(model, teacher, folder, unlabeled, events,
+                           digest=lambda outs, t: detections(outs[0], outs[1], t))  # fmt: skip
     stored = {p.name: load_npz_arrays(labels_file(folder, teacher, p), "teacher labels") for p in unlabeled}
     all_scores, kept_boxes, classes, images, kept_images = [], 0, np.zeros(0, np.int64), 0, 0
     shards: list[Any] = []

@@ -21,7 +21,7 @@ import onnx
 def distillation_loss(temperature: float, labels: str = "labels") -> Any:
     """An onnxblock Block computing the distillation loss of its scores input against ``labels``."""
     from onnxruntime.training import onnxblock  # imports torch: only when graphs are generated
-    from onnxruntime.training.onnxblock import _graph_utils
+    from onnxruntime.training.onnxblock import _graph_utils  # onnxblock's own helpers, as its losses use
 
     class DistillationLoss(onnxblock.Block):
         def build(self, scores: str) -> str:

@@ -19,9 +19,11 @@ from typing import Any
 import numpy as np
 import onnx
 
+from device_agent import detection as det
 from device_agent.errors import AgentError
 from device_agent.protocol import BlobRef
 from device_agent.teacher import log_probs, make_labels, select_rows
+from device_agent.teacher_boxes import detections
 from device_agent.teacher_spec import TeacherSpec as WireTeacher
 from tasks.errors import ValidationFailed
 from tasks.prepare.onnx_versions import MAX_IR, MAX_OPSET
@@ -89,7 +91,7 @@ def check_versions(path: Path) -> dict[str, int]:
 
 def teacher_outputs(path: Path, x: np.ndarray, output: str, extra: tuple[str, ...] = ()) -> list[np.ndarray]:
     """The teacher's outputs ``output`` (or its first) and ``extra`` on ``x``, through the board's ORT version."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # lazy: the board's runtime, loaded only when a teacher is checked
 
     try:
         sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -185,8 +187,6 @@ def rehearse_boxes(recipe: Recipe, out_dir: Path, x: np.ndarray,
     """A detector teacher: scores ``[N, K, C + 1]`` and boxes ``[N, K, 4]`` on the test images, and
     its detections matched to the student's priors by the board's code (the probe trains on them);
     its mAP on the test set is the evaluation's (:func:`tasks.judge.detection.teacher_box_metrics`)."""
-    from device_agent import detection as det
-    from device_agent.teacher_boxes import detections
 
     t, spec = recipe.teacher, recipe.detection
     assert t is not None and spec is not None

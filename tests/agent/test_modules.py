@@ -19,7 +19,7 @@ EXPORTS = {
     "AGENT_VERSION", "ARTIFACT_KEYS", "BLOBS_DIR", "BLOB_TMP_PREFIX", "BLOB_TMP_RE", "EVENT_TYPES",
     "EXIT_HELP", "JOB_ID_RE", "NEVER_RETRY", "PROTOCOL_VERSION", "SHA256_RE", "STALE_TMP_S", "TASKS",
     "V1_VERSION_KEYS", "VERSION_KEY", "BlobListing", "BlobRef", "BoardInfo", "DataFile", "DataRef", "Event",
-    "ExitCode", "FileRef", "JobResult", "JobSpec", "PrefixSpec", "SpecError", "TrainParams", "blob_tmp_name",
+    "ExitCode", "FileRef", "JobResult", "JobSpec", "PrefixSpec", "SpecError", "TeacherSpec", "TrainParams", "blob_tmp_name",
     "check_version", "file_sha256", "get_field", "parse_json", "read_version", "reject_unknown", "typed_fields",
     "valid_blob_name", "valid_job_id",
 }  # fmt: skip
