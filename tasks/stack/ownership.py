@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -39,14 +40,27 @@ DEFAULT_PORT = 4200
 IDENTITY_VARIABLE = "odl_stack_identity"  # a Prefect variable: which project home a server belongs to
 
 
+BUSY = (429, 503)  # a server just started (SQLite busy with its own startup writes) answers these
+BUSY_WAIT_S = 30.0
+
+
 def _api(env: dict[str, str], method: str, path: str, body: dict | None = None) -> object:
+    """One call of the server's REST API; a busy answer (503, 429) is retried for up to 30 s."""
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(
-        env["PREFECT_API_URL"] + path, data=data, method=method, headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=5) as resp:
-        raw = resp.read()
-    return json.loads(raw) if raw else None
+    deadline, pause = time.monotonic() + BUSY_WAIT_S, 0.25
+    while True:
+        req = urllib.request.Request(
+            env["PREFECT_API_URL"] + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                raw = resp.read()
+            return json.loads(raw) if raw else None
+        except urllib.error.HTTPError as exc:
+            if exc.code not in BUSY or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 4.0)
 
 
 def server_owner(env: dict[str, str]) -> dict | None:
