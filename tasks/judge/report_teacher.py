@@ -45,12 +45,12 @@ def teacher_md(figures: dict[str, Any], unlabeled: dict[str, Any] | None) -> lis
         )
         + f"); stored labels reused: {figures.get('shards_reused', 0)} shard(s)",
     ]
-    md += _histogram(figures.get("confidence_histogram") or {})
+    md += _histogram(figures.get("confidence_histogram") or {}, "boxes" in figures)
     md += _classes(figures.get("class_counts") or {})
     return md
 
 
-def _histogram(hist: dict[str, Any]) -> list[str]:
+def _histogram(hist: dict[str, Any], boxes: bool) -> list[str]:
     counts, edges = hist.get("counts") or [], hist.get("edges") or []
     if not counts or len(edges) != len(counts) + 1:
         return []
@@ -59,13 +59,8 @@ def _histogram(hist: dict[str, Any]) -> list[str]:
         f"| {edges[i]:.1f}-{edges[i + 1]:.1f} | {c} | {BAR * round(20 * c / top)} |"
         for i, c in enumerate(counts)
     ]
-    return [
-        "",
-        "### Teacher confidence (top-class probability)",
-        "| bin | samples | |",
-        "|---|---|---|",
-        *rows,
-    ]
+    what = "each detection's score" if boxes else "top-class probability"
+    return ["", f"### Teacher confidence ({what})", "| bin | count | |", "|---|---|---|", *rows]
 
 
 def _classes(counts: dict[str, int]) -> list[str]:

@@ -50,7 +50,10 @@ def _api(env: dict[str, str], method: str, path: str, body: dict | None = None) 
     deadline, pause = time.monotonic() + BUSY_WAIT_S, 0.25
     while True:
         req = urllib.request.Request(
-            env["PREFECT_API_URL"] + path, data=data, method=method, headers={"Content-Type": "application/json"}
+            env["PREFECT_API_URL"] + path,
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json"},
         )
         try:
             with urllib.request.urlopen(req, timeout=5) as resp:

@@ -31,6 +31,7 @@ def test_a_detector_teacher_labels_unlabeled_images_on_the_board(prefect_harness
         ]
         assert "## Teacher labels (on the board)" in report and "matched to the student's priors" in report
         assert "boxes," in report and "per image" in report
+        assert "### Teacher confidence (each detection's score)" in report
         assert "![test image 0](data:image/png" in report  # the candidate's boxes drawn on test images
     assert v1.info["board_data"]["replayed"] == ["shard-0001.npz"] or not out0.promoted
     # the student learns from the teacher's boxes alone; whether the gain is significant is the
