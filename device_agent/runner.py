@@ -92,9 +92,8 @@ class OpenJob:
     resumed: bool
     num_classes: int | None
     data_inputs: list  # what the data must hold: the model's inputs (a split job: the prefix's)
-    teacher: dict[
-        str, Any
-    ]  # the teacher's labels: counts, confidence histogram, classes, timing ({} without)
+    # the teacher's labels: counts, confidence histogram, classes, timing ({} without a teacher)
+    teacher: dict[str, Any]
 
 
 def open_job(job: JobDir, spec: JobSpec, events: EventLog | None = None) -> OpenJob:
