@@ -156,7 +156,7 @@ def rehearse_teacher(
     teacher_mb = measure_memory(t.model, recipe.data.test, t.input, t.batch_size) * margin[0]
     probe = out_dir / "teacher_probe.npz"
     labels = make_labels(logp, wire)
-    np.savez(probe, x=x[: len(labels)], y=labels)
+    np.savez(probe, **{t.input: x[: len(labels)], label_keys(recipe)[0]: labels})  # the arrays the feeds read
     summary = {**versions, "output_shape": ["N", int(out.shape[1])], "teacher_mb": round(teacher_mb, 1),
                "ram_budget_mb": t.ram_budget_mb,
                "kept_share_on_test": round(len(rows["test"]) / len(logp), 4), "probe_data": probe.name}  # fmt: skip
@@ -187,7 +187,6 @@ def rehearse_boxes(recipe: Recipe, out_dir: Path, x: np.ndarray,
     """A detector teacher: scores ``[N, K, C + 1]`` and boxes ``[N, K, 4]`` on the test images, and
     its detections matched to the student's priors by the board's code (the probe trains on them);
     its mAP on the test set is the evaluation's (:func:`tasks.judge.detection.teacher_box_metrics`)."""
-
     t, spec = recipe.teacher, recipe.detection
     assert t is not None and spec is not None
     scores, boxes = teacher_outputs(t.model, x, t.output, (t.boxes_output,))
