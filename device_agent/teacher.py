@@ -4,9 +4,8 @@ student trains on the labels they give (``job.json``'s ``teacher``, :mod:`device
 A shard is unlabeled when it has no ``target`` array (a capture process appends images only).
 Before training, the agent runs the teacher (ORT inference, ``batch_size`` rows at a time) over
 every unlabeled shard of the job that has no stored outputs yet and stores its log-probabilities
-beside the shards, as ``<folder>/.labels/<key>/<shard>`` (written under a temporary name, then
-renamed: a killed job keeps the shards done and labels the others when it resumes; ORT's CPU
-kernels give the same outputs again). ``key`` names the teacher and how it is fed, so another
+beside the shards, in ``<folder>/.labels/<key>/`` (temporary name, then renamed: a killed job
+keeps the shards done and labels the others when it resumes). ``key`` names the teacher and how it is fed, so another
 teacher labels afresh and a replayed shard is not labelled twice. The rule turning outputs into
 labels (threshold, class cap, temperature) is applied when the dataset opens, over all the job's
 teacher-labeled samples; its figures (counts, confidence histogram, classes) go into the result:
@@ -15,6 +14,7 @@ aggregates only, no sample leaves the board.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -39,7 +39,15 @@ HIST_BINS = 10
 
 def labels_file(folder: Path, teacher: TeacherSpec, shard: Path) -> Path:
     """Where the teacher's outputs for ``shard`` are stored (named by the shard's content too)."""
-    return folder / LABELS_DIR / teacher.key / f"{file_sha256(shard)[:16]}-{shard.name}"
+    st = shard.stat()
+    sha = _sha(str(shard), st.st_size, st.st_mtime_ns)
+    return folder / LABELS_DIR / teacher.key / f"{sha[:16]}-{shard.name}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _sha(path: str, size: int, mtime_ns: int) -> str:
+    """A shard's sha256, hashed once per process (the labelling and the dataset both ask)."""
+    return file_sha256(path)
 
 
 def has_array(path: Path, key: str) -> bool:
