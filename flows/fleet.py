@@ -34,7 +34,7 @@ from tasks.judge.report import gate_md
 from tasks.prefect import fleet as ft
 from tasks.prefect import tasks as pt
 from tasks.prefect.logs import quiet_user_errors
-from tasks.prefect.params import StrictParams, parameter, run_name, run_tags, tag_run
+from tasks.prefect.params import StrictParams, flow_run_name, parameter, run_tags, tag_run
 from tasks.recipe.extras import DeadlineS, FleetStrategy, MinBoards, Rounds
 from tasks.recipe.load import load_recipe
 from tasks.recipe.training import Epochs, LearningRate
@@ -81,10 +81,10 @@ class FleetOutcome:
 
 
 def _run_name() -> str:
-    """``<recipe>@<group>-<date>``, as ``make fleet`` names the run at creation."""
+    """``<recipe>@<group> <local time>``: as ``odl watch`` named it at creation, else at its scheduled start."""
     defaults = FleetParams()
     recipe = Path(parameter("recipe", defaults.recipe)).expanduser()
-    return run_name(
+    return flow_run_name(
         recipe if recipe.is_absolute() else Path.cwd() / recipe, parameter("group", defaults.group)
     )
 

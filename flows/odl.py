@@ -30,7 +30,7 @@ from tasks.prefect import boards
 from tasks.prefect import tasks as pt
 from tasks.prefect.limits import ensure_board_limit
 from tasks.prefect.logs import quiet_user_errors
-from tasks.prefect.params import StrictParams, parameter, run_name, run_tags, tag_run
+from tasks.prefect.params import StrictParams, flow_run_name, parameter, run_tags, tag_run
 from tasks.prefect.publish import publish, report_input
 from tasks.recipe.extras import MinGain
 from tasks.recipe.load import load_recipe
@@ -84,10 +84,10 @@ class Outcome:
 
 
 def _run_name() -> str:
-    """``<recipe>@<board>-<date>``, as ``make demo`` names the run at creation."""
+    """``<recipe>@<board> <local time>``: as ``odl watch`` named it at creation, else at its scheduled start."""
     defaults = OdlParams()
     recipe = Path(parameter("recipe", defaults.recipe)).expanduser()
-    return run_name(
+    return flow_run_name(
         recipe if recipe.is_absolute() else Path.cwd() / recipe, parameter("board", defaults.board)
     )
 

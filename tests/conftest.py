@@ -6,6 +6,8 @@ Tests mirror the source packages (``recipe/``, ``prepare/``, ``board/``, ``judge
 browser lives in ``e2e/`` and carries the ``e2e`` marker (applied here by folder).
 """
 
+import logging
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,3 +29,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if E2E in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.e2e)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop Prefect's temporary API servers while pytest's streams are still open. Left to their
+    ``atexit`` handler, each logs "Stopping temporary server" into a stream pytest has closed, and
+    ~40 lines of ``--- Logging error ---`` become the last thing ``make test`` prints."""
+    server_module = sys.modules.get("prefect.server.api.server")
+    if server_module is None:  # no test started Prefect
+        return
+    prefect_logger = logging.getLogger("prefect")
+    level = prefect_logger.level
+    prefect_logger.setLevel(logging.WARNING)
+    try:
+        for server in list(server_module.SubprocessASGIServer._instances.values()):
+            server.stop()
+    finally:
+        prefect_logger.setLevel(level)

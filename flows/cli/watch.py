@@ -17,11 +17,12 @@ import sys
 import time
 from typing import Any
 
-from tasks.prefect.params import run_name, run_tags
+from tasks.prefect.params import run_name, run_tags, unknown_parameter
 from tasks.stack import ownership, server
 
 EVENT = re.compile(r"board \S+: (\w+) (.*)")
 FIELD = re.compile(r"(\w+)=(\S+)")
+REPORT_KEYS = ("odl-report-", "odl-fleet-")  # tasks.judge.report.report_key: a run's, a fleet's report
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
@@ -40,6 +41,10 @@ def cmd_watch(args: argparse.Namespace) -> int:
     params = json.loads(args.params)
     target = params.get("group") or params.get("board") or "vboard"
     recipe = params.get("recipe") or args.recipe
+    unknown = _unknown_keys(args.deployment, params)
+    if unknown:
+        print(f"odl watch: run not created: {unknown}", file=sys.stderr)
+        return 2
     try:
         run = run_deployment(
             args.deployment, parameters={"params": params}, timeout=0,
@@ -96,7 +101,7 @@ def follow(run_id: Any, ui: str, timeout: float) -> int:
                 progress.finished()
                 progress.clear()
                 print(f"{state.name}: {state.message or ''}".rstrip(": "))
-                print(f"report: {ui}/runs/flow-run/{run_id}?tab=Artifacts")
+                print(_where(client, run_id, ui))
                 return 0 if state.is_completed() else 1
             if time.monotonic() > deadline:
                 progress.clear()
@@ -157,6 +162,47 @@ class _Progress:
         if self.printed:
             print("\r" + " " * 78 + "\r", end="", flush=True)
             self.printed = False
+
+
+def _where(client: Any, run_id: Any, ui: str) -> str:
+    """The last line: the run's report artifact's own page (a run's ``?tab=Artifacts`` falls back
+    to its Logs tab until the page has loaded the run), else the run itself (a run without one)."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId  # Prefect only here
+
+    found = client.read_artifacts(
+        artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]))
+    )
+    reports = [a for a in found if (a.key or "").startswith(REPORT_KEYS)]
+    if reports:
+        return f"report: {ui}/artifacts/artifact/{reports[-1].id}"
+    return f"run: {ui}/runs/flow-run/{run_id}"
+
+
+def _unknown_keys(deployment: str, params: dict[str, Any]) -> str | None:
+    """The refusal of a key the deployment's parameter schema does not know, with a close match
+    (the server would refuse it too, listing the keys without a suggestion); None when all are known."""
+    from prefect.client.orchestration import get_client  # Prefect only for this command
+
+    with get_client(sync_client=True) as client:
+        schema = client.read_deployment_by_name(deployment).parameter_openapi_schema or {}
+    allowed = _property_names(schema)
+    for key in params:
+        if allowed and key not in allowed:
+            return unknown_parameter(key, allowed, f"{deployment} params")
+    return None
+
+
+def _property_names(schema: Any) -> list[str]:
+    """The first ``propertyNames`` enum in a JSON schema (the flow parameters' known keys)."""
+    if isinstance(schema, dict):
+        if isinstance(schema.get("propertyNames"), dict) and "enum" in schema["propertyNames"]:
+            return list(schema["propertyNames"]["enum"])
+        children = schema.values()
+    elif isinstance(schema, list):
+        children = schema
+    else:
+        return []
+    return next((found for child in children if (found := _property_names(child))), [])
 
 
 def _ui() -> str:

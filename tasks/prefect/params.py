@@ -1,16 +1,15 @@
 """Flow parameters that refuse what they do not know: a mistyped key fails the run before anything
 starts, naming the key, the closest known one and all of them (as recipe keys do).
 
-Pydantic's ``extra="forbid"`` puts ``additionalProperties: false`` into the parameter schema a
-deployment stores, so a Prefect server that enforces the schema refuses the run at creation
-(``prefect deployment run ... --param``); the before-validator gives the same refusal, with its
-suggestion, wherever the model is built in-process (``odl flow``, a flow called from Python)."""
+The parameter schema a deployment stores lists the known keys (``propertyNames``), so a Prefect
+server refuses a run with an unknown key at creation (``prefect deployment run ... --param``,
+naming the key and the allowed ones); the before-validator gives the same refusal with a "did you
+mean" wherever the model is built in-process (``odl flow``, ``odl watch``, a flow called from Python)."""
 
 from __future__ import annotations
 
-import re
 import tomllib
-from datetime import date
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,30 +23,12 @@ def unknown_parameter(key: str, allowed: list[str], where: str) -> str:
     return f"{where}: unknown parameter {key!r} ({close_match(key, allowed)})"
 
 
-def near_misses(key: str) -> list[str]:
-    """Regular expressions of every name one edit away from ``key`` (a character dropped, added,
-    changed, or two swapped): the typos a schema can answer with "did you mean <key>?"."""
-    k = [re.escape(c) for c in key]
-    out = {"".join(k[:i] + k[i + 1 :]) for i in range(len(k))}
-    out |= {"".join(k[:i] + ["."] + k[i + 1 :]) for i in range(len(k))}
-    out |= {"".join(k[:i] + ["."] + k[i:]) for i in range(len(k) + 1)}
-    out |= {"".join(k[:i] + [k[i + 1], k[i]] + k[i + 2 :]) for i in range(len(k) - 1)}
-    return sorted(o for o in out if o)
-
-
 def _strict_schema(schema: dict[str, Any], model: type[BaseModel]) -> None:
-    """The parameter schema a deployment stores: a key one edit away from a known one fails with
-    "did you mean <known>?", any other unknown key with the list of known ones (the server's
-    message quotes the ``const`` it expected), known keys never match either rule."""
-    allowed = sorted(model.model_fields)
-    listing = f"(allowed: {', '.join(allowed)})"
-    known = "|".join(re.escape(a) for a in allowed)
-    patterns = {
-        f"^(?!(?:{known})$)(?:{'|'.join(near_misses(a))})$": {"const": f"did you mean {a}? {listing}"}
-        for a in allowed
-    }
-    schema["patternProperties"] = patterns
-    schema["additionalProperties"] = {"const": f"a known parameter {listing}"}
+    """The parameter schema a deployment stores: its keys are an ``enum`` of the known ones, so a
+    server refuses an unknown key at creation with jsonschema's own words ("'epoch' is not one of
+    ['batch_size', 'board', ...]") and ``prefect deployment inspect`` shows one short list."""
+    schema["propertyNames"] = {"enum": sorted(model.model_fields)}
+    schema.pop("additionalProperties", None)  # the enum says it, with the allowed keys in its message
 
 
 class StrictParams(BaseModel):
@@ -77,10 +58,23 @@ def recipe_name(recipe: str | Path) -> str:
     return name if isinstance(name, str) and name else path.stem
 
 
-def run_name(recipe: str | Path, target: str, day: date | None = None) -> str:
-    """A flow run's name, the same at creation (``make demo``) and in the flow:
-    ``digits@vboard-2026-11-25``; ``target`` is the board or the fleet's group."""
-    return f"{recipe_name(recipe)}@{target}-{(day or date.today()).isoformat()}"
+def run_name(recipe: str | Path, target: str, when: datetime | None = None) -> str:
+    """A flow run's name: the recipe, the board (or the fleet's group) and the local time it was
+    created or scheduled for, to the second: ``digits@vboard 2026-11-25 02:00:00``."""
+    return f"{recipe_name(recipe)}@{target} {(when or datetime.now()).astimezone():%Y-%m-%d %H:%M:%S}"
+
+
+def flow_run_name(recipe: str | Path, target: str) -> str:
+    """The running flow's name (its ``flow_run_name``): the one it was created with when that is
+    already ours (``odl watch``, ``odl flow``), else :func:`run_name` at its scheduled start, so a
+    ``prefect deployment run`` or a scheduled run is renamed from Prefect's random words when it starts."""
+    from prefect.runtime import flow_run  # Prefect only inside a flow run
+
+    current = str(flow_run.name or "")
+    if current.startswith(f"{recipe_name(recipe)}@{target} "):
+        return current
+    start = flow_run.scheduled_start_time
+    return run_name(recipe, target, start if isinstance(start, datetime) else None)
 
 
 def run_tags(recipe: str | Path, target: str, kind: str, fleet: bool = False) -> list[str]:

@@ -42,11 +42,11 @@ def test_the_watch_prints_a_few_readable_lines(deployment_run, virtual_board):
     lines = out.strip().splitlines()
     assert code == 0 and len(lines) <= 25, out
     day = time.strftime("%Y-%m-%d")
-    assert lines[0].startswith(f"run digits@{virtual_board.name}-{day}: http://127.0.0.1:")
+    assert re.match(rf"run digits@{virtual_board.name} {day} \d\d:\d\d:\d\d: http://127\.0\.0\.1:", lines[0]), out
     assert any(line.strip().startswith("ok   export") for line in lines), out
     assert any(line.strip().startswith("training: step") and "loss" in line for line in lines), out
     assert any(line.startswith(("Promoted: v", "Not promoted: v")) for line in lines), out
-    assert lines[-1].startswith("report: http://127.0.0.1:") and lines[-1].endswith("?tab=Artifacts")
+    assert re.fullmatch(r"report: http://127\.0\.0\.1:\d+/artifacts/artifact/[0-9a-f-]{36}", lines[-1]), out
     assert not [line for line in lines if re.search(r"-[0-9a-f]{3}\b", line.split(":")[0])]  # no hash names
 
 
@@ -67,10 +67,11 @@ def test_deployment_run_completes_and_schedule_has_upcoming_runs(prefect_stack, 
 
 
 def test_report_renders_in_the_prefect_ui(prefect_stack, deployment_run, virtual_board, tmp_path):
+    """The report link odl watch prints (what make demo ends on) opens the report itself: its title,
+    its tables and its charts render in headless Chromium (a run's ?tab=Artifacts landed on Logs)."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.fail("chromium is not installed (deploy/system-packages.txt lists it; run make install)")
-    key = f"odl-report-digits-{virtual_board.name}"
     ui = prefect_stack["PREFECT_API_URL"].removesuffix("/api")
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     shot = SCREENSHOTS / "prefect-report.png"
@@ -87,39 +88,41 @@ def test_report_renders_in_the_prefect_ui(prefect_stack, deployment_run, virtual
         "--window-size=1400,1000",
         "--virtual-time-budget=15000",
     ]
-    found = _api(
-        prefect_stack, "/artifacts/filter", {"artifacts": {"key": {"any_": [key]}}, "sort": "CREATED_DESC"}
-    )
-    url = f"{ui}/artifacts/artifact/{found[0]['id']}"
+    url = deployment_run[1].strip().splitlines()[-1].removeprefix("report: ")  # the link odl watch printed
+    assert url.startswith(f"{ui}/artifacts/artifact/"), url
     dom = subprocess.run(
         [chromium, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=120
     ).stdout
     subprocess.run([chromium, *flags, f"--screenshot={shot}", url], capture_output=True, timeout=120)
-    assert "ODL run:" in dom and "Before / after on the host test set" in dom, dom[-1500:]
+    text = re.sub(r"<[^>]+>", "", dom)  # the title's names are in <code>
+    assert f"ODL run: digits on {virtual_board.name}" in text, dom[-1500:]
+    assert "Before / after on the host test set" in dom, dom[-1500:]
     assert "data:image/png;base64" in dom
     assert Path(shot).stat().st_size > 10_000
 
 
 def test_a_mistyped_parameter_is_refused_before_anything_starts(prefect_stack):
     """The issue's case: `--param 'params={"epoch": 3}'` trained the default 10 epochs. The server
-    now refuses the run at creation (the deployment's parameter schema), naming the key, the close
-    match and the allowed keys; no flow run is created."""
+    refuses the run at creation (the deployment's parameter schema lists the known keys), naming the
+    key and the allowed ones; odl watch adds the close match; no flow run is created."""
     from tasks.stack import StackError
     from tasks.stack.server import prefect_cli
 
     before = len(_api(prefect_stack, "/flow_runs/filter", {"limit": 200}))
+    allowed = "['batch_size', 'board', 'epochs', 'lr', 'overrides', 'promotion_min_gain', 'recipe']"
     for param, field, expected in (
-        ('params={"epoch": 3}', "params.epoch", "did you mean epochs?"),
-        ('params={"bord": "vboard"}', "params.bord", "did you mean board?"),
-        ('params={"colour": 1}', "params.colour", "a known parameter"),
+        ('params={"epoch": 3}', "params", f"'epoch' is not one of {allowed}"),
+        ('params={"colour": 1}', "params", f"'colour' is not one of {allowed}"),
         ('params={"epochs": "many"}', "params.epochs", "is not valid"),
     ):
         with pytest.raises(StackError) as err:
             prefect_cli(prefect_stack, "deployment", "run", "odl/full", "--param", param, timeout=120)
         text = " ".join(str(err.value).split())
         assert f"Validation failed for field '{field}'" in text and expected in text, text
-        if "known" in expected or "mean" in expected:
-            assert "(allowed: batch_size, board, epochs, lr, overrides, promotion_min_gain, recipe)" in text
+    inspect = prefect_cli(prefect_stack, "deployment", "inspect", "odl/full", timeout=120)
+    assert len(inspect.splitlines()) < 120, inspect  # 244 lines when each key listed its typos
+    watched = _odl_cli(prefect_stack, "watch", "odl/full", "--params", '{"epoch": 3}')
+    assert watched.returncode == 2 and "did you mean epochs?" in watched.stderr, watched.stderr
     assert len(_api(prefect_stack, "/flow_runs/filter", {"limit": 200})) == before
 
 

@@ -3,6 +3,7 @@ outcomes, a failing run. tests/e2e/test_flow_vboard.py runs these same tests on 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -97,14 +98,16 @@ def test_first_run_is_promoted_with_report_and_progress(promoted_run, flow_board
 
 
 def _assert_readable_run(run_id, prefix: str, tags: list[str]) -> None:
-    """The run is named ``<recipe>@<board>-<date>`` and tagged; task runs carry no hash suffix."""
+    """The run is named ``<recipe>@<board> <date> <time>`` and tagged; task runs carry no hash suffix."""
     import datetime
 
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
         run = client.read_flow_run(run_id)
-    assert run.name == f"{prefix}-{datetime.date.today().isoformat()}"
+    assert re.fullmatch(
+        rf"{re.escape(prefix)} {datetime.date.today().isoformat()} \d\d:\d\d:\d\d", run.name
+    ), run.name
     assert set(tags) <= set(run.tags)
     names = set(_task_states(run_id))
     assert {"export", "generate artifacts", "validate recipe", "evaluate", "promote"} <= names, names
