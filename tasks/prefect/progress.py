@@ -3,6 +3,7 @@ artifact (updated at most every 2 s: each update is a write to Prefect's API).""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -11,6 +12,9 @@ from device_agent.protocol import Event
 from tasks.prefect import boards
 
 JOB_EVENTS = {"started": "started", "epoch": "progress", "finished": "finished", "failed": "failed"}
+# Debug lines only: the agent's "eval" row is the epoch's row that its "epoch" event repeats (train
+# and eval figures), and a checkpoint follows every epoch; the run log keeps one line per epoch.
+QUIET_EVENTS = ("eval", "checkpoint")
 
 
 class Observer(Protocol):
@@ -76,7 +80,8 @@ class BoardProgress:
         elif event.type == "epoch":
             self.percent = max(self.percent, 100.0 * data.get("epoch", 0) / self.epochs)
         if event.type != "step" or self.total_steps is None:
-            get_run_logger().info("board %s: %s %s", self.board, event.type, _brief(data))
+            level = logging.DEBUG if event.type in QUIET_EVENTS else logging.INFO
+            get_run_logger().log(level, "board %s: %s %s", self.board, event.type, _brief(data))
         if event.type in JOB_EVENTS:
             payload = {k: v for k, v in data.items() if isinstance(v, (int, float, str))}
             boards.emit(f"odl.job.{JOB_EVENTS[event.type]}", self.board, payload)
