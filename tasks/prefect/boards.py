@@ -19,11 +19,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
+from tasks.board.check_items import fmt_mb
 from tasks.paths import state_dir
 
 log = logging.getLogger(__name__)
@@ -82,7 +84,7 @@ def overview_rows(boards: list[str], registry: Any) -> list[dict[str, Any]]:
                 d = current.info.get("decision") or {}
                 metric = d.get("metric")
                 value = current.metrics.get(metric) if metric else None
-                shown = f" {metric} {value:.4f}" if isinstance(value, (int, float)) else ""
+                shown = f" {metric} {value:.3g}" if isinstance(value, (int, float)) else ""
                 serving.append(f"{recipe} {current.name}{shown}")
                 promoted = max(promoted, float(current.info.get("recorded_at") or 0))
         rows.append({
@@ -92,8 +94,8 @@ def overview_rows(boards: list[str], registry: Any) -> list[dict[str, Any]]:
             "serving": "; ".join(serving) or "-",
             "last training": _when(trained or None),
             "last promotion": _when(promoted or None),
-            "disk": rec.get("disk", "-"),
-            "RAM": rec.get("ram", "-"),
+            "disk free": _size(rec.get("disk")),
+            "RAM free": _size(rec.get("ram")),
         })  # fmt: skip
     return rows
 
@@ -124,4 +126,19 @@ def flush(timeout: float = 10.0) -> None:
 
 
 def _when(t: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) if t else "-"
+    """A time in a short cell: "11-25 21:40" this year, "2025-11-25" before."""
+    if not t:
+        return "-"
+    same_year = time.localtime(t).tm_year == time.localtime().tm_year
+    return time.strftime("%m-%d %H:%M" if same_year else "%Y-%m-%d", time.localtime(t))
+
+
+def _size(text: Any) -> str:
+    """The leading size of a record's figure ("55.4 GB" of "55.4 GB free of 252.0 GB"), "-" without one."""
+    found = re.match(r"\s*(\d+(?:\.\d+)?\s*[KMGT]?B)\b", str(text or ""))
+    return found.group(1) if found else "-"
+
+
+def free_space(info: Any) -> dict[str, str]:
+    """What a deployment's ``info`` answer says of the board's free disk and RAM, as records keep it."""
+    return {"disk": fmt_mb(info.disk_free_mb), "ram": fmt_mb(info.mem_available_mb)}

@@ -113,7 +113,7 @@ def deploy(board: Board, spec: Any, files: dict[str, Path]) -> stages.Deployment
     except DeviceUnreachable:
         boards.heartbeat(board.name, False)
         raise
-    boards.heartbeat(board.name, True)
+    boards.heartbeat(board.name, True, boards.free_space(done.info))  # the overview's disk and RAM
     return done
 
 
