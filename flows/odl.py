@@ -24,7 +24,7 @@ from pydantic import Field
 
 from tasks import stages
 from tasks.board.inventory import BOARD_NAME_PATTERN, get_board, load_inventory
-from tasks.judge.report import report_key
+from tasks.judge.report import preparation_warnings, report_key
 from tasks.paths import state_dir
 from tasks.prefect import boards
 from tasks.prefect import tasks as pt
@@ -151,7 +151,10 @@ def odl(params: OdlParams | None = None) -> Outcome | None:
         model.weights.name if model.weights else (Path(model.ref).name if model.kind == "onnx" else None)
     )
     lineage = {**info, "rollout": served.removeprefix("; "), "weights": weights}
-    summary = publish(report_input(recipe, board.name, run_id, training, evaluation, promotion, t, lineage))
+    warned = preparation_warnings(prep.manifest, prep.validation)
+    summary = publish(
+        report_input(recipe, board.name, run_id, training, evaluation, promotion, t, lineage, warned)
+    )
     boards.publish_overview(sorted(load_inventory()), stages.registry())  # the fleet overview, refreshed
     test = evaluation.test
     outcome = Outcome(spec.job_id, run_dir, promotion.decision.promote, promotion.version, summary, test, t)

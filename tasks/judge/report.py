@@ -60,6 +60,15 @@ class ReportInput:
     lineage: dict[str, Any] = field(default_factory=dict)  # start_from, board_data, rollout
     continual: list[dict[str, Any]] = field(default_factory=list)  # tasks.judge.continual.night_rows
     teacher: dict[str, Any] = field(default_factory=dict)  # the board's teacher figures (result.teacher)
+    warnings: list[str] = field(default_factory=list)  # preparation's (preparation_warnings)
+
+
+def preparation_warnings(manifest: dict[str, Any], validation: dict[str, Any] | None) -> list[str]:
+    """What preparing the job warned about, one line each: the artifacts' (``manifest.json``
+    ``warnings``) and validation's judging rehearsal's (a learning rate that diverges on held-out data)."""
+    rehearsal = ((validation or {}).get("checks") or {}).get("judging_rehearsed")
+    found = rehearsal.get("warnings", []) if isinstance(rehearsal, dict) else []
+    return [*manifest.get("warnings", []), *found]
 
 
 def report_key(recipe: str, board: str, kind: str = "report") -> str:
@@ -190,6 +199,13 @@ def gate_md(d: Decision) -> list[str]:
     return out
 
 
+def _warnings_md(inp: ReportInput) -> list[str]:
+    """Preparation's warnings, one bullet each ([] when none)."""
+    if not inp.warnings:
+        return []
+    return ["", "## ⚠️ Preparation warnings", *(f"- {line}" for line in inp.warnings)]
+
+
 def _decision_md(inp: ReportInput) -> str:
     d = inp.decision
     if d.promote:
@@ -232,6 +248,7 @@ def render_report(inp: ReportInput) -> str:
         f"flow run `{inp.flow_run_id}`, board job `{inp.job_id}`",
         "",
         _decision_md(inp),
+        *_warnings_md(inp),
         *gate_md(inp.decision),
         *lineage_md(inp.lineage),
         *trend_section(inp.trend),
@@ -269,6 +286,7 @@ def summary_text(inp: ReportInput) -> str:
         f"{inp.recipe} on {inp.board}: {'PROMOTED' if inp.decision.promote else 'not promoted'} "
         f"({inp.version}); {inp.decision.reason}"
     ]
+    lines += [f"  warning: {line}" for line in inp.warnings]
     for col, m in inp.evaluations.items():
         keys = ("accuracy", "map50", "map", "loss", "mse")
         line = f"  {col:<16} " + "  ".join(f"{k}={m[k]:.4f}" for k in keys if k in m)

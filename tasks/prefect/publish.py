@@ -46,9 +46,11 @@ def report_input(
     promotion: stages.Promotion,
     timings: dict[str, float],
     lineage: dict[str, Any] | None = None,
+    warnings: list[str] | None = None,
 ) -> ReportInput:
     """Everything the report shows, from the stages' typed results (called after the promotion
-    is recorded, so the registry's trend includes this run's version)."""
+    is recorded, so the registry's trend includes this run's version); ``warnings``: preparation's
+    (:func:`tasks.judge.report.preparation_warnings`)."""
     result = training.result.to_dict()
     ref = evaluation.reference
     points, nights = trend(recipe.name, board)
@@ -72,6 +74,7 @@ def report_input(
         continual=nights,
         lineage=lineage or {},
         teacher=result.get("teacher") or {},
+        warnings=list(warnings or []),
     )
 
 

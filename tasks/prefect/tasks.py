@@ -28,6 +28,7 @@ from tasks.prepare import Prepared
 from tasks.recipe.schema import Recipe
 from tasks.stages import nightly
 from tasks.stages import warm_start as warm
+from tasks.stages.rehearse import rehearse_judging
 
 
 def retry_if_retryable(task: Any, task_run: Any, state: Any) -> bool:
@@ -97,9 +98,9 @@ def generate_artifacts(inp: stages.Inputs) -> dict[str, Any]:
 
 @task(name="validate recipe", task_run_name="validate recipe", **_cached_step("validate"), **RETRY)
 def validate(inp: stages.Inputs) -> dict[str, Any]:
-    """Dry-run the recipe on the host with the generated artifacts."""
+    """Dry-run the recipe on the host with the generated artifacts and rehearse the judging."""
     t0 = time.perf_counter()
-    report = stages.validate(inp)
+    report = stages.validate(inp, rehearse_judging)
     checks = report.get("checks") or {}
     said(f"offline validation {'passed' if report.get('passed') else 'FAILED'}: {len(checks)} checks", t0)
     return report
