@@ -115,12 +115,14 @@ FROZEN_BN_HINT = (
     "(pretrained or calibrated weights; a random init has none: use 'batch-stats')"
 )
 
+FLAT = 1e-3  # relative: a repeated batch's loss within this of its start stayed flat, above it rose
+
 
 def check_losses(report: dict[str, Any], batchnorm: str | None = None) -> str | None:
     """Finite losses; the repeated batch's loss falls (mean of the last steps below the first).
 
     Returns a note when the check passes without the loss falling (it was already ~0); raises
-    ValidationFailed saying whether the loss diverged or stayed flat, and what to try.
+    ValidationFailed saying whether the loss diverged, rose or stayed flat, and what to try.
     """
     losses, repeat = report["losses"], report["repeat_losses"]
     if not all(math.isfinite(v) for v in [*losses, *repeat, report["eval_loss"]]):
@@ -135,11 +137,12 @@ def check_losses(report: dict[str, Any], batchnorm: str | None = None) -> str | 
         return f"the loss on the repeated batch was already ~0 ({start:.3g}): nothing left to learn on it"
     if end < start:
         return None
-    how = (
-        f"diverged ({start:.5g} -> {end:.5g}): lower optimizer.lr"
-        if end > 1.5 * start
-        else f"stayed flat ({start:.5g} -> {end:.5g}): raise optimizer.lr or train more parameters"
-    )
+    if end > 1.5 * start:
+        how = f"diverged ({start:.5g} -> {end:.5g}): lower optimizer.lr"
+    elif end > start * (1 + FLAT):
+        how = f"rose ({start:.5g} -> {end:.5g}): lower optimizer.lr"
+    else:
+        how = f"stayed flat ({start:.5g} -> {end:.5g}): raise optimizer.lr or train more parameters"
     hint = FROZEN_BN_HINT if batchnorm == "frozen" and end > start else ""
     raise ValidationFailed(
         "loss_falls",

@@ -76,6 +76,7 @@ def test_dropout_does_not_cry_wolf_and_the_check_is_deterministic(tmp_path):
         ([2.0, 1.9, 2.1, 1.5, 1.2, 1.0], None),
         ([1e-8, 1e-8, 1e-9, 1e-8, 1e-8, 1e-9], "already ~0"),
         ([1.0, 1.0, 1.0, 1.0, 1.0, 1.0], "stayed flat"),
+        ([1.0, 1.0, 1.0, 1.1, 1.2, 1.2], r"rose \(1 -> 1.1667\): lower optimizer.lr"),  # not "flat"
         ([1.0, 1.2, 1.5, 3.0, 5.0, 9.0], "diverged"),
     ],
 )
