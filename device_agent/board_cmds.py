@@ -1,12 +1,14 @@
 """Board-level agent commands: ``jobs`` (who trains now), ``install-model`` and ``models`` (the
-releases the board's application serves); and the arguments of ``dataset`` (a growing folder,
-hashed), which :mod:`device_agent.data_cmds` runs."""
+releases the board's application serves), ``add-file`` (append a file to a dataset folder); and the
+arguments of ``dataset`` (a growing folder, hashed), which :mod:`device_agent.data_cmds` runs."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
+from device_agent.dataset_append import append_file
 from device_agent.errors import AgentError
 from device_agent.jobdir import JobDir, lock_is_held, training_owner
 from device_agent.jobstate import job_status
@@ -57,10 +59,17 @@ def cmd_models(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def cmd_add_file(args: argparse.Namespace) -> int:
+    """Append stdin as FOLDER/NAME of a dataset folder (hidden name, then linked; never rewritten)."""
+    emit(append_file(args.root, args.folder, args.name, sys.stdin.buffer))
+    return ExitCode.OK
+
+
 COMMANDS = {
     "jobs": cmd_jobs,
     "install-model": cmd_install_model,
     "models": cmd_models,
+    "add-file": cmd_add_file,
 }
 
 
@@ -81,3 +90,6 @@ def add_parsers(sub: Any) -> None:
         "files", nargs="+", help="NAME=SHA256 of blobs: model.onnx, model.int8.onnx, priors.npy"
     )
     helped("models").add_argument("recipe")
+    add = helped("add-file")
+    add.add_argument("folder", help="a relative path under the agent root, e.g. datasets/digits")
+    add.add_argument("name", help="the file's name in the folder")

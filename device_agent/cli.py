@@ -1,7 +1,7 @@
 """``python3 -m device_agent [--root ROOT] info|blobs|put-blob|validate|run|start|status|cancel|
-jobs|dataset|install-model|models``: ``jobs``, ``install-model`` and ``models`` are in
-:mod:`device_agent.board_cmds`; ``validate``, ``run`` and ``dataset``, which read data and so load
-numpy, in :mod:`device_agent.data_cmds`, imported only to run one of them.
+jobs|dataset|install-model|models|add-file``: ``jobs``, ``install-model``, ``models`` and
+``add-file`` are in :mod:`device_agent.board_cmds`; ``validate``, ``run`` and ``dataset``, which
+read data and so load numpy, in :mod:`device_agent.data_cmds`, imported only to run one of them.
 
 Stdout carries JSON lines only; human logs go to stderr and ``JOBDIR/agent.log``. The process
 exit status is a :class:`~device_agent.protocol.ExitCode` (see README.md for the table).

@@ -21,17 +21,15 @@ import numpy as np
 
 from device_agent.data import IMAGE_SUFFIXES, ImageFolderDataset, NpzDataset, load_npz_arrays
 from device_agent.errors import AgentError
-from device_agent.protocol import DataRef, ExitCode, file_sha256
+from device_agent.protocol import DataRef, ExitCode, check_board_path, file_sha256
 
 HIDDEN_SUFFIXES = (".tmp", ".part")
 
 
 def resolve_folder(root: Path, path: str, field: str) -> Path:
-    """``path`` (absolute, or relative to the root without '..') as an existing folder."""
-    p = Path(path)
-    if not p.is_absolute() and ".." in p.parts:
-        raise AgentError(ExitCode.INVALID_ARGUMENT, f"{field}: {path!r} leaves the agent root", field)
-    folder = p if p.is_absolute() else root / p
+    """``path`` (absolute, or a relative path of names under the root) as an existing folder."""
+    check_board_path(path, field, error=lambda line: AgentError(ExitCode.INVALID_ARGUMENT, line, field))
+    folder = root / path  # an absolute path stays itself
     if not folder.is_dir():
         raise AgentError(ExitCode.DATA_MISMATCH, f"{field}: no dataset folder {folder} on the board", field)
     return folder

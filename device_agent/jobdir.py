@@ -22,6 +22,7 @@ from device_agent.protocol import (
     JobResult,
     JobSpec,
     SpecError,
+    check_board_path,
     file_sha256,
 )
 from device_agent.sysinfo import free_disk_mb, meminfo_mb
@@ -168,14 +169,9 @@ def data_path(job: JobDir, ref: DataRef, field: str) -> Path:
     """The local path of a dataset: a verified blob or a path on the board."""
     if ref.blob is not None:
         return verify_blob(job, ref.blob, f"{field}.blob")
-    path = Path(ref.path or "")
-    if not path.is_absolute() and ".." in path.parts:
-        raise AgentError(
-            ExitCode.INVALID_SPEC,
-            f"{field}.path: expected an absolute path or one under the agent root without '..' (got {ref.path!r})",
-            f"{field}.path",
-        )
-    path = path if path.is_absolute() else job.root / path
+    where = f"{field}.path"
+    check_board_path(ref.path, where, error=lambda line: AgentError(ExitCode.INVALID_SPEC, line, where))
+    path = job.root / str(ref.path)  # an absolute path stays itself
     if not path.exists():
         raise AgentError(
             ExitCode.DATA_MISMATCH, f"{field}.path: {path} does not exist on the board", f"{field}.path"

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from device_agent.names import valid_job_id
 from device_agent.prefix_spec import PrefixSpec
 from device_agent.teacher_spec import TeacherSpec
 from device_agent.wire import (
@@ -23,7 +24,6 @@ from device_agent.wire import (
     reject_unknown,
     typed_fields,
     valid_blob_name,
-    valid_job_id,
 )
 
 ARTIFACT_KEYS = ("training_model", "eval_model", "optimizer_model", "checkpoint")

@@ -30,9 +30,8 @@ from typing import Any
 
 from device_agent.errors import AgentError
 from device_agent.jobdir import fsync_dir
-from device_agent.protocol import ExitCode, SpecError, file_sha256, valid_blob_name
+from device_agent.protocol import NAME, ExitCode, SpecError, file_sha256, valid_blob_name
 
-RECIPE_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 VERSION_RE = re.compile(r"^v\d{4,}$")
 RELEASE_RE = re.compile(r"^v\d{4,}-[0-9a-f]{12}$")  # <version>-<model sha256[:12]>
 RELEASE_FILES = ("model.onnx", "model.int8.onnx", "priors.npy")
@@ -45,10 +44,8 @@ def _bad(message: str) -> AgentError:
 
 
 def recipe_dir(root: Path, recipe: str) -> Path:
-    """``ROOT/models/<recipe>`` after checking the name."""
-    if not RECIPE_RE.match(recipe):
-        raise _bad(f"recipe: expected 1-64 chars of [a-z0-9_-] (got {recipe!r})")
-    return root / "models" / recipe
+    """``ROOT/models/<recipe>`` after checking the name (:data:`~device_agent.names.NAME`)."""
+    return root / "models" / NAME.check(recipe, "recipe", error=_bad)
 
 
 def _release(path: Path) -> dict[str, Any] | None:

@@ -7,6 +7,8 @@ it and is re-exported here:
 
 * :mod:`device_agent.wire` — what every wire type is built from: ``PROTOCOL_VERSION``,
   ``SpecError``, the field checks (``get_field``, ``check_version``...) and ``BlobRef``;
+* :mod:`device_agent.names` — the one rule for names (``NAME``: job ids, board, recipe, dataset
+  and report names), its refusal line (``BadName``) and ``valid_job_id``;
 * :mod:`device_agent.jobspec` — what the host sends: ``JobSpec`` (``job.json``) with its
   ``DataRef`` and ``TrainParams`` (and :mod:`device_agent.prefix_spec`'s ``PrefixSpec``);
 * :mod:`device_agent.messages` — what the agent answers: ``Event`` (``events.jsonl``),
@@ -40,10 +42,19 @@ import re
 
 from device_agent.jobspec import ARTIFACT_KEYS, TASKS, DataFile, DataRef, JobSpec, TrainParams
 from device_agent.messages import BlobListing, BoardInfo, Event, FileRef, JobResult
+from device_agent.names import (
+    BOARD_PATH_ALLOWED,
+    NAME,
+    NAME_PATTERN,
+    BadName,
+    NameRule,
+    board_path_ok,
+    check_board_path,
+    valid_job_id,
+)
 from device_agent.prefix_spec import PrefixSpec
 from device_agent.teacher_spec import TeacherSpec
 from device_agent.wire import (
-    JOB_ID_RE,
     PROTOCOL_VERSION,
     SHA256_RE,
     V1_VERSION_KEYS,
@@ -57,7 +68,6 @@ from device_agent.wire import (
     reject_unknown,
     typed_fields,
     valid_blob_name,
-    valid_job_id,
 )
 
 AGENT_VERSION = "0.5.0"
@@ -149,10 +159,10 @@ def blob_tmp_name(sha256: str, nonce: str) -> str:
 
 
 __all__ = [
-    "AGENT_VERSION", "ARTIFACT_KEYS", "BLOBS_DIR", "BLOB_TMP_PREFIX", "BLOB_TMP_RE", "EVENT_TYPES",
-    "EXIT_HELP", "JOB_ID_RE", "NEVER_RETRY", "PROTOCOL_VERSION", "SHA256_RE", "STALE_TMP_S", "TASKS",
-    "V1_VERSION_KEYS", "VERSION_KEY", "BlobListing", "BlobRef", "BoardInfo", "DataFile", "DataRef", "Event",
-    "ExitCode", "FileRef", "JobResult", "JobSpec", "PrefixSpec", "SpecError", "TeacherSpec", "TrainParams", "blob_tmp_name",
-    "check_version", "file_sha256", "get_field", "parse_json", "read_version", "reject_unknown", "typed_fields",
+    "AGENT_VERSION", "ARTIFACT_KEYS", "BOARD_PATH_ALLOWED", "BLOBS_DIR", "BLOB_TMP_PREFIX", "BLOB_TMP_RE", "EVENT_TYPES",
+    "EXIT_HELP", "NAME", "NAME_PATTERN", "NEVER_RETRY", "PROTOCOL_VERSION", "SHA256_RE", "STALE_TMP_S", "TASKS",
+    "V1_VERSION_KEYS", "VERSION_KEY", "BadName", "BlobListing", "BlobRef", "BoardInfo", "DataFile", "DataRef", "Event",
+    "ExitCode", "FileRef", "JobResult", "JobSpec", "NameRule", "PrefixSpec", "SpecError", "TeacherSpec", "TrainParams", "blob_tmp_name",
+    "board_path_ok", "check_board_path", "check_version", "file_sha256", "get_field", "parse_json", "read_version", "reject_unknown", "typed_fields",
     "valid_blob_name", "valid_job_id",
 ]  # fmt: skip

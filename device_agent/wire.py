@@ -18,7 +18,6 @@ PROTOCOL_VERSION = 2
 VERSION_KEY = "protocol_version"  # the one spelling of the version on the wire
 V1_VERSION_KEYS = ("protocol", "v")  # protocol 1's spellings: read only to report the mismatch
 
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -30,15 +29,6 @@ class SpecError(ValueError):
         self.expected = expected
         got_txt = "" if got is None else f" (got {got!r})"
         super().__init__(f"field '{field_name}': expected {expected}{got_txt}")
-
-
-def valid_job_id(job_id: object) -> str:
-    """Return ``job_id`` if it is a safe name (no separators, no '..', no shell metacharacters)."""
-    if not isinstance(job_id, str) or not JOB_ID_RE.match(job_id) or ".." in job_id:
-        raise SpecError(
-            "job_id", "1-128 chars of [A-Za-z0-9._-], not starting with '.' or '-', no '..'", job_id
-        )
-    return job_id
 
 
 def valid_blob_name(sha256: object, field_name: str = "sha256") -> str:

@@ -27,7 +27,7 @@ def _set(d: dict, path: str, value: object) -> None:
 
 SPEC_CASES = [  # (path in job.json, new value or KeyError to delete, code, text in the message)
     ("job_id", "other", ExitCode.INVALID_SPEC, "field 'job_id'"),
-    ("job_id", "../x", ExitCode.INVALID_SPEC, "field 'job_id'"),
+    ("job_id", "../x", ExitCode.INVALID_SPEC, "job_id: '../x' is not a valid name"),
     (
         "protocol_version",
         99,

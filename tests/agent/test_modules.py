@@ -11,16 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from device_agent import board_cmds, cli, data_cmds, jobspec, messages, prefix_spec, protocol, wire
+from device_agent import board_cmds, cli, data_cmds, jobspec, messages, names, prefix_spec, protocol, wire
 from device_agent.checks import np_dtype
 from tasks.paths import PROJECT_ROOT
 
 EXPORTS = {
-    "AGENT_VERSION", "ARTIFACT_KEYS", "BLOBS_DIR", "BLOB_TMP_PREFIX", "BLOB_TMP_RE", "EVENT_TYPES",
-    "EXIT_HELP", "JOB_ID_RE", "NEVER_RETRY", "PROTOCOL_VERSION", "SHA256_RE", "STALE_TMP_S", "TASKS",
-    "V1_VERSION_KEYS", "VERSION_KEY", "BlobListing", "BlobRef", "BoardInfo", "DataFile", "DataRef", "Event",
-    "ExitCode", "FileRef", "JobResult", "JobSpec", "PrefixSpec", "SpecError", "TeacherSpec", "TrainParams", "blob_tmp_name",
-    "check_version", "file_sha256", "get_field", "parse_json", "read_version", "reject_unknown", "typed_fields",
+    "AGENT_VERSION", "ARTIFACT_KEYS", "BLOBS_DIR", "BLOB_TMP_PREFIX", "BLOB_TMP_RE", "BOARD_PATH_ALLOWED", "EVENT_TYPES",
+    "EXIT_HELP", "NAME", "NAME_PATTERN", "NEVER_RETRY", "PROTOCOL_VERSION", "SHA256_RE", "STALE_TMP_S", "TASKS",
+    "V1_VERSION_KEYS", "VERSION_KEY", "BadName", "BlobListing", "BlobRef", "BoardInfo", "DataFile", "DataRef", "Event",
+    "ExitCode", "FileRef", "JobResult", "JobSpec", "NameRule", "PrefixSpec", "SpecError", "TeacherSpec", "TrainParams", "blob_tmp_name",
+    "board_path_ok", "check_board_path", "check_version", "file_sha256", "get_field", "parse_json", "read_version", "reject_unknown", "typed_fields",
     "valid_blob_name", "valid_job_id",
 }  # fmt: skip
 
@@ -42,6 +42,7 @@ def test_protocol_re_exports_every_name_of_the_modules_below_it() -> None:
     assert protocol.BlobRef is wire.BlobRef is jobspec.BlobRef and protocol.JobSpec is jobspec.JobSpec
     assert protocol.TASKS is jobspec.TASKS and protocol.ARTIFACT_KEYS is jobspec.ARTIFACT_KEYS
     assert protocol.Event is messages.Event and protocol.PrefixSpec is prefix_spec.PrefixSpec
+    assert protocol.NAME is names.NAME and protocol.valid_job_id is names.valid_job_id
 
 
 def test_a_prefix_spec_reads_its_model_as_a_blob_ref() -> None:
@@ -81,7 +82,7 @@ def _probe(python: Path, root: Path, *argv: str) -> dict[str, object]:
     proc = subprocess.run(
         [str(python), "-c", PROBE, "--root", str(root), *argv],
         capture_output=True, text=True, env={"PYTHONPATH": str(PROJECT_ROOT), "PATH": "/usr/bin:/bin"},
-        timeout=120,
+        timeout=120, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -95,7 +96,7 @@ def test_the_light_commands_load_neither_numpy_nor_onnxruntime(board_python: Pat
     (root / "datasets" / "d").mkdir(parents=True)
     for argv in (["blobs"], ["put-blob", str(root / "blobs" / "x"), "0" * 64], ["start", str(job)],
                  ["status", str(job)], ["cancel", str(job)], ["jobs"], ["models", "r"],
-                 ["install-model", "r", "v1", "model.onnx=" + "a" * 64]):  # fmt: skip
+                 ["install-model", "r", "v1", "model.onnx=" + "a" * 64], ["add-file", "datasets/new", "f.npz"]):  # fmt: skip
         assert _probe(board_python, root, *argv)["loaded"] == [], argv
     assert _probe(board_python, root, "dataset", "datasets/d") == {
         "code": 0, "loaded": ["numpy", "device_agent.data_cmds"]
