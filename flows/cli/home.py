@@ -12,6 +12,8 @@ import os
 import shlex
 from pathlib import Path
 
+from device_agent.protocol import NAME
+from tasks.errors import RegistryError
 from tasks.paths import odl_home
 from tasks.prefect.params import recipe_name
 from tasks.stack import StackError, ownership, postgres, server
@@ -88,14 +90,23 @@ def prefect_api() -> str:
     return f"a temporary Prefect server (database in {env['PREFECT_HOME']}; `odl stack up` for the UI)"
 
 
+def report_names(recipe: str, board: str) -> tuple[str, str]:
+    """The recipe's name (``recipe``, or the ``name`` a ``.toml`` file declares) and the board's,
+    checked by the one name rule before they name a folder of the project home (RegistryError)."""
+    source = recipe if recipe.endswith(".toml") else ""
+    name = recipe_name(recipe) if source else recipe
+    name = NAME.check(name, "recipe", source=source, entry="name", error=RegistryError)
+    return name, NAME.check(board, "board", error=RegistryError)
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     """``odl report``: the summary (or ``--markdown``: the whole report) of the last run of a recipe+board."""
-    recipe = recipe_name(args.recipe) if args.recipe.endswith(".toml") or "/" in args.recipe else args.recipe
-    folder = odl_home() / "reports" / f"{recipe}-{args.board}"
+    recipe, board = report_names(args.recipe, args.board)
+    folder = odl_home() / "reports" / f"{recipe}-{board}"
     path = folder / ("latest.md" if args.markdown else "latest.txt")
     if not path.is_file():
         known = sorted(p.name for p in (odl_home() / "reports").glob("*-*") if p.is_dir())
-        print(f"no report of {recipe} on {args.board} yet (reports are kept under a recipe's `name`, "
+        print(f"no report of {recipe} on {board} yet (reports are kept under a recipe's `name`, "
               f"then the board: {', '.join(known) or 'none yet'})")  # fmt: skip
         return 1
     print(path.read_text())

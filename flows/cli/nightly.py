@@ -8,41 +8,45 @@ and the data it grows.
 * ``odl models RECIPE BOARD``: what the board serves (current and previous, hashes re-verified)
   beside the registry's current;
 * ``odl data push BOARD FILE... --to datasets/NAME``: append files to a board dataset folder the
-  way a board application must (hidden temporary name, then rename) - the demo's stand-in for
-  the application that collects data on the board; ``odl data list BOARD datasets/NAME``.
+  way a board application must (hidden temporary name, then linked into place; the agent's
+  ``add-file``) - the demo's stand-in for the application that collects data on the board;
+  ``odl data list BOARD datasets/NAME``.
+
+Every RECIPE, BOARD, ``--to`` folder and pushed file name is checked by the one name rule
+(``device_agent.names.NAME``) before anything reaches the board or the registry.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import posixpath
-import secrets
 import time
 
+from device_agent.protocol import NAME, check_board_path
 from tasks.board.agent import install_agent
-from tasks.board.control import list_dataset
+from tasks.board.control import list_dataset, push_files
 from tasks.board.inventory import get_board
 from tasks.board.releases import board_models
 from tasks.board.transport import connect
 from tasks.errors import DataError, RegistryError
-from tasks.hashing import file_sha256
 from tasks.judge.registry import Registry
 from tasks.paths import odl_home
 from tasks.stages import nightly, registry
-
-# append only: a file already there is never rewritten (jobs pin files by sha256)
-APPEND = 'if [ -e "$2" ]; then echo "$2 exists: a dataset folder only grows" >&2; exit 17; fi; cat > "$1" && mv "$1" "$2"'
 
 
 def _print(obj: object) -> None:
     print(json.dumps(obj, indent=2, sort_keys=True, default=str))
 
 
+def _recipe(args: argparse.Namespace) -> str:
+    """The RECIPE argument once it is a name (it names registry and board folders)."""
+    return NAME.check(args.recipe, "recipe", error=RegistryError)
+
+
 def cmd_registry(args: argparse.Namespace) -> int:
     """``odl registry``: the versions of a recipe+board in the model registry, the current one marked."""
     reg = Registry(odl_home() / "registry")
-    current = reg.current(args.recipe, args.board)
+    current = reg.current(_recipe(args), args.board)
     for v in reg.versions(args.recipe, args.board):
         mark = "*" if current and v.name == current.name else " "
         verdict = "promoted" if v.promoted else "rejected"
@@ -56,14 +60,14 @@ def cmd_registry(args: argparse.Namespace) -> int:
 
 def cmd_rollout(args: argparse.Namespace) -> int:
     """``odl rollout``: install the registry's current version (or ``--version``) on the board."""
-    board = get_board(args.board)
+    board, recipe = get_board(args.board), _recipe(args)
     version = args.version
     if version is None:
-        current = registry().current(args.recipe, board.name)
+        current = registry().current(recipe, board.name)
         if current is None:
-            raise RegistryError(f"{args.recipe} on {board.name}: no version in service to roll out")
+            raise RegistryError(f"{recipe} on {board.name}: no version in service to roll out")
         version = current.name
-    done = nightly.rollout(board, args.recipe, version)
+    done = nightly.rollout(board, recipe, version)
     print(
         f"board {board.name}: models/{args.recipe}/current.onnx is {done.version} (previous {done.previous})"
     )
@@ -73,7 +77,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 def cmd_rollback(args: argparse.Namespace) -> int:
     """``odl rollback``: serve the previous version again, on the board and in the registry."""
     board = get_board(args.board)
-    done = nightly.rollback(board, args.recipe)
+    done = nightly.rollback(board, _recipe(args))
     print(
         f"rolled back {args.recipe} on {board.name}: {done.version} is in service again "
         f"(board models/{args.recipe}/current.onnx and the registry)"
@@ -84,7 +88,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 def cmd_models(args: argparse.Namespace) -> int:
     """``odl models``: what the board serves for a recipe, beside the registry's current."""
     board = get_board(args.board)
-    current = registry().current(args.recipe, board.name)
+    current = registry().current(_recipe(args), board.name)
     conn = connect(board)
     try:
         answer = board_models(conn, board, args.recipe)
@@ -109,39 +113,20 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    """``odl data push``: append files to a board dataset folder (hidden name, then rename)."""
+    """``odl data push``: append files to a board dataset folder (hidden name, then linked)."""
     board = get_board(args.board)
-    folder = args.to.strip("/")
-    if not folder or ".." in folder.split("/"):
-        raise DataError(f"--to: a folder under the agent root without '..' (got {args.to!r})")
-    target = posixpath.join(board.root, folder)
-    conn = connect(board)
-    try:
-        conn.run(["mkdir", "-p", target])
-        for path in args.files:
-            if not path.is_file():
-                raise DataError(f"{path}: no such file on the host")
-            dest = posixpath.join(target, path.name)
-            there = conn.run(["sha256sum", dest], check=False)
-            if there.code == 0:  # append only: an existing file is never rewritten
-                if there.stdout.split()[0] == file_sha256(path):
-                    print(f"board {board.name}: {folder}/{path.name} is already there (same sha256)")
-                    continue
-                raise DataError(
-                    f"board {board.name}: {folder}/{path.name} exists with other content; a dataset "
-                    "folder only grows: give the new file another name"
-                )
-            tmp = posixpath.join(target, f".{path.name}.{secrets.token_hex(4)}.tmp")
-            conn.run(["sh", "-c", APPEND, "sh", tmp, dest], input=path.read_bytes())
-            print(f"board {board.name}: {folder}/{path.name} ({path.stat().st_size} bytes)")
-    finally:
-        conn.close()
+    for answer in push_files(board, args.to, args.files, folder_field="--to"):
+        if answer.get("added"):
+            print(f"board {board.name}: {answer['path']} ({answer['size']} bytes)")
+        else:
+            print(f"board {board.name}: {answer['path']} is already there (same sha256)")
     return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     """``odl data list``: a board dataset folder's files with sha256 and samples."""
     board = get_board(args.board)
+    check_board_path(args.path, "path", error=DataError)
     conn = connect(board)
     try:
         install_agent(conn, board)

@@ -24,26 +24,31 @@ Boards that train together (a fleet) are named by a group; every member must be 
     [groups]
     lab = ["mp2-a", "mp2-b", "mp2-c"]
 
-A board name is 1-20 characters of ``[a-z0-9-]`` starting with a letter or digit (it becomes a
-user, a network namespace and a folder of the virtual board): :data:`BOARD_NAME_PATTERN` is the
-one rule, used by the inventory, the command line and the flow's parameters.
+A board (or group) name is a name of the project's one rule (:data:`device_agent.names.NAME`),
+narrowed to 1-20 characters of ``[a-z0-9-]`` starting with a letter or digit, since it also names a
+virtual board's Unix user, network namespace and folder: :data:`BOARD_NAME` is the rule and
+:data:`BOARD_NAME_PATTERN` its pattern, used by the inventory, the command line and the flow's
+parameters. A wrong entry refuses the inventory with one line naming the file and the entry.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from device_agent.protocol import NAME
 from tasks.errors import BoardError
 from tasks.paths import odl_home
 
 BOARD_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,19}$"
-BOARD_NAME_RE = re.compile(BOARD_NAME_PATTERN)
+BOARD_NAME = NAME.narrowed(
+    BOARD_NAME_PATTERN, 20, "1-20 characters of a-z 0-9 -, starting with a letter or digit "
+    "(it also names a virtual board's Unix user and network namespace)",
+)  # fmt: skip
 TRANSPORTS = ("ssh", "local")
 REQUIRED = {"ssh": ("host", "user", "key", "root"), "local": ("root",)}
 
@@ -75,13 +80,12 @@ class Board:
         return "\n".join(lines) + "\n"
 
 
-def valid_board_name(name: object) -> str:
-    """Return ``name`` if it is a usable board name (it becomes a user, a netns and a folder)."""
-    if not isinstance(name, str) or not BOARD_NAME_RE.match(name):
-        raise BoardError(
-            f"board name {name!r}: expected 1-20 chars of [a-z0-9-], starting with a letter or digit"
-        )
-    return name
+def valid_board_name(
+    name: object, field: str = "board name", path: Path | None = None, entry: str = ""
+) -> str:
+    """Return ``name`` if it is a board name (:data:`BOARD_NAME`), else BoardError with the one
+    refusal line (naming ``path`` and its ``entry`` when the name was read there)."""
+    return BOARD_NAME.check(name, field, source=str(path or ""), entry=entry, error=BoardError)
 
 
 def inventory_path() -> Path:
@@ -106,6 +110,7 @@ def load_inventory(path: Path | None = None) -> dict[str, Board]:
 
 def get_board(name: str, path: Path | None = None) -> Board:
     """The inventory entry of board ``name``; BoardError listing the known boards when absent."""
+    valid_board_name(name, "board")
     boards = load_inventory(path)
     if name not in boards:
         known = ", ".join(sorted(boards)) or "none"
@@ -116,6 +121,7 @@ def get_board(name: str, path: Path | None = None) -> Board:
 def save_board(board: Board, path: Path | None = None) -> Path:
     """Add or replace ``board`` in the inventory (other boards and the groups are kept); atomic write."""
     path = path or inventory_path()
+    valid_board_name(board.name)  # it is written as a TOML table name
     boards = load_inventory(path)
     boards[board.name] = board
     return _write(path, boards, _raw_groups(path))
@@ -139,11 +145,13 @@ def load_groups(path: Path | None = None) -> dict[str, tuple[str, ...]]:
     groups: dict[str, tuple[str, ...]] = {}
     for name, members in _raw_groups(path).items():
         where = f"{path}: [groups] {name}"
-        valid_board_name(name)
+        valid_board_name(name, "group name", path, f"[groups] {name}")
         if name in boards:  # the registry keys a fleet's versions by its group name
             raise BoardError(f"{where}: a group cannot share a board's name")
         if not isinstance(members, list) or not members or not all(isinstance(m, str) for m in members):
             raise BoardError(f"{where}: expected a non-empty list of board names (got {members!r})")
+        for member in members:
+            valid_board_name(member, "board name", path, f"[groups] {name}")
         if len(set(members)) != len(members):
             raise BoardError(f"{where}: a board is listed twice ({members})")
         unknown = [m for m in members if m not in boards]
@@ -158,6 +166,7 @@ def load_groups(path: Path | None = None) -> dict[str, tuple[str, ...]]:
 
 def get_group(name: str, path: Path | None = None) -> list[Board]:
     """The boards of group ``name``; BoardError listing the known groups when absent."""
+    valid_board_name(name, "group")
     groups = load_groups(path)
     if name not in groups:
         known = ", ".join(sorted(groups)) or "none"
@@ -171,7 +180,9 @@ def get_group(name: str, path: Path | None = None) -> list[Board]:
 def save_group(name: str, members: list[str], path: Path | None = None) -> Path:
     """Set group ``name`` to ``members`` (boards of the inventory); atomic write."""
     path = path or inventory_path()
-    valid_board_name(name)
+    valid_board_name(name, "group name")
+    for member in members:
+        valid_board_name(member, "board name")
     boards = load_inventory(path)
     unknown = [m for m in members if m not in boards]
     if unknown or not members:
@@ -208,7 +219,7 @@ def _write(path: Path, boards: dict[str, Board], groups: dict[str, Any]) -> Path
 
 def _parse_board(name: str, entry: Any, path: Path) -> Board:
     where = f"{path}: [boards.{name}]"
-    valid_board_name(name)
+    valid_board_name(name, "board name", path, f"[boards.{name}]")
     if not isinstance(entry, dict):
         raise BoardError(f"{where}: expected a table")
     fields = {f.name: f for f in dataclasses.fields(Board)}

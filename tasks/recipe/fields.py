@@ -19,6 +19,7 @@ from typing import Annotated, Any, TypeVar, dataclass_transform
 from pydantic import AfterValidator, ConfigDict, Field, Strict, ValidationError, ValidationInfo
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
+from device_agent.protocol import BOARD_PATH_ALLOWED, board_path_ok
 from tasks.recipe.messages import Expect, expected, recipe_error
 
 T = TypeVar("T")
@@ -26,7 +27,7 @@ T = TypeVar("T")
 CONFIG = ConfigDict(extra="forbid")
 REF_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
-BOARD_PATH = "an absolute path, or one relative to the agent root without '..'"
+BOARD_PATH = BOARD_PATH_ALLOWED  # the agent's own rule (device_agent.names), so both refuse the same
 
 
 @dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field, Field))
@@ -58,7 +59,7 @@ def _resolve(path: Path, info: ValidationInfo) -> Path:
 
 
 def _board_path(path: str) -> str:
-    if not path.strip() or "\0" in path or ".." in path.split("/"):
+    if not board_path_ok(path):
         raise expected(BOARD_PATH, got=path)
     return path
 

@@ -33,7 +33,14 @@ def test_groups_survive_board_edits_and_lose_removed_members(tmp_path):
         ('lab = ["b1", "nope"]', "board 'nope' is not in the inventory"),
         ('lab = ["b1", "b1"]', "listed twice"),
         ("lab = []", "non-empty list of board names"),
-        ('"Bad Name" = ["b1"]', "board name"),
+        (
+            '"Bad Name" = ["b1"]',
+            r"group name \(.*inventory.toml entry '\[groups\] Bad Name'\): 'Bad Name' is not a valid name",
+        ),
+        (
+            'lab = ["b1", "x;y"]',
+            r"board name \(.*inventory.toml entry '\[groups\] lab'\): 'x;y' is not a valid name",
+        ),
         ('b1 = ["b1", "b2"]', "cannot share a board's name"),
     ],
 )
