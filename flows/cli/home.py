@@ -16,12 +16,13 @@ from device_agent.protocol import NAME
 from tasks.errors import RegistryError
 from tasks.paths import odl_home
 from tasks.prefect.params import recipe_name
-from tasks.stack import StackError, ownership, postgres, server
+from tasks.stack import StackError, alerts, ownership, postgres, server
+from tasks.stack.automations import install_automations
 from tasks.stack.processes import running_pid
 
 
 def cmd_stack(args: argparse.Namespace) -> int:
-    """``odl stack up | down | status | deploy``: the local Prefect stack of this ODL_HOME."""
+    """``odl stack up | down | status | deploy | env | notify``: the local Prefect stack of this ODL_HOME."""
     if args.action == "up":
         if args.workers < 1:
             raise StackError(f"--workers {args.workers}: at least one worker")
@@ -30,8 +31,11 @@ def cmd_stack(args: argparse.Namespace) -> int:
         pids = server.up(env, workers=args.workers)
         print(", ".join(f"{name} pid {pid}" for name, pid in pids.items()) + f"; database {database(env)}")
         print(f"UI: {env['PREFECT_API_URL'].removesuffix('/api')}   (stop with: odl stack down)")
+        print(alerts.status_line(Path(env["ODL_HOME"])))
         return 0
     env = server.stack_env(port=args.port)  # the port, database and address up last used for this ODL_HOME
+    if args.action == "notify":
+        return notify(env, args)
     if args.action == "deploy":
         server.deploy(env)
         print("deployed deploy/prefect.yaml (odl/full)")
@@ -49,6 +53,21 @@ def cmd_stack(args: argparse.Namespace) -> int:
         print(f"database: {database(env)}")
         for name, pid in server.status().items():
             print(f"{name}: {'running, pid ' + str(pid) if pid else 'not running'}")
+        print(alerts.status_line(Path(env["ODL_HOME"])))
+    return 0
+
+
+def notify(env: dict[str, str], args: argparse.Namespace) -> int:
+    """``odl stack notify [--webhook URL | --block TYPE/NAME | --off]``: record where the automations'
+    alerts go and, when this home's stack runs, re-install them now; prints where they go."""
+    home = Path(env["ODL_HOME"])
+    if args.webhook is not None or args.block is not None or args.off:
+        alerts.record(home, webhook=args.webhook, block=args.block)
+        if ownership.is_ours(env):
+            target = install_automations(env)
+            if target.block_id is None and not args.off:
+                raise StackError(alerts.line(target))
+    print(alerts.status_line(home))
     return 0
 
 

@@ -60,8 +60,9 @@ def add_flow(sub: Sub) -> None:
     """``odl stack | flow | evaluate | registry | report`` (areas ``home``, ``run`` and ``nightly``)."""
     stack = _command(sub, "stack", "home", "cmd_stack",
                      help="local Prefect server + work pool + deployment + worker(s)")  # fmt: skip
-    stack.add_argument("action", choices=["up", "down", "status", "deploy", "env"],
-                       help="env: print `export PREFECT_API_URL=...` lines for this home's stack (eval them)")  # fmt: skip
+    stack.add_argument("action", choices=["up", "down", "status", "deploy", "env", "notify"],
+                       help="env: print `export PREFECT_API_URL=...` lines for this home's stack (eval them); "
+                       "notify: where the automations' alerts go (--webhook, --block, --off)")  # fmt: skip
     stack.add_argument(
         "--port",
         type=int,
@@ -74,6 +75,12 @@ def add_flow(sub: Sub) -> None:
     stack.add_argument("--pg-port", type=int, help="up: PostgreSQL port (default: as last time, else 5433)")
     stack.add_argument("--host", help="up: address the server listens on (default: as last time, else "
                        "127.0.0.1; a private address for workers on other hosts, see deploy/MULTIHOST.md)")  # fmt: skip
+    alert = stack.add_mutually_exclusive_group()
+    alert.add_argument("--webhook", metavar="URL", help="notify: POST each alert as JSON {subject, body} to URL "
+                       "(kept in the home's stack.json; ODL_ALERT_WEBHOOK does the same at up)")  # fmt: skip
+    alert.add_argument("--block", metavar="TYPE/NAME", help="notify: send alerts through an existing Prefect "
+                       "notification block, e.g. slack-webhook/team (made in the UI's Blocks page)")  # fmt: skip
+    alert.add_argument("--off", action="store_true", help="notify: alerts go nowhere again")
 
     run = _command(sub, "flow", "run", "cmd_flow",
                    help="run the whole Prefect flow odl (evaluation and promotion included) in this process")  # fmt: skip

@@ -61,6 +61,7 @@ class ReportInput:
     continual: list[dict[str, Any]] = field(default_factory=list)  # tasks.judge.continual.night_rows
     teacher: dict[str, Any] = field(default_factory=dict)  # the board's teacher figures (result.teacher)
     warnings: list[str] = field(default_factory=list)  # preparation's (preparation_warnings)
+    events_url: str = ""  # the UI's event feed filtered to the board, around the run ("": no UI)
 
 
 def preparation_warnings(manifest: dict[str, Any], validation: dict[str, Any] | None) -> list[str]:
@@ -245,7 +246,8 @@ def render_report(inp: ReportInput) -> str:
     """The markdown report of one run (images inline as data: URLs)."""
     md = [
         f"# ODL run: `{inp.recipe}` on `{inp.board}`",
-        f"flow run `{inp.flow_run_id}`, board job `{inp.job_id}`",
+        f"flow run `{inp.flow_run_id}`, board job `{inp.job_id}`"
+        + (f"; [the board's events around this run]({inp.events_url})" if inp.events_url else ""),
         "",
         _decision_md(inp),
         *_warnings_md(inp),

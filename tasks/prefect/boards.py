@@ -6,12 +6,13 @@
   a rollout and a rollback. The UI's event feed and automations read them.
 * **Automations** installed by ``odl stack up`` (:mod:`tasks.stack.automations`): "a board silent for 10 minutes" (no heartbeat;
   ``ODL_BOARD_SILENT_S`` changes the window) and "a nightly run failed twice" (two failed runs
-  tagged ``kind:nightly`` within two days). Their action is ``do-nothing``: the trigger itself is
-  the mark in the UI (Automations, and an ``prefect.automation.triggered`` event).
+  tagged ``kind:nightly`` within two days). They notify the block ``odl stack notify`` set
+  (:mod:`tasks.stack.alerts`), else do nothing and say so in their description.
 * **The fleet overview**: a table artifact ``odl-boards`` with one row per inventory board
-  (reachable, model in service and its metric, last training, last promotion, free disk and RAM),
+  (reachable, model in service and its metric, last training, last promotion, free disk and RAM,
+  its last few events with their age and a link to the UI's event feed filtered to the board),
   refreshed by every run and by ``odl board check --all`` from what they saw
-  (``$ODL_HOME/boards-seen/<board>.json``) and the registry.
+  (``$ODL_HOME/boards-seen/<board>.json``), the registry and the server's events.
 """
 
 from __future__ import annotations
@@ -22,20 +23,23 @@ import os
 import re
 import time
 import warnings
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from tasks.board.check_items import fmt_mb
 from tasks.paths import state_dir
+from tasks.stack.automations import SPAN_S, events_page
 
 log = logging.getLogger(__name__)
 
 OVERVIEW_KEY = "odl-boards"
+RECENT = 3  # events per board in the overview
 
 
 def resource(board: str) -> dict[str, str]:
     """A board as an event resource."""
-    return {"prefect.resource.id": f"odl.board.{board}", "prefect.resource.name": board}
+    return {"prefect.resource.id": resource_id(board), "prefect.resource.name": board}
 
 
 def emit(event: str, board: str, payload: dict[str, Any] | None = None) -> None:
@@ -65,10 +69,62 @@ def heartbeat(board: str, reachable: bool, detail: dict[str, Any] | None = None)
     emit("odl.board.heartbeat" if reachable else "odl.board.unreachable", board, detail)
 
 
-def overview_rows(boards: list[str], registry: Any) -> list[dict[str, Any]]:
+def resource_id(board: str) -> str:
+    """The event resource id of ``board``."""
+    return f"odl.board.{board}"
+
+
+def ui_url() -> str:
+    """The Prefect UI of the server in use ("" when none is set: a temporary server has no UI)."""
+    try:
+        from prefect.settings import PREFECT_UI_URL  # Prefect only when a server is in use
+
+        return str(PREFECT_UI_URL.value() or "").rstrip("/")
+    except Exception as exc:  # noqa: BLE001 - a link is a report, not a step of the run
+        log.debug("no Prefect UI address: %s", exc)
+        return ""
+
+
+def events_link(board: str, around: float | None = None) -> str:
+    """The UI's event feed filtered to ``board`` (around a time, else the last week); "" without a UI."""
+    ui = ui_url()
+    return events_page(ui, resource_id(board), around) if ui else ""
+
+
+def recent_events(boards: list[str], n: int = RECENT) -> dict[str, list[tuple[str, float]]]:
+    """The last ``n`` events of each board in the last week, newest first, as (type, epoch seconds),
+    from the server in use (one with a UI); {} without one or when it does not answer."""
+    if not ui_url():
+        return {}
+    try:
+        from prefect.client.orchestration import get_client  # Prefect only when a server is in use
+        from prefect.events.filters import EventFilter, EventOccurredFilter, EventResourceFilter
+
+        since = EventOccurredFilter(since=datetime.now(UTC) - timedelta(seconds=SPAN_S))
+        found = {}
+        with get_client(sync_client=True) as client:
+            for board in boards:
+                where = EventFilter(occurred=since, resource=EventResourceFilter(id=[resource_id(board)]))
+                page = client.read_events(where, limit=n)
+                found[board] = [(e.event, e.occurred.timestamp()) for e in page.events]
+        return found
+    except Exception as exc:  # noqa: BLE001 - the overview is a report, not a step of the run
+        log.debug("board events not read: %s", exc)
+        return {}
+
+
+def events_cell(events: list[tuple[str, float]], at: float) -> str:
+    """Events (type, time) with their age at ``at``: "board.heartbeat 2 min ago, job.finished 1 h ago"."""
+    return ", ".join(f"{kind.removeprefix('odl.')} {_age(at - t)}" for kind, t in events) or "-"
+
+
+def overview_rows(
+    boards: list[str], registry: Any, events: dict[str, list[tuple[str, float]]] | None = None, ui: str = ""
+) -> list[dict[str, Any]]:
     """One row per board: reachable, serving (recipe version metric), last training and promotion,
-    free disk and RAM, from the records and the registry (``registry.root`` folders)."""
-    rows = []
+    free disk and RAM, from the records and the registry (``registry.root`` folders); its last
+    ``events`` (type, time) and, with a ``ui``, a link to its event feed."""
+    rows, at = [], time.time()
     root = Path(registry.root)
     for board in boards:
         path = state_dir("boards-seen") / f"{board}.json"
@@ -96,13 +152,15 @@ def overview_rows(boards: list[str], registry: Any) -> list[dict[str, Any]]:
             "last promotion": _when(promoted or None),
             "disk free": _size(rec.get("disk")),
             "RAM free": _size(rec.get("ram")),
+            "last events": events_cell((events or {}).get(board, []), at),
+            "events": f"[event feed]({events_page(ui, resource_id(board))})" if ui else "-",
         })  # fmt: skip
     return rows
 
 
 def publish_overview(boards: list[str], registry: Any) -> list[dict[str, Any]]:
     """Create the ``odl-boards`` table artifact (a new version of the key each time)."""
-    rows = overview_rows(boards, registry)
+    rows = overview_rows(boards, registry, recent_events(boards), ui_url())
     try:
         from prefect.artifacts import create_table_artifact  # Prefect only when a server is in use
 
@@ -123,6 +181,13 @@ def flush(timeout: float = 10.0) -> None:
         EventsWorker.drain_all(timeout=timeout)
     except Exception as exc:  # noqa: BLE001 - an event is a report, not a step
         log.debug("events not flushed: %s", exc)
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)} {unit} ago"
+    return f"{max(int(seconds), 0)} s ago"
 
 
 def _when(t: float | None) -> str:

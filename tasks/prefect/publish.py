@@ -3,6 +3,7 @@ recipe+board so nightly runs line up as versions) and in ``$ODL_HOME/reports/<re
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from tasks import stages
@@ -11,6 +12,7 @@ from tasks.judge.continual import night_rows
 from tasks.judge.report import ReportInput, epoch_table, render_report, report_key, step_losses, summary_text
 from tasks.judge.trend import trend_points
 from tasks.paths import state_dir
+from tasks.prefect import boards
 from tasks.recipe.schema import Recipe
 
 TRAINING_FIELDS = ("steps", "epochs_done", "duration_s", "train_loop_s", "peak_rss_mb")
@@ -75,6 +77,7 @@ def report_input(
         lineage=lineage or {},
         teacher=result.get("teacher") or {},
         warnings=list(warnings or []),
+        events_url=boards.events_link(board, time.time()),
     )
 
 

@@ -4,11 +4,12 @@
 Prefect variable ``odl_stack_identity`` (``{"identity", "home"}``); every command that talks to a
 server (``odl flow``, ``odl watch``, ``odl board check``) uses it only when the mark matches, and
 names the owner of a foreign one. The port is this home's last one, else 4200 when free, else any
-free port. The stack's automations (:mod:`tasks.stack.automations`) are installed here too."""
+free port. ``stack.json`` also keeps the alert setting (:mod:`tasks.stack.alerts`)."""
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 import urllib.error
@@ -17,14 +18,24 @@ from pathlib import Path
 
 from tasks.paths import odl_home
 from tasks.stack import StackError
-from tasks.stack.automations import automations
 from tasks.stack.processes import running_pid
 
 
 def stack_config(home: Path | None = None) -> dict:
-    """What ``up`` last used for ``home`` (``$ODL_HOME/stack.json``): db, pg_port, host; {} before."""
+    """What ``up`` last used for ``home`` (``$ODL_HOME/stack.json``): db, pg_port, host, and the
+    alert setting (``alerts``); {} before."""
     path = (Path(home) if home else odl_home()) / "stack.json"
     return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def update_stack_config(home: Path, **values: object) -> dict:
+    """Write ``values`` into ``home``'s ``stack.json``, keeping its other keys; the new config."""
+    config = {**stack_config(home), **values}
+    path = Path(home) / "stack.json"
+    tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(config) + "\n")
+    os.replace(tmp, path)
+    return config
 
 
 def api_healthy(env: dict[str, str]) -> bool:
@@ -44,8 +55,9 @@ BUSY = (429, 503)  # a server just started (SQLite busy with its own startup wri
 BUSY_WAIT_S = 30.0
 
 
-def _api(env: dict[str, str], method: str, path: str, body: dict | None = None) -> object:
-    """One call of the server's REST API; a busy answer (503, 429) is retried for up to 30 s."""
+def api(env: dict[str, str], method: str, path: str, body: dict | None = None) -> object:
+    """One call of the server's REST API (the decoded JSON answer); a busy answer (503, 429) is
+    retried for up to 30 s, any other HTTP error raised as ``urllib.error.HTTPError``."""
     data = json.dumps(body).encode() if body is not None else None
     deadline, pause = time.monotonic() + BUSY_WAIT_S, 0.25
     while True:
@@ -70,7 +82,7 @@ def server_owner(env: dict[str, str]) -> dict | None:
     """What the server at ``PREFECT_API_URL`` says it belongs to (``{"identity", "home"}``, the
     variable :func:`up` sets), or None: no server, or one that no ODL stack started."""
     try:
-        found = _api(env, "GET", f"/variables/name/{IDENTITY_VARIABLE}")
+        found = api(env, "GET", f"/variables/name/{IDENTITY_VARIABLE}")
     except (OSError, ValueError):
         return None
     value = found.get("value") if isinstance(found, dict) else None
@@ -100,23 +112,11 @@ def claim(env: dict[str, str], identity: str) -> None:
     """Mark the server as this home's (the identity variable), replacing a stale mark of this home."""
     value = {"identity": identity, "home": env["ODL_HOME"]}
     try:
-        _api(env, "POST", "/variables/", {"name": IDENTITY_VARIABLE, "value": value})
+        api(env, "POST", "/variables/", {"name": IDENTITY_VARIABLE, "value": value})
     except urllib.error.HTTPError as exc:
         if exc.code != 409:
             raise StackError(f"cannot mark the Prefect server as this home's: {exc}") from exc
-        _api(env, "PATCH", f"/variables/name/{IDENTITY_VARIABLE}", {"value": value})
-
-
-def install_automations(env: dict[str, str]) -> list[str]:
-    """Create (or replace, by name) the automations of :func:`tasks.prefect.boards.automations`."""
-    names = []
-    for body in automations():
-        found = _api(env, "POST", "/automations/filter", {"automations": {"name": {"any_": [body["name"]]}}})
-        for old in found or []:
-            _api(env, "DELETE", f"/automations/{old['id']}")
-        _api(env, "POST", "/automations/", body)
-        names.append(body["name"])
-    return names
+        api(env, "PATCH", f"/variables/name/{IDENTITY_VARIABLE}", {"value": value})
 
 
 def free_port(preferred: int = DEFAULT_PORT) -> int:

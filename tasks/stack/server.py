@@ -12,7 +12,6 @@ started in their own session and stopped by the pids recorded there, never by na
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
@@ -24,13 +23,14 @@ from pathlib import Path
 
 from tasks.paths import PROJECT_ROOT, odl_home
 from tasks.stack import StackError, postgres
+from tasks.stack.automations import install_automations
 from tasks.stack.ownership import (
     DEFAULT_PORT,
     api_healthy,
     claim,
     foreign_server,
-    install_automations,
     stack_config,
+    update_stack_config,
 )
 from tasks.stack.processes import running_pid, spawn, stop_service
 
@@ -187,7 +187,7 @@ def up(env: dict[str, str], workers: int = 1) -> dict[str, int]:
     port = int(env["PREFECT_SERVER_API_PORT"])
     config = {"db": db, "host": env["PREFECT_SERVER_API_HOST"], "pg_port": pg_port, "port": port,
               "identity": identity, "url": env["PREFECT_API_URL"].removesuffix("/api")}  # fmt: skip
-    (home / "stack.json").write_text(json.dumps(config) + "\n")  # first: down stops what starts here
+    update_stack_config(home, **config)  # first: down stops what starts here; the alert setting kept
     if running_pid(home, "prefect-server") is None and api_healthy(env):
         raise StackError(foreign_server(env) or f"port {port} is taken")
     pids = {}

@@ -124,3 +124,14 @@ def test_the_gate_table_lists_every_check_failing_first_and_flags_drops():
     assert rows[0].startswith("| significance | 🔴 **fails** |")
     assert rows[2].startswith("| guardrail clean.map50 | 🔴 **holds, but drops** |")
     assert "Per-class AP gain, same bootstrap resamples of the test images: square [-0.0100, +0.0200]." in md
+
+
+def test_the_report_links_the_boards_events_when_a_ui_runs():
+    inp = _input()
+    assert "events around this run" not in render_report(inp)  # a temporary server: no UI to link
+    inp.events_url = "http://127.0.0.1:4200/events?resource=odl.board.vboard&type=around"
+    second = render_report(inp).splitlines()[1]
+    assert (
+        second
+        == f"flow run `fr-1`, board job `job-1`; [the board's events around this run]({inp.events_url})"
+    )

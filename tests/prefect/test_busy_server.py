@@ -11,7 +11,7 @@ import urllib.error
 
 import pytest
 
-from tasks.stack.ownership import _api
+from tasks.stack.ownership import api as _api
 
 
 class _Busy(http.server.BaseHTTPRequestHandler):
