@@ -1,7 +1,12 @@
 """What the ``odl`` command prints on stderr: our own INFO lines, warnings and errors of everything
-else; with ``-v`` also debug lines, library chatter (httpx, paramiko, Prefect's task runs) and
-tracebacks. Log lines go through the same rich console as the progress bars, so they never
-tear a bar apart."""
+else; with ``-v`` also debug lines, library chatter (httpx, paramiko, torch, Prefect's INFO lines)
+and tracebacks. Log lines go through the same rich console as the progress bars, so they never
+tear a bar apart.
+
+Prefect's INFO lines repeat what the command prints itself (the flow run's "summary:" record is the
+summary ``odl flow`` prints on stdout; "Finished in state ..." its verdict; the temporary server's
+address is in ``odl flow``'s first line), so they show with ``-v`` only; its warnings and errors
+always show. torch's loggers are held at errors (:func:`tasks.quiet.hold_torch_logs`)."""
 
 from __future__ import annotations
 
@@ -11,8 +16,10 @@ import sys
 from rich.console import Console
 from rich.logging import RichHandler
 
+from tasks.quiet import hold_torch_logs
+
 OWN = ("tasks", "flows", "device_agent")
-CHATTY = ("prefect.task_runs",)  # per-task INFO lines repeat what the bars and the summary show
+CHATTY = ("prefect",)  # its INFO lines repeat what the bars, the summary and the first line show
 _CONSOLE = [Console(stderr=True)]
 
 
@@ -23,11 +30,12 @@ def console() -> Console:
 
 
 class Quiet(logging.Filter):
-    """Without ``-v``: no tracebacks, no INFO lines of Prefect's task runs."""
+    """Without ``-v``: no tracebacks, no INFO lines of Prefect."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.exc_info, record.exc_text, record.stack_info = None, None, None
-        return not (record.levelno < logging.WARNING and record.name.startswith(CHATTY))
+        chatty = any(record.name == name or record.name.startswith(name + ".") for name in CHATTY)
+        return not (record.levelno < logging.WARNING and chatty)
 
 
 def setup_logging(verbose: bool) -> None:
@@ -49,6 +57,7 @@ def setup_logging(verbose: bool) -> None:
         root.removeHandler(old)  # a second main() in one process (tests) replaces ours only
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if verbose else logging.WARNING)  # libraries: warnings only
+    hold_torch_logs(quiet=not verbose)
     for name in OWN:
         logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.INFO)
 

@@ -42,6 +42,7 @@ from tasks.judge.losses import (
     task_loss,
 )
 from tasks.judge.runtime import load_test_set, run_model, single_sample_latency_ms
+from tasks.quiet import quiet_onnxruntime
 from tasks.recipe.extras import DetectionSpec
 
 log = logging.getLogger(__name__)
@@ -237,6 +238,7 @@ def base_inference_model(
         Module,
     )
 
+    quiet_onnxruntime()  # its default logger at errors: the eval graph's unused Dropout ratios warn otherwise
     try:
         state = CheckpointState.load_checkpoint(str(checkpoint))
         module = Module(str(training_model), state, str(eval_model), device="cpu")

@@ -29,6 +29,7 @@ from tasks.errors import EvaluationError, RecipeError, ort_message
 from tasks.judge.calibration import Reader, calibration_inputs, chunk
 from tasks.judge.direction import LOWER_IS_BETTER
 from tasks.judge.runtime import session
+from tasks.quiet import library_logs_at_debug, quiet_onnxruntime
 from tasks.recipe.extras import QUANT_METHODS, QuantizeSpec
 
 log = logging.getLogger(__name__)
@@ -253,9 +254,12 @@ def _qdq_counts(model_onnx: Path, source: Path) -> dict[str, int]:
 
 @contextlib.contextmanager
 def _ort_prints_to_log():
-    """ORT's calibrators print progress to stdout; send it to the debug log instead."""
+    """ORT's quantization tools print progress to stdout and log warnings on the root logger
+    ("Bias ... has already been marked for quantization", once per shared bias); both go to the
+    debug log instead, and the sessions they build log errors only."""
+    quiet_onnxruntime()
     text = io.StringIO()
-    with contextlib.redirect_stdout(text):
+    with contextlib.redirect_stdout(text), library_logs_at_debug("onnxruntime", log):
         yield
     if text.getvalue().strip():
         log.debug("onnxruntime.quantization: %s", " | ".join(text.getvalue().split("\n")).strip(" |"))

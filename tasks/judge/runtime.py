@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from tasks.errors import EvaluationError
+from tasks.quiet import ort_session
 
 LATENCY_SAMPLES = 32
 
@@ -43,14 +44,8 @@ def load_test_set(test_npz: Path, x_key: str = "x", y_key: str = "y") -> tuple[n
 
 def session(model_onnx: Path, model_bytes: bytes | None = None) -> Any:
     """A CPU ``InferenceSession`` of ``model_onnx`` (or of ``model_bytes``, named by it in errors)."""
-    import onnxruntime as ort  # onnxruntime (heavy) only when a model runs
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    opts.log_severity_level = 3
     try:
-        source = str(model_onnx) if model_bytes is None else model_bytes
-        return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+        return ort_session(str(model_onnx) if model_bytes is None else model_bytes, threads=1)
     except Exception as exc:  # ORT raises its own types (Fail, InvalidGraph, NoSuchFile...)
         raise EvaluationError(f"model {model_onnx}: ONNX Runtime cannot load it: {exc}") from exc
 

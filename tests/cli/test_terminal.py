@@ -84,7 +84,7 @@ def test_odl_run_from_another_folder_shows_plain_progress_and_no_chatter(
     assert res.returncode == 0, res.stderr
     assert "job digits-" in res.stdout and ": finished, 26 steps, 2 epochs" in res.stdout
     lines = res.stderr.splitlines()
-    assert any(line.startswith("train step 26/26 finished") for line in lines)
+    assert any(line.startswith("train step 26/26 ") for line in lines)
     assert any(line.startswith("board: epoch epoch=2") for line in lines)
     assert not [line for line in lines if any(word in line for word in CHATTER)]
 
@@ -97,5 +97,5 @@ def test_odl_flow_from_another_folder(elsewhere: Path, cli_home: Path) -> None:
     assert "digits on here:" in res.stdout
     lines = res.stderr.splitlines()
     assert "flow run on a temporary Prefect server" in lines[0]
-    assert any(line.startswith("train step 26/26 finished") for line in lines)
+    assert any(line.startswith("train step 26/26 ") for line in lines)
     assert not [line for line in lines if any(word in line for word in CHATTER)]

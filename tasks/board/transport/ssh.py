@@ -45,6 +45,15 @@ def dead_link_socket(host: str, port: int, timeout: float) -> socket.socket:
     return sock
 
 
+def hold_paramiko_logs() -> None:
+    """Hold paramiko's loggers: its own lines repeat what this module's errors say (its reader
+    thread logs "Socket exception: Bad file descriptor" at ERROR when a session closes under it),
+    so they show only when the host logs debug lines (``odl -v``). Called at each connection, after
+    the host's logging is set up."""
+    debug = logging.getLogger().isEnabledFor(logging.DEBUG)
+    logging.getLogger("paramiko").setLevel(logging.DEBUG if debug else logging.CRITICAL + 1)
+
+
 def _fast_transport(sock: socket.socket, **kwargs: object) -> paramiko.Transport:
     t = paramiko.Transport(sock, default_window_size=WINDOW, default_max_packet_size=PACKET, **kwargs)
     opts = t.get_security_options()
@@ -77,6 +86,7 @@ class SSHTransport(Transport):
             raise HostKeyRejected(
                 f"board {b.name}: no pinned known_hosts file ({b.known_hosts}); refusing to connect"
             )
+        hold_paramiko_logs()
         client = paramiko.SSHClient()
         client.load_host_keys(str(b.known_hosts))
         client.set_missing_host_key_policy(paramiko.RejectPolicy())
