@@ -30,6 +30,7 @@ from pydantic import Field
 from tasks import stages
 from tasks.board.inventory import BOARD_NAME_PATTERN, get_group
 from tasks.fleet.rounds import FleetRun, check_fleet
+from tasks.judge.decision import headline, verdict_message
 from tasks.judge.report import gate_md
 from tasks.prefect import fleet as ft
 from tasks.prefect import tasks as pt
@@ -144,7 +145,7 @@ def odl_fleet(params: FleetParams | None = None) -> FleetOutcome | None:
     ft.publish_fleet(fleet.summary(), verdict, gate_md(decision))
     outcome = FleetOutcome(fleet.summary(), decision.promote, promotion.version, decision.reason)
     name = "Promoted" if decision.promote else "Not promoted"
-    message = f"{promotion.version}: {decision.reason}"[: 480 - len(served)] + served
+    message = verdict_message(promotion.version, decision, served)
     return Completed(data=outcome, name=name, message=message)
 
 
@@ -161,7 +162,7 @@ def _outcome(future: Any) -> Any:
 
 def _verdict(promotion: Any, served: str) -> str:
     head = "**Promoted**" if promotion.decision.promote else "**Not promoted**"
-    return f"{head}: the final aggregate, recorded as `{promotion.version}`: {promotion.decision.reason}{served}."
+    return f"{head}: the final aggregate, recorded as `{promotion.version}`: {headline(promotion.decision)}{served}."
 
 
 __all__ = ["FleetOutcome", "FleetParams", "odl_fleet"]

@@ -24,6 +24,7 @@ from pydantic import Field
 
 from tasks import stages
 from tasks.board.inventory import BOARD_NAME_PATTERN, get_board, load_inventory
+from tasks.judge.decision import verdict_message
 from tasks.judge.report import preparation_warnings, report_key
 from tasks.paths import state_dir
 from tasks.prefect import boards
@@ -160,7 +161,7 @@ def odl(params: OdlParams | None = None) -> Outcome | None:
     outcome = Outcome(spec.job_id, run_dir, promotion.decision.promote, promotion.version, summary, test, t)
     # the runs list shows "Promoted" or "Not promoted" (a Completed state with that name) and why
     name = "Promoted" if outcome.promoted else "Not promoted"
-    message = f"{promotion.version}: {promotion.decision.reason}"[: 480 - len(served)] + served
+    message = verdict_message(promotion.version, promotion.decision, served)  # a headline, then what failed
     return Completed(data=outcome, name=name, message=message)
 
 

@@ -29,7 +29,8 @@ from tasks.board.inventory import get_board
 from tasks.board.releases import board_models
 from tasks.board.transport import connect
 from tasks.errors import DataError, RegistryError
-from tasks.judge.registry import Registry
+from tasks.judge.decision import LINE_CHARS, Decision, decision_from_dict, details, headline
+from tasks.judge.registry import Registry, Version
 from tasks.paths import odl_home
 from tasks.stages import nightly, registry
 
@@ -49,13 +50,29 @@ def cmd_registry(args: argparse.Namespace) -> int:
     current = reg.current(_recipe(args), args.board)
     for v in reg.versions(args.recipe, args.board):
         mark = "*" if current and v.name == current.name else " "
-        verdict = "promoted" if v.promoted else "rejected"
-        print(
-            f"{mark} {v.name}  {verdict:<8}  run {v.info.get('flow_run_id', '-')}  {v.info.get('reason', '')}"
-        )
+        head = f"{mark} {v.name}  {'promoted' if v.promoted else 'rejected':<8}  {_recorded(v)}  "
+        decision = _decision(v)
+        width = LINE_CHARS - len(head)
+        print(head + (headline(decision, width) if decision else str(v.info.get("reason", ""))[:width]))
+        for line in details(decision, indent=" " * 6) if decision else []:  # why it was rejected
+            print(line)
+        print(f"      run {v.info.get('flow_run_id', '-')}")
     if current is None:
         print("(no current version)")
     return 0
+
+
+def _recorded(v: Version) -> str:
+    at = v.info.get("recorded_at")
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(at)) if isinstance(at, (int, float)) else "?"
+
+
+def _decision(v: Version) -> Decision | None:
+    """A version's recorded decision (None for a record without one)."""
+    try:
+        return decision_from_dict(v.info["decision"])
+    except (KeyError, TypeError):
+        return None
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:

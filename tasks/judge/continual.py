@@ -76,7 +76,8 @@ def night_rows(versions: Sequence[_Version]) -> list[dict[str, Any]]:
 
 
 def continual_md(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """The report's section: the accuracy per earlier shard's held-out part, BWT and forgetting per night."""
+    """The report's section: each night's new shards, BWT and forgetting, then the metric per earlier
+    shard's held-out part (two tables, so that neither outgrows a 1280 px window as shards add up)."""
     if not rows:
         return []
     shards = sorted({s for r in rows for s in r["scores"]})
@@ -89,23 +90,24 @@ def continual_md(rows: Sequence[dict[str, Any]]) -> list[str]:
         "minus the mean forgetting over earlier shards (Avalanche's definitions). 🔴 marks a shard "
         "that lost more than 0.02.",
         "",
-        "| night | promoted | new shards | " + " | ".join(shards) + " | BWT | forgetting |",
-        "|---|---|---|" + "---|" * len(shards) + "---|---|",
+        "| night | promoted | new shards | BWT | forgetting |",
+        "|---|---|---|---|---|",
     ]
     for r in rows:
-        cells = []
-        for s in shards:
-            if s not in r["scores"]:
-                cells.append("")
-                continue
-            lost = r["forgetting"].get(s)
-            flag = " 🔴" if lost is not None and lost > 0.02 else ""
-            cells.append(f"{r['scores'][s]:.4f}" + (f" ({-lost:+.4f}){flag}" if lost is not None else ""))
         bwt = "" if r["bwt"] is None else f"{r['bwt']:+.4f}"
         forget = "" if r["forgetting_mean"] is None else f"{r['forgetting_mean']:+.4f}"
-        out.append(
-            f"| {r['version']} | {'yes' if r['promoted'] else 'no'} | {', '.join(r['new']) or '-'} | "
-            + " | ".join(cells)
-            + f" | {bwt} | {forget} |"
-        )
+        new = ", ".join(r["new"]) or "-"
+        out.append(f"| {r['version']} | {'yes' if r['promoted'] else 'no'} | {new} | {bwt} | {forget} |")
+    out += ["", "| night | " + " | ".join(shards) + " |", "|---|" + "---|" * len(shards)]
+    for r in rows:
+        out.append(f"| {r['version']} | " + " | ".join(_score(r, s) for s in shards) + " |")
     return out
+
+
+def _score(row: dict[str, Any], shard: str) -> str:
+    """A night's figure on a shard, with its change since the shard was first learnt: "0.850 (-0.050) 🔴"."""
+    if shard not in row["scores"]:
+        return ""
+    lost = row["forgetting"].get(shard)
+    flag = " 🔴" if lost is not None and lost > 0.02 else ""
+    return f"{row['scores'][shard]:.3f}" + (f" ({-lost:+.3f}){flag}" if lost is not None else "")

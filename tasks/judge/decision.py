@@ -2,15 +2,18 @@
 
 A :class:`Decision` carries every check the gate made - ``min_gain``, the significance of the gain,
 each guardrail (the recipe's and the default guard of every extra test set), the int8 model's -
-with its figures and a sentence. The candidate is promoted when every check holds. Its ``reason``
-is :func:`render_checks` of that list, failing checks first: the one string the flow's state
-message, the report headline, the registry entry and ``odl registry`` all show, so they cannot
-tell different stories.
+with its figures (``figures``: a table cell), a few words when it fails (``short``) and a sentence
+(``text``). The candidate is promoted when every check holds. Its ``reason`` is
+:func:`render_checks` of that list, failing checks first, kept whole in the registry entry; the
+flow's state message, the report and ``odl registry`` lead with :func:`headline` (the metric's
+figures and the failing checks' few words, one line) and give each failing check's sentence on
+the lines after it, so they cannot tell different stories.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +22,10 @@ from tasks.judge.direction import LOWER_IS_BETTER
 from tasks.judge.gate import guardrails, significance
 from tasks.recipe.extras import PromotionSpec
 
-Check = dict[str, Any]  # {"kind", "name", "holds", "text", ...figures}: one check of the gate
+Check = dict[str, Any]  # {"kind", "name", "holds", "text", "figures", "short", ...}: one check of the gate
+HEADLINE_CHARS = 150  # a headline's length at most: one readable line with its version in front
+LINE_CHARS = 158  # a line of the details under it
+SHORTLIST_MIN = 16  # the narrowest room a shortlist of failing checks is given
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,47 @@ def render_checks(checks: list[Check]) -> str:
     """The checks as one line, failing first: "FAIL guardrail loss: ...; ok min_gain: ..."."""
     ordered = [c for c in checks if not c["holds"]] + [c for c in checks if c["holds"]]
     return "; ".join(f"{'ok' if c['holds'] else 'FAIL'} {c['name']}: {c['text']}" for c in ordered)
+
+
+def headline(d: Decision, width: int = HEADLINE_CHARS) -> str:
+    """The verdict in one line of at most ``width`` characters: the metric's figures and, when a check
+    fails, their few words ("accuracy 0.7005 vs 0.6904 (v0001), gain +0.0102; fails: not significant
+    (p=0.42), guardrail loss"), those that do not fit counted (:func:`shortlist`)."""
+    label = next((c.get("label") for c in d.checks if c.get("kind") == "min_gain"), None) or d.metric
+    line = f"{label} {d.candidate:.4f} vs {d.reference:.4f} ({d.reference_name}), gain {d.gain:+.4f}"
+    failing = [c.get("short") or c["name"] for c in d.failing()]
+    room = width - len(line) - len("; fails: ")
+    if not failing or room < SHORTLIST_MIN:
+        return (f"{line}; {len(failing)} checks fail" if failing else line)[:width]
+    return f"{line}; fails: {shortlist(failing, room)}"
+
+
+def shortlist(items: list[str], width: int, sep: str = ", ") -> str:
+    """As many of ``items`` as fit in ``width`` (at least SHORTLIST_MIN) characters, joined by ``sep``,
+    then "+N more" for the others; when not even the first fits, the first cut short with "…"."""
+    for keep in range(len(items), 0, -1):
+        more = len(items) - keep
+        text = sep.join(items[:keep]) + (f" +{more} more" if more else "")
+        if len(text) <= width:
+            return text
+    more = f" +{len(items) - 1} more" if len(items) > 1 else ""
+    return items[0][: max(width - len(more) - 1, 0)] + "…" + more if items else ""
+
+
+def details(d: Decision, indent: str = "  ", width: int = LINE_CHARS) -> list[str]:
+    """The failing checks' sentences, each wrapped to ``width``: what follows a :func:`headline`."""
+    return [
+        line
+        for c in d.failing()
+        for line in textwrap.wrap(f"FAIL {c['name']}: {c['text']}", width, initial_indent=indent,
+                                  subsequent_indent=indent * 3, break_on_hyphens=False)
+    ]  # fmt: skip
+
+
+def verdict_message(version: str, d: Decision, served: str = "") -> str:
+    """A flow's final state message: "v0003: <headline><served>", then :func:`details`' lines."""
+    width = max(HEADLINE_CHARS - len(served), HEADLINE_CHARS // 2)  # a long "served" goes past it
+    return "\n".join([f"{version}: {headline(d, width)}{served}", *details(d)])
 
 
 def with_check(decision: Decision, check: Check) -> Decision:
@@ -89,7 +136,8 @@ def decide(
     checks: list[Check] = [
         {
             "kind": "min_gain", "name": "min_gain", "holds": enough, "gain": gain, "min_gain": rule.min_gain,
-            "short": "gain below min_gain",
+            "short": "gain below min_gain", "label": label,
+            "figures": f"{new:.4f} vs {ref:.4f}: gain {gain:+.4f} (min {rule.min_gain:+g})",
             "text": f"{label} {new:.4f} vs {ref:.4f} ({reference_name}): gain {gain:+.4f} "
                     f"{'beats' if enough else 'does not beat'} the required {rule.min_gain:+.4f}",
         }
@@ -97,17 +145,19 @@ def decide(
     test = significance(metric, candidate, reference, rule.significance) if rule.significance else None
     if test is None:
         checks.append({"kind": "significance", "name": "significance", "holds": True, "tested": False,
+                       "figures": "not tested (off)",
                        "text": f"not tested (the recipe sets significance = \"off\" for {metric})"})  # fmt: skip
     else:
         checks.append({"kind": "significance", "name": "significance", "test": test["test"],
                        "holds": bool(test["significant"]), "tested": test.get("test") != "none",
-                       "text": test["reason"], "short": _short_test(test)})  # fmt: skip
+                       "text": test["reason"], "short": _short_test(test), "figures": test.get("figures", "")})  # fmt: skip
     cand_sets, ref_sets = sets or ({"test": candidate}, {"test": reference})
     rules = guarded_rules(rule, cand_sets, ref_sets)
     rails = guardrails(rules, cand_sets, ref_sets)
     checks += [
         {"kind": "guardrail", "name": f"guardrail {r['rule']}", "short": f"guardrail {r['rule']}", "holds": r["holds"],
-         "drop": r["regression"] > 0, "text": r["reason"], "default": r["rule"] not in rule.guardrails}
+         "drop": r["regression"] > 0, "text": r["reason"], "default": r["rule"] not in rule.guardrails,
+         "figures": r["figures"]}
         for r in rails
     ]  # fmt: skip
     promote = all(c["holds"] for c in checks)

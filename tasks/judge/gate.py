@@ -75,6 +75,8 @@ def significance(
     if metric == "accuracy" and "correct" in cand and "correct" in ref:
         out = mcnemar(cand["correct"], ref["correct"])
         out["significant"] = out["p_value"] < alpha
+        wins, losses = out["candidate_only_right"], out["reference_only_right"]
+        out["figures"] = f"p = {out['p_value']:.3g} (right alone: {wins} vs {losses})"
         out["reason"] = (
             f"McNemar: the candidate alone is right on {out['candidate_only_right']} test samples, "
             f"the reference alone on {out['reference_only_right']}: p = {out['p_value']:.3g} "
@@ -86,6 +88,7 @@ def significance(
             cand["detection"], ref["detection"], metric, 1.0 - alpha, class_names=candidate.get("classes")
         )
         out["significant"] = out["low"] > 0
+        out["figures"] = _interval(f"{metric} gain", out["low"], out["high"], 1 - alpha)
         out["reason"] = (
             f"paired bootstrap over {cand['detection']['images']} test images: the {metric} gain "
             f"{out['gain']:+.4f} lies in [{out['low']:+.4f}, {out['high']:+.4f}] ({1 - alpha:.0%})"
@@ -96,6 +99,7 @@ def significance(
     if metric in cand and metric in ref and same_loss:
         out = paired_bootstrap(cand[metric], ref[metric], metric in LOWER_IS_BETTER, 1.0 - alpha)
         out["significant"] = out["low"] > 0
+        out["figures"] = _interval(f"mean {metric} gain", out["low"], out["high"], 1 - alpha)
         out["reason"] = (
             f"paired bootstrap: the mean per-sample {metric} gain lies in [{out['low']:+.4g}, {out['high']:+.4g}] "
             f"({1 - alpha:.0%})" + ("" if out["significant"] else ", which includes no gain")
@@ -104,6 +108,7 @@ def significance(
     return {
         "test": "none",
         "significant": False,
+        "figures": f"no per-sample {metric} figures",
         "reason": f"no per-sample figures of {metric} to test its gain on, so it is not promoted on "
         '(set [promotion] significance = "off" to judge it on min_gain alone, untested)',
     }
@@ -136,8 +141,15 @@ def guardrails(
         out.append({
             "rule": rule, "candidate": float(c), "reference": float(r), "regression": float(regression),
             "tolerance": float(tolerance), "holds": holds,
+            "figures": f"{r:.4f} -> {c:.4f}, " + (f"drop {regression:.4f}" if regression > 0 else "no drop")
+                       + f" (tol. {tolerance:g})",
             "reason": f"{rule} {r:.4f} -> {c:.4f}: "
                       + (f"regresses by {regression:.4f}" if regression > 0 else "no regression")
                       + f" ({'within' if holds else 'beyond'} its tolerance {tolerance:g})",
         })  # fmt: skip
     return out
+
+
+def _interval(what: str, low: float, high: float, confidence: float) -> str:
+    """A confidence interval in a table cell: "mean loss gain [-0.01, +0.02] (95%)"."""
+    return f"{what} [{low:+.4g}, {high:+.4g}] ({confidence:.0%})"

@@ -16,6 +16,7 @@ from typing import Any
 
 from tasks.judge.charts import confusion_chart, data_url, line_chart
 from tasks.judge.continual import continual_md
+from tasks.judge.decision import details, headline
 from tasks.judge.registry import Decision
 from tasks.judge.report_detection import detection_md
 from tasks.judge.report_teacher import teacher_md
@@ -29,8 +30,8 @@ HEADLINE = [
     ("loss", "loss", "{:.4f}"),
     ("mse", "mse", "{:.4f}"),
     ("mae", "mae", "{:.4f}"),
-    ("latency_ms_batch1", "host latency, 1 sample (ms; this machine's CPU, not the board's)", "{:.3f}"),
-    ("latency_ms_per_sample", "host latency per sample, batched (ms)", "{:.4f}"),
+    ("latency_ms_batch1", "host latency, 1 sample (ms)", "{:.3f}"),
+    ("latency_ms_per_sample", "host latency, batched (ms/sample)", "{:.4f}"),
     ("model_size_bytes", "model size (KiB)", None),
 ]
 
@@ -135,6 +136,8 @@ def compare_table(evaluations: dict[str, dict[str, Any]]) -> str:
             lines.append(
                 f"| {label} | " + " | ".join(_fmt(evaluations[c], key, pattern) for c in cols) + " |"
             )
+    if any("latency_ms_batch1" in m for m in evaluations.values()):
+        lines += ["", "Host latency: measured on this machine's CPU, not on the board."]
     return "\n".join(lines)
 
 
@@ -171,10 +174,12 @@ def _int8_md(inp: ReportInput) -> list[str]:
 
 
 INT8_COLUMN = "candidate int8"
+CELL_CHARS = 44  # the gate table's figures: the report fits a 1280 px wide window
 
 
 def gate_md(d: Decision) -> list[str]:
-    """The promotion gate: every check of the decision, failing first, as the headline names them.
+    """The promotion gate: every check of the decision, failing first, as the headline names them:
+    a table of their figures (cells of at most CELL_CHARS), then each check's sentence under it.
 
     A guarded test set that drops is flagged in red even when the drop is within its tolerance,
     and a gain judged without a test says so."""
@@ -191,8 +196,9 @@ def gate_md(d: Decision) -> list[str]:
             mark = "⚠️ not tested"
         else:
             mark = "holds"
-        rows.append(f"| {c['name']} | {mark} | {c['text']} |")
-    out = ["", "| gate check | verdict | figures |", "|---|---|---|", *rows]
+        rows.append(f"| {c['name']} | {mark} | {_cell(c.get('figures') or c['text'])} |")
+    out = ["", "| gate check | verdict | figures |", "|---|---|---|", *rows, ""]
+    out += [f"- **{c['name']}**: {c['text']}" for c in ordered]  # the sentences, under the table
     per_class = (d.significance or {}).get("per_class")
     if per_class:  # a detector: each class's AP gain on the same resamples of the test images
         cells = ", ".join(f"{name} [{lo:+.4f}, {hi:+.4f}]" for name, (lo, hi) in per_class.items())
@@ -207,11 +213,17 @@ def _warnings_md(inp: ReportInput) -> list[str]:
     return ["", "## ⚠️ Preparation warnings", *(f"- {line}" for line in inp.warnings)]
 
 
+def _cell(text: str) -> str:
+    """A table cell of at most CELL_CHARS characters ("see below" for a longer text, whose sentence
+    follows the table); a ``|`` would end the cell."""
+    return text.replace("|", "/") if len(text) <= CELL_CHARS else "see below"
+
+
 def _decision_md(inp: ReportInput) -> str:
     d = inp.decision
     if d.promote:
-        return f"**Promoted**: recorded as `{inp.version}`, now `current`: {d.reason}."
-    return f"**Not promoted**: recorded as `{inp.version}` (rejected), `current` unchanged: {d.reason}."
+        return f"**Promoted**: recorded as `{inp.version}`, now `current`: {headline(d)}."
+    return f"**Not promoted**: recorded as `{inp.version}` (rejected), `current` unchanged: {headline(d)}."
 
 
 TRAINING_LABELS = {
@@ -286,7 +298,8 @@ def summary_text(inp: ReportInput) -> str:
     """A few plain lines for a terminal: before/after headline metrics and the decision."""
     lines = [
         f"{inp.recipe} on {inp.board}: {'PROMOTED' if inp.decision.promote else 'not promoted'} "
-        f"({inp.version}); {inp.decision.reason}"
+        f"({inp.version}); {headline(inp.decision)}",
+        *details(inp.decision),
     ]
     lines += [f"  warning: {line}" for line in inp.warnings]
     for col, m in inp.evaluations.items():

@@ -12,10 +12,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from tasks.judge.charts import data_url, trend_chart
+from tasks.judge.decision import shortlist
 from tasks.judge.direction import LOWER_IS_BETTER
 from tasks.judge.registry import Version
 
 HEADING = "## Promoted metric across versions"
+VERDICT_CHARS = 32  # the failing checks a version's row names (the table fits a 1280 px window)
 
 
 def _number(value: Any) -> float | None:
@@ -31,10 +33,18 @@ def verdict(version: Version) -> str:
     """The gate's verdict on one version in a few words: "promoted" or "rejected: <why>"."""
     if version.promoted:
         return "promoted"
+    why = failing_checks(version)
+    return "rejected: " + "; ".join(why) if why else "rejected"
+
+
+def failing_checks(version: Version) -> list[str]:
+    """The few words of each check that failed on a version ([] when promoted)."""
+    if version.promoted:
+        return []
     d = version.info.get("decision") or {}
     failing = [c.get("short", c.get("name", "?")) for c in d.get("checks") or [] if not c.get("holds", True)]
     if failing:  # the decision's own checks, as its reason names them
-        return "rejected: " + "; ".join(failing)
+        return failing
     why = []
     gain, min_gain = _number(d.get("gain")), _number(d.get("min_gain"))
     if gain is not None and min_gain is not None and not gain > min_gain:
@@ -47,14 +57,15 @@ def verdict(version: Version) -> str:
     int8 = (version.metrics.get("int8") or {}).get("quantization") or {}
     if (int8.get("verdict") or {}).get("holds") is False:
         why.append("int8 model does not hold up")
-    return "rejected: " + "; ".join(why) if why else "rejected"
+    return why
 
 
 def trend_points(versions: Sequence[Version], current_name: str | None) -> list[dict[str, Any]]:
     """One plain dict per recorded version (oldest first) whose decision names its metric.
 
     Each has ``name``, ``metric`` (with ``label``, "loss (l1)"), ``candidate``, ``reference``,
-    ``reference_name``, ``promoted``, ``in_service`` (it is ``current_name``), ``verdict``,
+    ``reference_name``, ``promoted``, ``in_service`` (it is ``current_name``), ``verdict`` (and its
+    ``failing`` checks' few words),
     ``p_value`` (None without a p-value), ``recorded_at`` and ``service``/``service_name``: the
     metric and name of the version in service after this record (the candidate when promoted,
     else the reference it was judged against). When the metric (or a loss's kind) changed across
@@ -82,6 +93,7 @@ def trend_points(versions: Sequence[Version], current_name: str | None) -> list[
             "promoted": promoted,
             "in_service": v.name == current_name,
             "verdict": verdict(v),
+            "failing": failing_checks(v),
             "p_value": _number(test.get("p_value")),
             "recorded_at": _number(v.info.get("recorded_at")),
             "service": candidate if promoted else reference,
@@ -113,7 +125,7 @@ def trend_markdown(points: Sequence[dict[str, Any]], chart: bytes | None) -> lis
     ]
     if chart:
         out += ["", f"![{label} across versions]({data_url(chart)})"]
-    out += ["", f"| version | {label} | vs (reference) | verdict | in service |", "|---|---|---|---|---|"]
+    out += ["", f"| version | {metric} | vs (reference) | verdict | in service |", "|---|---|---|---|---|"]
     for p in points:
         ref = (
             f"{_cell(p['reference'])} ({p['reference_name']})"
@@ -121,7 +133,9 @@ def trend_markdown(points: Sequence[dict[str, Any]], chart: bytes | None) -> lis
             else _cell(p["reference"])
         )
         mark = "**yes**" if p["in_service"] else ""
-        out.append(f"| {p['name']} | {_cell(p['candidate'])} | {ref} | {p['verdict']} | {mark} |")
+        failing = p.get("failing") or []
+        cell = f"rejected: {shortlist(failing, VERDICT_CHARS)}" if failing else p["verdict"]
+        out.append(f"| {p['name']} | {_cell(p['candidate'])} | {ref} | {cell} | {mark} |")
     return out
 
 

@@ -204,6 +204,8 @@ def promote(
                 "name": "int8 model",
                 "holds": bool(verdict["holds"]),
                 "text": verdict["reason"],
+                "figures": f"int8 {verdict['int8']:.4f} vs float {verdict['float']:.4f}"
+                + ("" if verdict["max_drop"] is None else f" (max drop {verdict['max_drop']:g})"),
             },
         )
         extras["model.int8.onnx"] = Path(evaluation.int8["path"])

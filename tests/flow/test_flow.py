@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tasks.judge.decision import decision_from_dict, headline
+
 pytestmark = pytest.mark.slow
 
 
@@ -250,7 +252,9 @@ def test_rerun_is_judged_by_the_promotion_gate(promoted_run, flow_board, flow_ho
     report = _artifacts(run_id)[f"odl-report-digits-{board}"].data
     assert "| gate check | verdict | figures |" in report
     assert "| guardrail loss |" in report and "| guardrail clean.accuracy |" in report
-    assert version.info["reason"] in report  # the headline is the registry's reason, failing checks first
+    recorded = decision_from_dict(decision)
+    assert headline(recorded) in report  # the report leads with the registry entry's verdict, failing first
+    assert all(c["text"] in report for c in recorded.checks)  # and gives each check's sentence
 
 
 def test_a_bad_input_run_logs_one_error_line_and_no_traceback(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tasks.judge.decision import decision_from_dict, headline
 from tests.flow.test_flow import _artifacts, _run
 
 pytestmark = pytest.mark.slow
@@ -107,17 +108,22 @@ def test_nightly_cycles_promote_reject_rollout_and_rollback(prefect_harness, flo
     failing = [c["name"] for c in v2.info["decision"]["checks"] if not c["holds"]]
     assert failing and reason.startswith(f"FAIL {failing[0]}: ") and "McNemar" in reason, reason
     assert all(f"FAIL {name}: " in reason for name in failing)
-    assert reason in reports[v2.name]
+    decision = decision_from_dict(v2.info["decision"])
+    assert headline(decision) in reports[v2.name]  # the report leads with the verdict's headline
+    assert all(c["text"] in reports[v2.name] for c in decision.checks)  # and gives every check's sentence
     capsys.readouterr()
     assert _odl("registry", "digits_nightly", board.name) == 0
-    assert f"{v2.name}  rejected  run {v2.info['flow_run_id']}  {reason}" in capsys.readouterr().out
+    listing = capsys.readouterr().out.splitlines()
+    assert all(len(line) <= 160 for line in listing), listing  # one readable line a version, details after
+    at = next(i for i, line in enumerate(listing) if line.startswith(f"  {v2.name}  rejected  "))
+    assert f"; fails: {decision.failing()[0]['short']}" in listing[at]
+    after = " ".join(" ".join(listing[at + 1 :]).split())
+    assert all(f"FAIL {name}: " in after for name in failing) and f"run {v2.info['flow_run_id']}" in after
     # what each night still knows of the earlier shards (held-out parts), BWT and forgetting
     report = reports[v2.name]
     assert "## What each night still knows (continual learning)" in report
-    assert (
-        "| night | promoted | new shards | shard-0001 | shard-0002 | shard-0003 | BWT | forgetting |"
-        in report
-    )
+    assert "| night | promoted | new shards | BWT | forgetting |" in report
+    assert "| night | shard-0001 | shard-0002 | shard-0003 |" in report
     assert f"| {v2.name} | no | shard-0003 | " in report and f"| {v1.name} | yes | shard-0002 | " in report
     assert set(v2.metrics["heldout"]) == {"shard-0001", "shard-0002", "shard-0003"}
     assert reg.current("digits_nightly", board.name).name == v1.name
