@@ -48,7 +48,14 @@ from tasks.recipe.fields import (
 )
 from tasks.recipe.messages import Expect, expected
 from tasks.recipe.teacher import TeacherSpec, teacher_rules
-from tasks.recipe.training import LossSpec, OptimizerSpec, ScheduleSpec, TrainableSpec, TrainingSpec
+from tasks.recipe.training import (
+    LossSpec,
+    OptimizerSpec,
+    ScheduleSpec,
+    TrainableSpec,
+    TrainingSpec,
+    runtime_rules,
+)
 
 BoardFormat = Literal["npz-shards", "image-folder"]
 Task = Literal[TASKS]  # type: ignore[valid-type]  # the board's task names (device_agent.protocol)
@@ -292,4 +299,5 @@ class Recipe:
             )
         if kind == "cross-entropy" and task != "classification":
             yield "loss.kind", f"a loss for task '{task}' (cross-entropy needs classification)", kind
+        yield from runtime_rules(self)
         yield from teacher_rules(self)

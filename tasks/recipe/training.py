@@ -6,12 +6,13 @@ field's type, bounds, default and help written once; the flows' parameters reuse
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, Field, WithJsonSchema, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from tasks.recipe.fields import REF_PATTERN, Int, Number, Text, Texts, present, recipe_table
+from tasks.recipe.fields import REF_PATTERN, Int, Number, Ref, Text, Texts, present, recipe_table
 from tasks.recipe.messages import Expect, expected
 
 BUILTIN_LOSSES = ("mse", "cross-entropy", "bce-with-logits", "l1")
@@ -22,6 +23,8 @@ StartFrom = Literal["base", "current"]
 PrefixCache = Literal["auto", "off"]
 CacheDtype = Literal["float32", "float16"]
 CacheStore = Literal["auto", "ram", "disk"]
+Runtime = Literal["ort-training", "autograd"]
+RUNTIMES: tuple[str, ...] = get_args(Runtime)
 CACHE_DTYPES: tuple[str, ...] = get_args(CacheDtype)
 CACHE_STORES: tuple[str, ...] = get_args(CacheStore)
 CUSTOM_LOSS = "^custom:" + REF_PATTERN.removeprefix("^")
@@ -118,12 +121,17 @@ class LossSpec:
         "output is the loss)"
     )
     factory: SkipJsonSchema[str | None] = None  # set from kind = "custom:module:factory"
+    torch: Ref | None = Field(
+        None,
+        description="training.runtime = 'autograd' with a custom loss: its PyTorch twin, a 'module:callable' "
+        "taking the model's outputs, then the loss's label feeds by their graph names, returning the loss",
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _no_factory_key(cls, data: Any) -> Any:
         if present(data, ("factory",)):
-            raise expected("a known key, this one is unknown (allowed: kind)", "factory")
+            raise expected("a known key, this one is unknown (allowed: kind, torch)", "factory")
         return data
 
     @model_validator(mode="after")
@@ -182,3 +190,32 @@ class TrainingSpec:
     cache_store: CacheStore = Field(
         "auto", description="auto (RAM when it fits half the free RAM, else disk) | ram | disk"
     )
+    runtime: Runtime = Field(
+        "ort-training",
+        description="ort-training: ONNX Runtime's training graphs (onnxruntime-training on host and board) | "
+        "autograd: the train step from PyTorch's autograd as a plain ONNX graph any onnxruntime runs, the "
+        "optimizer in numpy on the board (PyTorch models only; no frozen-prefix cache yet)",
+    )
+
+
+def runtime_rules(recipe: Any) -> Iterator[tuple[str, str, object]]:
+    """What ``training.runtime`` needs of the other tables: (field, what was expected, what it holds)."""
+    autograd, loss = recipe.training.runtime == "autograd", recipe.loss
+    if autograd and recipe.model.kind == "onnx":
+        yield (
+            "training.runtime",
+            "'ort-training' for an ONNX model (the autograd runtime differentiates PyTorch models)",
+            "autograd",
+        )
+    if autograd and loss.kind == "custom" and loss.torch is None:
+        yield (
+            "loss.torch",
+            f"a PyTorch twin of the custom loss {loss.factory} for training.runtime = 'autograd'",
+            None,
+        )
+    if loss.torch is not None and loss.kind != "custom":
+        yield (
+            "loss.torch",
+            "only with loss.kind = 'custom:module:factory' (the twin of that loss)",
+            loss.torch,
+        )

@@ -1,0 +1,59 @@
+"""``training.runtime`` in the recipe: the default, and what the autograd runtime refuses in one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.errors import RecipeError
+from tasks.recipe.load import load_recipe
+from tests.fixtures_prepare import RECIPES
+
+AUTOGRAD = {"training.runtime": "autograd"}
+
+
+def test_the_default_runtime_is_ort_training():
+    assert load_recipe(RECIPES / "digits.toml").training.runtime == "ort-training"
+    assert load_recipe(RECIPES / "digits.toml", AUTOGRAD).training.runtime == "autograd"
+
+
+@pytest.mark.parametrize(
+    ("recipe", "overrides", "field", "words"),
+    [
+        ("digits_onnx.toml", AUTOGRAD, "training.runtime", "'ort-training' for an ONNX model"),
+        (
+            "two_head_custom_loss.toml",
+            AUTOGRAD,
+            "loss.torch",
+            "a PyTorch twin of the custom loss models:two_head_loss",
+        ),
+        (
+            "digits.toml",
+            {"loss.torch": "models:twin"},
+            "loss.torch",
+            "only with loss.kind = 'custom:module:factory'",
+        ),
+        ("digits.toml", {"training.runtime": "torch"}, "training.runtime", "'ort-training' or 'autograd'"),
+        (
+            "two_head_custom_loss.toml",
+            {**AUTOGRAD, "loss.torch": "not a ref"},
+            "loss.torch",
+            "'module:callable'",
+        ),
+    ],
+)
+def test_autograd_refusals_name_the_field(recipe, overrides, field, words):
+    with pytest.raises(RecipeError) as info:
+        load_recipe(RECIPES / recipe, overrides)
+    line = str(info.value)
+    assert f"'{field}'" in line and words in line and "\n" not in line
+
+
+def test_a_custom_loss_with_its_twin_loads():
+    recipe = load_recipe(
+        RECIPES / "two_head_custom_loss.toml", {**AUTOGRAD, "loss.torch": "models:two_head_loss_torch"}
+    )
+    assert (recipe.loss.kind, recipe.loss.factory, recipe.loss.torch) == (
+        "custom",
+        "models:two_head_loss",
+        "models:two_head_loss_torch",
+    )
