@@ -50,7 +50,7 @@ from onnx import helper
 from tasks.prepare.batchnorm import freeze_batchnorm
 from tasks.prepare.conv_transpose import conv_transposes_as_convs
 from tasks.prepare.decompose import decompose_operators
-from tasks.prepare.graph import add_const, attr, downstream, rebuild, shapes_of
+from tasks.prepare.graph import add_const, attr, bypass, downstream, rebuild, shapes_of
 from tasks.prepare.lstm import bidirectional_lstms_as_forward
 from tasks.prepare.pooling import average_pools_as_convs
 from tasks.prepare.resize import resizes_as_matmuls
@@ -113,28 +113,16 @@ def drop_identity_pools(model: onnx.ModelProto) -> int:
     """Remove AveragePool/MaxPool nodes with a 1x1 window, stride 1 and no padding (the identity
     an adaptive pooling exports as when its input already has the output size, AlexNet at 224 px);
     ORT 1.19.2's gradient of a MaxPool feeding one of them fails at run time on mismatched shapes."""
-    rename: dict[str, str] = {}
-    kept = []
-    outputs = {o.name for o in model.graph.output}
-    for node in model.graph.node:
-        node.input[:] = [rename.get(i, i) for i in node.input]
-        ones = all(v == 1 for v in attr(node, "kernel_shape", [0])) and all(
-            v == 1 for v in attr(node, "strides", [1])
-        )
-        if (
+
+    def identity_pool(node: onnx.NodeProto) -> bool:
+        return (
             node.op_type in ("AveragePool", "MaxPool")
-            and len(node.output) == 1
-            and ones
+            and all(v == 1 for v in attr(node, "kernel_shape", [0]))
+            and all(v == 1 for v in attr(node, "strides", [1]))
             and not any(attr(node, "pads", [0]))
-            and node.output[0] not in outputs
-        ):
-            rename[node.output[0]] = node.input[0]
-            continue
-        kept.append(node)
-    if rename:
-        del model.graph.node[:]
-        model.graph.node.extend(kept)
-    return len(rename)
+        )
+
+    return bypass(model, identity_pool)
 
 
 def einsum_as_matmul(model: onnx.ModelProto) -> int:

@@ -3,6 +3,8 @@ constants, node replacement in topological order, reachability and inferred shap
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -27,6 +29,25 @@ def rebuild(model: onnx.ModelProto, replace: dict[int, list[onnx.NodeProto]]) ->
     nodes = [n for i, old in enumerate(model.graph.node) for n in replace.get(i, [old])]
     del model.graph.node[:]
     model.graph.node.extend(nodes)
+
+
+def bypass(model: onnx.ModelProto, drop: Callable[[onnx.NodeProto], bool]) -> int:
+    """Remove the single-output nodes ``drop`` selects (it sees each node's inputs already renamed),
+    each passing its first input on unchanged: their readers read that input instead. A graph
+    output is never bypassed. Returns how many nodes went."""
+    outputs = {o.name for o in model.graph.output}
+    rename: dict[str, str] = {}
+    kept = []
+    for node in model.graph.node:
+        node.input[:] = [rename.get(i, i) for i in node.input]
+        if len(node.output) == 1 and node.output[0] not in outputs and drop(node):
+            rename[node.output[0]] = node.input[0]
+            continue
+        kept.append(node)
+    if rename:
+        del model.graph.node[:]
+        model.graph.node.extend(kept)
+    return len(rename)
 
 
 def downstream(model: onnx.ModelProto, sources: set[str]) -> set[str]:

@@ -10,10 +10,13 @@ turns one into the ``model.onnx`` the artifact generation takes:
    training generates artifacts for 13-21 as they are: measured on mobilenet_v2);
 3. cut it: ``model.cut_at`` tensors become the outputs and everything after them is dropped
    (``onnx.utils.Extractor``, onnx's own sub-graph extraction);
-4. add the recipe's ``[head]``: global average pooling and flatten for a 4-D cut tensor, an
+4. make every layer parameter an initializer the board trains and loads: float ``Constant``
+   weights become initializers, float16/64 ones cast to float become float32, ``Identity`` nodes of
+   weights go (:mod:`tasks.prepare.param_chains`);
+5. add the recipe's ``[head]``: global average pooling and flatten for a 4-D cut tensor, an
    optional hidden Linear + ReLU, then a Linear to ``num_classes`` (``Gemm`` nodes built with
    ``onnx.helper``), initialised as ``torch.nn.Linear`` is, from the head's seed;
-5. give every graph input and output a symbolic batch axis, infer shapes and check the result.
+6. give every graph input and output a symbolic batch axis, infer shapes and check the result.
 
 Which parameters train is decided later on this graph (:mod:`tasks.prepare.trainable`,
 ``trainable.train_from`` among them). Every problem is one line naming the recipe field.
@@ -31,6 +34,7 @@ from onnx import TensorProto, helper, numpy_helper, version_converter
 from tasks.errors import ModelError, RecipeError, ort_message
 from tasks.prepare.graph import quiet_session
 from tasks.prepare.messages import layer_of
+from tasks.prepare.param_chains import check_float32, fold_parameter_chains
 from tasks.prepare.probe_failures import init_failure_node, node_failure
 from tasks.recipe.extras import HeadSpec
 from tasks.recipe.schema import Recipe
@@ -229,6 +233,8 @@ def adapt_onnx(recipe: Recipe, out: Path) -> Path:
     model = convert_opset(load_foreign(src), f"model.onnx {src.name}")
     if recipe.model.cut_at:
         model = cut(model, recipe.model.cut_at)
+    folded = fold_parameter_chains(model)
+    check_float32(model, f"model.onnx {src.name}")
     if recipe.head is not None:
         model = add_head(model, recipe.model.cut_at[0], recipe.head, recipe.model.output_names[0])
     model = dynamic_batch(model)
@@ -243,5 +249,6 @@ def adapt_onnx(recipe: Recipe, out: Path) -> Path:
     outputs = [o.name for o in model.graph.output]
     out.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(out))
-    log.info("adapted %s -> %s (opset %d, outputs %s)", src.name, out, opset_of(model), outputs)
+    log.info("adapted %s -> %s (opset %d, outputs %s; parameter chains: %s)", src.name, out, opset_of(model),
+             outputs, ", ".join(f"{k} {v}" for k, v in folded.items()) or "none")  # fmt: skip
     return out

@@ -20,16 +20,10 @@ from math import prod
 import onnx
 
 from tasks.errors import RecipeError
+from tasks.prepare.param_chains import FLOAT_TYPES, check_partition
 from tasks.prepare.selection import last_feature_layer, layer_params, params_after, suffix_cut, weight_sources
 from tasks.recipe.schema import Recipe
 from tasks.recipe.training import TrainableSpec
-
-FLOAT_TYPES = {
-    onnx.TensorProto.FLOAT,
-    onnx.TensorProto.FLOAT16,
-    onnx.TensorProto.DOUBLE,
-    onnx.TensorProto.BFLOAT16,
-}
 
 
 def float_params(model: onnx.ModelProto) -> dict[str, int]:
@@ -55,22 +49,22 @@ def _walk_back(model: onnx.ModelProto, start: list[str]) -> Iterator[onnx.NodePr
         queue.extend(node.input)
 
 
-def _param_inputs(node: onnx.NodeProto, params: dict[str, int]) -> list[str]:
-    return [i for i in node.input if i in params]
-
-
 def find_classifier(model: onnx.ModelProto, params: dict[str, int]) -> tuple[list[str], onnx.NodeProto]:
-    """Parameters of the last Gemm / MatMul(+Add bias) / Conv before the outputs, and its node."""
+    """Parameters of the last Gemm / MatMul(+Add bias) / Conv before the outputs, and its node; a
+    parameter counts when the node reads it directly or through weight-only nodes (an Identity,
+    Cast or Reshape of it, :func:`tasks.prepare.selection.weight_sources`)."""
     producer = {out: node for node in model.graph.node for out in node.output}
+    sources = weight_sources(model, params)
     for node in _walk_back(model, [o.name for o in model.graph.output]):
-        if node.op_type in ("Gemm", "MatMul", "Conv") and _param_inputs(node, params):
-            return _param_inputs(node, params), node
-        if node.op_type == "Add" and _param_inputs(node, params):
+        own = layer_params(node, sources)
+        if node.op_type in ("Gemm", "MatMul", "Conv") and own:
+            return own, node
+        if node.op_type == "Add" and own:
             mm = next(
                 (producer[i] for i in node.input if i in producer and producer[i].op_type == "MatMul"), None
             )
-            if mm is not None and _param_inputs(mm, params):
-                return _param_inputs(mm, params) + _param_inputs(node, params), mm
+            if mm is not None and layer_params(mm, sources):
+                return layer_params(mm, sources) + own, mm
     raise RecipeError(
         "trainable.strategy",
         "a model whose outputs come from a Gemm, MatMul or Conv layer with weights (strategy 'classifier')",
@@ -91,8 +85,10 @@ def find_last_conv(model: onnx.ModelProto, params: dict[str, int], start: onnx.N
             "none on the path to the classifier",
         )
     bn = [n for n in model.graph.node if n.op_type == "BatchNormalization" and n.input[0] == node.output[0]]
-    own = layer_params(node, weight_sources(model, params))
-    return own + [i for n in bn[:1] for i in n.input[1:3] if i in params]
+    sources = weight_sources(model, params)
+    return layer_params(node, sources) + [
+        p for n in bn[:1] for i in n.input[1:3] for p in sorted(sources.get(i, ()))
+    ]
 
 
 def _by_strategy(model: onnx.ModelProto, spec: TrainableSpec, params: dict[str, int]) -> list[str]:
@@ -177,4 +173,5 @@ def resolve_trainable(recipe: Recipe, model: onnx.ModelProto) -> tuple[list[str]
             )
     trainable = list(dict.fromkeys(chosen))
     frozen = [n for n in counts if n not in set(trainable)]
+    check_partition(model, trainable, frozen)
     return trainable, frozen, counts
