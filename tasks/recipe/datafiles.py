@@ -18,7 +18,9 @@ from tasks.recipe.schema import Recipe
 
 
 def recipe_files(recipe: Recipe) -> dict[str, Path]:
-    """Host files the recipe needs, by field name (data sets and local model weights)."""
+    """Host files the recipe names, by field name: data sets, local model weights, detection priors,
+    an ONNX model, quantize calibration, the held-out folder and the teacher's model (``[data].make``
+    runs when any is missing)."""
     d = recipe.data
     files = {
         "data.test": d.test,
@@ -29,6 +31,7 @@ def recipe_files(recipe: Recipe) -> dict[str, Path]:
         "model.onnx": Path(recipe.model.ref) if recipe.model.kind == "onnx" else None,
         "quantize.calibration": recipe.quantize.calibration if recipe.quantize else None,
         "data.heldout": d.heldout,  # a folder of held-out shard parts
+        "teacher.model": recipe.teacher.model if recipe.teacher else None,
     }
     files.update({f"data.extra_tests.{k}": v for k, v in d.extra_tests.items()})
     return {k: v for k, v in files.items() if v is not None}
