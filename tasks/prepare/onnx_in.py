@@ -34,7 +34,7 @@ from onnx import TensorProto, helper, numpy_helper, version_converter
 from tasks.errors import ModelError, RecipeError, ort_message
 from tasks.prepare.graph import quiet_session
 from tasks.prepare.messages import layer_of
-from tasks.prepare.param_chains import check_float32, fold_parameter_chains
+from tasks.prepare.param_chains import check_checkpoint_dtypes, fold_parameter_chains
 from tasks.prepare.probe_failures import init_failure_node, node_failure
 from tasks.recipe.extras import HeadSpec
 from tasks.recipe.schema import Recipe
@@ -234,7 +234,7 @@ def adapt_onnx(recipe: Recipe, out: Path) -> Path:
     if recipe.model.cut_at:
         model = cut(model, recipe.model.cut_at)
     folded = fold_parameter_chains(model)
-    check_float32(model, f"model.onnx {src.name}")
+    check_checkpoint_dtypes(model, f"model.onnx {src.name}")
     if recipe.head is not None:
         model = add_head(model, recipe.model.cut_at[0], recipe.head, recipe.model.output_names[0])
     model = dynamic_batch(model)

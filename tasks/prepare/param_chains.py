@@ -9,11 +9,11 @@ its weight; this module makes what it finds trainable on the board:
 
 - :func:`fold_parameter_chains` (ONNX-in, before anything else reads the graph) turns a float
   ``Constant`` feeding a layer's weight or bias into an initializer of the same name; converts a
-  float16/float64/bfloat16 initializer to float32 when every use of it casts it to float (ORT
-  1.19.2's training checkpoint cannot load other float types); and drops every ``Identity`` (and
+  float16/bfloat16/float64 initializer to float32 when every use of it casts it to float (ORT
+  1.19.2's training checkpoint cannot load float16 or bfloat16); and drops every ``Identity`` (and
   then no-op ``Cast``) of a constant tensor, its readers reading the tensor itself. What stays
   (views with ORT gradients: Reshape, Transpose, Squeeze, Unsqueeze, Flatten) trains as it is.
-- :func:`check_float32` refuses in one line a float initializer the board could not load.
+- :func:`check_checkpoint_dtypes` refuses in one line a float initializer the board could not load.
 - :func:`check_partition` holds the trainable/frozen split to its promise: every float initializer
   a node reads is in one of the two sets, and a layer that trains reads no weight or bias from a
   ``Constant`` node (it would stay fixed while the rest of the layer trains).
@@ -30,6 +30,7 @@ from tasks.prepare.graph import attr, bypass
 from tasks.prepare.selection import layer_params, weight_sources
 
 FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16)
+UNLOADABLE = (TensorProto.FLOAT16, TensorProto.BFLOAT16)  # by ORT 1.19.2's load_checkpoint (measured)
 VIEW_OPS = ("Identity", "Reshape", "Squeeze", "Unsqueeze", "Transpose", "Flatten")  # values unchanged
 PARAM_SLOTS = {"Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (1, 2), "MatMul": (0, 1)}
 
@@ -63,36 +64,47 @@ def parameter_slots(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str]]:
     return slots
 
 
-def _constant_value(node: onnx.NodeProto) -> np.ndarray | None:
-    """The float value a Constant node holds, else None."""
+def _constant_tensor(node: onnx.NodeProto, name: str) -> onnx.TensorProto | None:
+    """The float tensor a Constant node holds, as an initializer called ``name``, else None."""
     for a in node.attribute:
         if a.name == "value" and a.t.data_type in FLOAT_TYPES:
-            return numpy_helper.to_array(a.t)
+            tensor = onnx.TensorProto()
+            tensor.CopyFrom(a.t)
+            tensor.name = name
+            return tensor
         if a.name in ("value_float", "value_floats"):
-            return np.asarray(helper.get_attribute_value(a), np.float32)
+            return numpy_helper.from_array(np.asarray(helper.get_attribute_value(a), np.float32), name)
     return None
+
+
+def _as_float32(init: onnx.TensorProto) -> np.ndarray:
+    """An initializer's values as float32 (bfloat16 is stored as a float32's upper 16 bits)."""
+    values = numpy_helper.to_array(init)
+    if init.data_type == TensorProto.BFLOAT16:
+        return (values.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return values.astype(np.float32)
 
 
 def promote_constants(model: onnx.ModelProto) -> int:
     """Float Constant nodes feeding a layer's weight or bias become initializers of their name."""
     producer = {o: n for n in model.graph.node for o in n.output}
-    values: dict[str, np.ndarray] = {}
+    values: dict[str, onnx.TensorProto] = {}
     for _, tensor in parameter_slots(model):
         origin = _origin(producer, tensor)
         node = producer.get(origin)
-        value = _constant_value(node) if node is not None and node.op_type == "Constant" else None
+        value = _constant_tensor(node, origin) if node is not None and node.op_type == "Constant" else None
         if value is not None:
             values[origin] = value
     if values:
         kept = [n for n in model.graph.node if not (n.op_type == "Constant" and n.output[0] in values)]
         del model.graph.node[:]
         model.graph.node.extend(kept)
-        model.graph.initializer.extend(numpy_helper.from_array(v, name) for name, v in values.items())
+        model.graph.initializer.extend(values.values())
     return len(values)
 
 
 def cast_params_to_float32(model: onnx.ModelProto) -> int:
-    """Float16/64 initializers read only through views ending in Casts to float become float32;
+    """Float16/bfloat16/64 initializers read only through views ending in Casts to float become float32;
     every Cast to float of a float32 constant then becomes an Identity. Returns the conversions."""
     readers: dict[str, list[onnx.NodeProto]] = {}
     for node in model.graph.node:
@@ -111,7 +123,7 @@ def cast_params_to_float32(model: onnx.ModelProto) -> int:
                 else:
                     ends.append(node)
         if ends and all(n.op_type == "Cast" and attr(n, "to", 0) == TensorProto.FLOAT for n in ends):
-            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float32), init.name))
+            init.CopyFrom(numpy_helper.from_array(_as_float32(init), init.name))
             converted += 1
             stale.update([init.name, *views])
     if stale:  # their inferred types were the old float type
@@ -174,16 +186,17 @@ def _reader_layer(model: onnx.ModelProto, name: str) -> str:
     return _layer(node) if node is not None else "none"
 
 
-def check_float32(model: onnx.ModelProto, where: str) -> None:
-    """ModelError naming a float initializer that is not float32 (after folding): ORT 1.19.2's
-    training checkpoint, which holds every trainable and frozen parameter, cannot load it."""
+def check_checkpoint_dtypes(model: onnx.ModelProto, where: str) -> None:
+    """ModelError naming a float16 or bfloat16 initializer left after folding: ORT 1.19.2's
+    training checkpoint, which holds every trainable and frozen parameter, cannot load one
+    ("Unsupported data type"; float64 loads)."""
     for init in model.graph.initializer:
-        if init.data_type in FLOAT_TYPES and init.data_type != TensorProto.FLOAT:
-            kind = helper.tensor_dtype_to_np_dtype(init.data_type).name
+        if init.data_type in UNLOADABLE:
+            kind = TensorProto.DataType.Name(init.data_type).lower()
             raise ModelError(
                 f"{where}: initializer '{init.name}' of layer {_reader_layer(model, init.name)} is {kind}, and "
-                "ONNX Runtime 1.19.2's training checkpoint holds float32 parameters only (one is converted when "
-                "every use casts it to float): save the model in float32"
+                f"ONNX Runtime 1.19.2's training checkpoint cannot hold {kind} parameters (one is converted to "
+                "float32 when every use casts it to float): save the model in float32"
             )
 
 

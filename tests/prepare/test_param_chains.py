@@ -127,7 +127,7 @@ def test_a_trained_layer_reading_a_constant_bias_is_refused_in_one_line():
 def test_a_float16_parameter_the_board_cannot_load_is_named():
     """A float16 bias also read by something else than a cast to float stays float16: ORT 1.19.2's
     checkpoint cannot hold it, so adapting the model refuses it in one line naming it and its layer."""
-    from tasks.prepare.param_chains import check_float32, fold_parameter_chains
+    from tasks.prepare.param_chains import check_checkpoint_dtypes, fold_parameter_chains
 
     model = chained_model("Conv", [], ["Cast16"])
     model.graph.node.append(
@@ -136,8 +136,27 @@ def test_a_float16_parameter_the_board_cannot_load_is_named():
     model.graph.output.append(helper.make_tensor_value_info("bias16", TensorProto.FLOAT16, [4]))
     assert fold_parameter_chains(model) == {}
     with pytest.raises(ModelError) as info:
-        check_float32(model, "model.onnx foreign.onnx")
+        check_checkpoint_dtypes(model, "model.onnx foreign.onnx")
     assert str(info.value).startswith(
         "model.onnx foreign.onnx: initializer 'bias' of layer '/layer/Conv' (Conv) is float16"
     )
     assert "\n" not in str(info.value)
+
+
+def test_a_bfloat16_bias_cast_to_float_becomes_its_float32_values():
+    """bfloat16 is stored as the upper half of a float32: the conversion keeps its values, and the
+    folded graph computes what the foreign one does (ORT casts the bfloat16 itself)."""
+    from tasks.prepare.param_chains import check_checkpoint_dtypes, fold_parameter_chains
+
+    foreign = chained_model("Conv", [], ["Cast"])
+    values = [1.5, -2.0, 0.25, 3.0]  # exact in bfloat16
+    bias = next(i for i in foreign.graph.initializer if i.name == "bias")
+    bias.CopyFrom(helper.make_tensor("bias", TensorProto.BFLOAT16, [4], values))
+    folded = onnx.ModelProto()
+    folded.CopyFrom(foreign)
+    assert fold_parameter_chains(folded) == {"params_cast_to_float32": 1, "identities_folded": 1}
+    check_checkpoint_dtypes(folded, "model.onnx foreign.onnx")
+    stored = next(i for i in folded.graph.initializer if i.name == "bias")
+    np.testing.assert_array_equal(numpy_helper.to_array(stored), np.array(values, np.float32))
+    x = np.random.default_rng(2).standard_normal((1, 1, 8, 8)).astype(np.float32)
+    np.testing.assert_array_equal(_run(folded, x), _run(foreign, x))
