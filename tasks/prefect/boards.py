@@ -10,7 +10,8 @@
   (:mod:`tasks.stack.alerts`), else do nothing and say so in their description.
 * **The fleet overview**: a table artifact ``odl-boards`` with one row per inventory board
   (reachable, model in service and its metric, last training, last promotion, free disk and RAM,
-  its last few events with their age and a link to the UI's event feed filtered to the board),
+  its last few events with their age and a link to the UI's event feed filtered to the board, in
+  six columns of stacked lines),
   refreshed by every run and by ``odl board check --all`` from what they saw
   (``$ODL_HOME/boards-seen/<board>.json``), the registry and the server's events.
 """
@@ -35,6 +36,8 @@ log = logging.getLogger(__name__)
 
 OVERVIEW_KEY = "odl-boards"
 RECENT = 3  # events per board in the overview
+NONE = "–"  # an empty cell: the UI renders cells as markdown, where "-" is a list's bullet
+BREAK = "<br>"  # a line break inside a cell
 
 
 def resource(board: str) -> dict[str, str]:
@@ -113,49 +116,55 @@ def recent_events(boards: list[str], n: int = RECENT) -> dict[str, list[tuple[st
         return {}
 
 
-def events_cell(events: list[tuple[str, float]], at: float) -> str:
+def events_cell(events: list[tuple[str, float]], at: float, sep: str = ", ") -> str:
     """Events (type, time) with their age at ``at``: "board.heartbeat 2 min ago, job.finished 1 h ago"."""
-    return ", ".join(f"{kind.removeprefix('odl.')} {_age(at - t)}" for kind, t in events) or "-"
+    return sep.join(f"{kind.removeprefix('odl.')} {_age(at - t)}" for kind, t in events) or NONE
 
 
 def overview_rows(
     boards: list[str], registry: Any, events: dict[str, list[tuple[str, float]]] | None = None, ui: str = ""
 ) -> list[dict[str, Any]]:
-    """One row per board: reachable, serving (recipe version metric), last training and promotion,
-    free disk and RAM, from the records and the registry (``registry.root`` folders); its last
-    ``events`` (type, time) and, with a ``ui``, a link to its event feed."""
+    """One row per board, six short columns (facts stacked in a cell, one a line, so the table fits
+    a 1280 px window): reachable and when it was checked, what it serves (recipe and version, the
+    metric, when promoted), the last training, free disk and RAM, its last ``events`` (type, time)
+    and, with a ``ui``, a link to its event feed; from the records and the registry
+    (``registry.root`` folders)."""
     rows, at = [], time.time()
-    root = Path(registry.root)
     for board in boards:
         path = state_dir("boards-seen") / f"{board}.json"
         rec = json.loads(path.read_text()) if path.is_file() else {}
-        serving, trained, promoted = [], 0.0, 0.0
-        for entry in sorted(root.glob(f"*-{board}")) if root.is_dir() else []:
-            recipe = entry.name[: -len(board) - 1]
-            current = registry.current(recipe, board)
-            versions = registry.versions(recipe, board)
-            if versions:
-                trained = max(trained, float(versions[-1].info.get("recorded_at") or 0))
-            if current is not None:
-                d = current.info.get("decision") or {}
-                metric = d.get("metric")
-                value = current.metrics.get(metric) if metric else None
-                shown = f" {metric} {value:.3g}" if isinstance(value, (int, float)) else ""
-                serving.append(f"{recipe} {current.name}{shown}")
-                promoted = max(promoted, float(current.info.get("recorded_at") or 0))
+        serving, trained = _serving(registry, board)
+        reachable = {True: "yes", False: "NO"}.get(rec.get("reachable"), "not checked")
+        checked = [_when(rec["checked_at"])] if rec.get("checked_at") else []
+        feed = [f"[event feed]({events_page(ui, resource_id(board))})"] if ui else []
+        recent = (events or {}).get(board, [])
         rows.append({
             "board": board,
-            "reachable": {True: "yes", False: "NO"}.get(rec.get("reachable"), "not checked"),
-            "checked": _when(rec.get("checked_at")),
-            "serving": "; ".join(serving) or "-",
-            "last training": _when(trained or None),
-            "last promotion": _when(promoted or None),
-            "disk free": _size(rec.get("disk")),
-            "RAM free": _size(rec.get("ram")),
-            "last events": events_cell((events or {}).get(board, []), at),
-            "events": f"[event feed]({events_page(ui, resource_id(board))})" if ui else "-",
+            "reachable": BREAK.join([reachable, *checked]),
+            "serving": BREAK.join(serving) or NONE,
+            "trained": _when(trained),
+            "free": f"disk {_size(rec.get('disk'))}{BREAK}RAM {_size(rec.get('ram'))}",
+            "events": BREAK.join([events_cell(recent, at, BREAK)] * bool(recent) + feed) or NONE,
         })  # fmt: skip
     return rows
+
+
+def _serving(registry: Any, board: str) -> tuple[list[str], float | None]:
+    """What ``board`` serves, a few lines per recipe ("digits v0003", "accuracy 0.953", "promoted
+    21:40"), and when it last trained (its newest version's record), from the registry's folders."""
+    root, lines, trained = Path(registry.root), [], 0.0
+    for entry in sorted(root.glob(f"*-{board}")) if root.is_dir() else []:
+        recipe = entry.name[: -len(board) - 1]
+        current, versions = registry.current(recipe, board), registry.versions(recipe, board)
+        if versions:
+            trained = max(trained, float(versions[-1].info.get("recorded_at") or 0))
+        if current is not None:
+            metric = (current.info.get("decision") or {}).get("metric")
+            value = current.metrics.get(metric) if metric else None
+            lines.append(f"{recipe} {current.name}")
+            lines += [f"{metric} {value:.3g}"] if isinstance(value, (int, float)) else []
+            lines.append(f"promoted {_when(current.info.get('recorded_at'))}")
+    return lines, trained or None
 
 
 def publish_overview(boards: list[str], registry: Any) -> list[dict[str, Any]]:
@@ -191,17 +200,20 @@ def _age(seconds: float) -> str:
 
 
 def _when(t: float | None) -> str:
-    """A time in a short cell: "11-25 21:40" this year, "2025-11-25" before."""
+    """A time in a short cell: "21:40" today, "11-25 21:40" this year, "2025-11-25" before."""
     if not t:
-        return "-"
-    same_year = time.localtime(t).tm_year == time.localtime().tm_year
-    return time.strftime("%m-%d %H:%M" if same_year else "%Y-%m-%d", time.localtime(t))
+        return NONE
+    when, now = time.localtime(t), time.localtime()
+    same_day = when[:3] == now[:3]
+    return time.strftime(
+        "%H:%M" if same_day else "%m-%d %H:%M" if when.tm_year == now.tm_year else "%Y-%m-%d", when
+    )
 
 
 def _size(text: Any) -> str:
-    """The leading size of a record's figure ("55.4 GB" of "55.4 GB free of 252.0 GB"), "-" without one."""
+    """The leading size of a record's figure ("55.4 GB" of "55.4 GB free of 252.0 GB"), NONE without one."""
     found = re.match(r"\s*(\d+(?:\.\d+)?\s*[KMGT]?B)\b", str(text or ""))
-    return found.group(1) if found else "-"
+    return found.group(1) if found else NONE
 
 
 def free_space(info: Any) -> dict[str, str]:

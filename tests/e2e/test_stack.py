@@ -42,7 +42,9 @@ def test_the_watch_prints_a_few_readable_lines(deployment_run, virtual_board):
     lines = out.strip().splitlines()
     assert code == 0 and len(lines) <= 25, out
     day = time.strftime("%Y-%m-%d")
-    assert re.match(rf"run digits@{virtual_board.name} {day} \d\d:\d\d:\d\d: http://127\.0\.0\.1:", lines[0]), out
+    assert re.match(
+        rf"run digits@{virtual_board.name} {day} \d\d:\d\d:\d\d: http://127\.0\.0\.1:", lines[0]
+    ), out
     assert any(line.strip().startswith("ok   export") for line in lines), out
     assert any(line.strip().startswith("training: step") and "loss" in line for line in lines), out
     assert any(line.startswith(("Promoted: v", "Not promoted: v")) for line in lines), out
@@ -143,6 +145,7 @@ def test_boards_in_prefect_events_automations_and_overview(prefect_stack, deploy
     """The server knows the boards: a run's deployment is a heartbeat, its job and its verdict are
     events with the board as resource; the stack's automations are installed; a stopped board's
     check says it is unreachable; the fleet overview has a row per board."""
+    from tasks.prefect.boards import NONE
     from tasks.vboard.lifecycle import board_down, board_up
     from tests.fixtures_board import BOARD_VENV
 
@@ -173,8 +176,8 @@ def test_boards_in_prefect_events_automations_and_overview(prefect_stack, deploy
         found = _api(prefect_stack, "/artifacts/filter",
                      {"artifacts": {"key": {"any_": ["odl-boards"]}}, "sort": "CREATED_DESC", "limit": 1})  # fmt: skip
         rows = {r["board"]: r for r in json.loads(found[0]["data"])}
-        assert rows[spare]["reachable"] == "NO" and rows[name]["reachable"] == "yes"
-        assert rows[name]["serving"].startswith("digits v") or rows[name]["last training"] != "-"
+        assert rows[spare]["reachable"].startswith("NO<br>") and rows[name]["reachable"].startswith("yes<br>")
+        assert rows[name]["serving"].startswith("digits v") or rows[name]["trained"] != NONE
     finally:
         with odl_home_env(Path(home)):
             board_down(spare, purge=True)

@@ -132,8 +132,8 @@ def test_overview_rows_show_last_events_and_link_the_feed(tmp_path, monkeypatch)
     now = datetime.now(UTC).timestamp()
     events = {"a": [("odl.job.finished", now - 130), ("odl.board.heartbeat", now - 7200)]}
     rows = boards.overview_rows(["a", "b"], SimpleNamespace(root=tmp_path / "none"), events, UI)
-    assert rows[0]["last events"] == "job.finished 2 min ago, board.heartbeat 2 h ago"
-    assert rows[1]["last events"] == "-"
-    assert rows[0]["events"] == f"[event feed]({events_page(UI, 'odl.board.a')})"
+    feed = f"[event feed]({events_page(UI, 'odl.board.a')})"
+    assert rows[0]["events"] == f"job.finished 2 min ago<br>board.heartbeat 2 h ago<br>{feed}"  # one a line
+    assert rows[1]["events"] == f"[event feed]({events_page(UI, 'odl.board.b')})"
     no_ui = boards.overview_rows(["a"], SimpleNamespace(root=tmp_path / "none"))
-    assert no_ui[0]["events"] == "-" and json.dumps(no_ui)
+    assert no_ui[0]["events"] == boards.NONE and json.dumps(no_ui)
