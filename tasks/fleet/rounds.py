@@ -29,7 +29,7 @@ from tasks.board.jobs import job_dir
 from tasks.board.transport import connect
 from tasks.checkpoint import checkpoint_weights, write_checkpoint
 from tasks.errors import FleetError, RecipeError, Straggler
-from tasks.fleet.strategies import Strategy, make_strategy
+from tasks.fleet.strategies import Strategy, check_group, make_strategy
 from tasks.fleet.weights import Weights, nbytes, read_update
 from tasks.hashing import file_sha256
 from tasks.judge.evaluate import evaluate_cached
@@ -59,7 +59,8 @@ class BoardUpdate:
 
 
 def check_fleet(recipe: Any, boards: list[Board]) -> None:
-    """A fleet needs board-side data and a reachable quorum: RecipeError naming the field."""
+    """A fleet needs board-side data, a reachable quorum and a group its strategy can combine (Krum,
+    Bulyan: enough boards for ``fleet.byzantine``): RecipeError naming the field."""
     if recipe.data.board_dataset is None:
         raise RecipeError(
             "data.board_dataset", "the folder on each board holding its own data (a fleet trains there)"
@@ -68,6 +69,7 @@ def check_fleet(recipe: Any, boards: list[Board]) -> None:
         raise RecipeError(
             "fleet.min_boards", f"at most the group's {len(boards)} boards", recipe.fleet.min_boards
         )
+    check_group(recipe.fleet, len(boards))
 
 
 def board_round(

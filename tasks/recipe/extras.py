@@ -13,7 +13,9 @@ from tasks.recipe.fields import Bool, FilePath, Int, Number, Text, Texts, recipe
 from tasks.recipe.messages import Expect, expected
 
 QuantMethod = Literal["minmax", "entropy", "percentile"]
-FleetStrategy = Literal["fedavg", "fedavgm", "fedadam"]  # tasks.fleet.strategies.STRATEGIES' names
+FleetStrategy = Literal[  # tasks.fleet.strategies.STRATEGIES' names
+    "fedavg", "fedavgm", "fedadam", "median", "trimmed_mean", "krum", "bulyan"
+]
 QUANT_METHODS: tuple[str, ...] = get_args(QuantMethod)
 FLEET_STRATEGIES: tuple[str, ...] = get_args(FleetStrategy)
 
@@ -123,13 +125,30 @@ class FleetSpec:
     rounds: Rounds = 3
     min_boards: MinBoards = 1
     deadline_s: DeadlineS = 1800.0
-    strategy: FleetStrategy = Field("fedavg", description="fedavg | fedavgm (server momentum) | fedadam")
+    strategy: FleetStrategy = Field(
+        "fedavg",
+        description="fedavg | fedavgm (server momentum) | fedadam | robust to bad boards: median | "
+        "trimmed_mean | krum (multi-Krum) | bulyan",
+    )
     server_lr: Number = Field(
         1.0, gt=0, le=100, description="step on the aggregate: 1.0 = plain FedAvg (default 0.03 for fedadam)"
     )
     momentum: Number = Field(0.9, ge=0, le=0.999999, description="fedavgm: server momentum; fedadam: beta1")
     beta2: Number = Field(0.99, ge=0, le=0.999999, description="fedadam")
     tau: Number = Field(1e-3, ge=1e-12, le=10, description="fedadam: adaptivity (Adam's epsilon)")
+    trim_fraction: Number = Field(
+        0.1, ge=0, lt=0.5, description="trimmed_mean: fraction of the boards dropped at each end, per weight"
+    )
+    byzantine: Int = Field(
+        1,
+        ge=0,
+        le=1000,
+        description="krum, bulyan: bad boards assumed (krum needs more than 2f + 2 "
+        "boards, bulyan at least 4f + 3)",
+    )
+    krum_select: Int = Field(
+        0, ge=0, le=10000, description="krum: updates kept and averaged (1: Krum; 0: boards - byzantine)"
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -8,33 +8,50 @@ recipe schema's ``FLEET_STRATEGIES`` (the recipe layer sits below this one and c
 the fleet flow's ``strategy`` parameter list the same names, held equal by
 ``tests/fleet/strategies/test_registry.py``.
 
-Flower's strategies implement the same updates, but flwr 1.42 needs a certifi this registry lacks
-and the older releases pin cryptography/click/packaging below this stack's constraints (and bring
-grpc); the arithmetic is a few numpy lines.
+Flower's strategies implement the same updates, but flwr 1.42 declares protobuf < 7 and rich < 15
+(this stack pins protobuf 7.36 and rich 15) and brings grpc, cryptography and uv; its aggregation
+functions do run beside our pins when installed without its dependencies, which is how the robust
+strategies here were cross-checked once (median, trimmed mean, Krum, Bulyan agree to 1e-12); the
+tests compare each strategy with the paper's formula written on their own.
 """
 
 from __future__ import annotations
 
 from tasks.errors import RecipeError
 from tasks.fleet.strategies.base import Strategy, Update, weighted_mean
+from tasks.fleet.strategies.bulyan import Bulyan
 from tasks.fleet.strategies.fedadam import FedAdam
 from tasks.fleet.strategies.fedavg import FedAvg
 from tasks.fleet.strategies.fedavgm import FedAvgM
+from tasks.fleet.strategies.krum import Krum
+from tasks.fleet.strategies.median import Median
+from tasks.fleet.strategies.robust import RobustStrategy
+from tasks.fleet.strategies.trimmed_mean import TrimmedMean
 from tasks.recipe.extras import FleetSpec
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "fedavg": FedAvg,
     "fedavgm": FedAvgM,
     "fedadam": FedAdam,
+    "median": Median,
+    "trimmed_mean": TrimmedMean,
+    "krum": Krum,
+    "bulyan": Bulyan,
 }
 
 __all__ = [
     "STRATEGIES",
+    "Bulyan",
     "FedAdam",
     "FedAvg",
     "FedAvgM",
+    "Krum",
+    "Median",
+    "RobustStrategy",
     "Strategy",
+    "TrimmedMean",
     "Update",
+    "check_group",
     "make_strategy",
     "weighted_mean",
 ]
@@ -47,3 +64,11 @@ def make_strategy(spec: FleetSpec) -> Strategy:
     if cls is None:
         raise RecipeError("fleet.strategy", " or ".join(repr(s) for s in STRATEGIES), spec.strategy)
     return cls(spec)
+
+
+def check_group(spec: FleetSpec, n: int) -> None:
+    """RecipeError naming the field when ``spec``'s strategy cannot run over a group of ``n`` boards
+    (Krum needs more than ``2 * byzantine + 2``, Bulyan at least ``4 * byzantine + 3``)."""
+    cls = STRATEGIES.get(spec.strategy)
+    if cls is not None and issubclass(cls, RobustStrategy):
+        cls.check_group(spec, n)

@@ -5,7 +5,9 @@ Every strategy here starts from the sample-weighted mean of the boards' tensors 
 2017) and treats ``delta = mean - global`` as a pseudo-gradient (Reddi et al., "Adaptive Federated
 Optimization", 2021, Algorithm 2): :meth:`Strategy.aggregate` computes both and moves each tensor by
 ``server_lr * step``, where ``step`` is what the subclass's :meth:`Strategy.step` makes of ``delta``.
-A strategy that does not start from the mean (a trimmed mean, a median) overrides ``aggregate``.
+A strategy that does not start from the mean (a trimmed mean, a median, Krum) overrides
+:meth:`Strategy.combine`, which makes the boards' tensors one; :meth:`Strategy.apply` takes the
+step from there (the fleet's central differential privacy noises the combined tensors in between).
 
 The arithmetic runs in float64 and each tensor goes back to its own dtype, as the single
 ``aggregate()`` function these classes replaced did, bit for bit.
@@ -53,12 +55,24 @@ class Strategy(ABC):
         ``beta2``, ``tau`` it uses) and no server state yet."""
         self.spec = spec
         self.rounds = 0  # rounds aggregated so far
+        self.excluded: tuple[int, ...] = ()  # indices of the last round's updates combine() left out
 
     def aggregate(self, global_w: Weights, updates: list[Update]) -> Weights:
         """The next global weights from the current ones and this round's ``updates`` (each board's
         tensors and sample count); FleetError when the updates do not match the global model."""
-        mean = weighted_mean(updates)
-        missing = sorted(set(global_w) ^ set(mean))
+        return self.apply(global_w, self.combine(global_w, updates))
+
+    def combine(self, global_w: Weights, updates: list[Update]) -> Weights:
+        """The boards' tensors made one: the sample-weighted mean here; a robust strategy overrides it
+        (a median, a trimmed mean, the updates Krum selects) and names what it left out in
+        :attr:`excluded`."""
+        self.excluded = ()
+        return weighted_mean(updates)
+
+    def apply(self, global_w: Weights, center: Weights) -> Weights:
+        """Move ``global_w`` by ``server_lr * step(center - global_w)``, tensor by tensor (float64, each
+        tensor back to its dtype); ``center`` is :meth:`combine`'s answer or a private mean of it."""
+        missing = sorted(set(global_w) ^ set(center))
         if missing:
             raise FleetError(
                 f"the boards' tensors do not match the global model's (first difference: {missing[0]})"
@@ -67,7 +81,7 @@ class Strategy(ABC):
         new: Weights = {}
         for name, w in global_w.items():
             w64 = w.astype(np.float64)
-            delta = mean[name].astype(np.float64) - w64
+            delta = center[name].astype(np.float64) - w64
             new[name] = (w64 + self.spec.server_lr * self.step(name, delta)).astype(w.dtype)
         return new
 
