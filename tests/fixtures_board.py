@@ -8,6 +8,9 @@ real virtual board (private sshd, own user, own netns; root only).
 session (unique name per session, purged at the end); ``virtual_board_home`` is the ODL_HOME that
 holds its inventory, keys and pinned known_hosts (set ``ODL_HOME`` to it to use the board by name).
 ``shaped_virtual_board`` is another such board behind a slow, lossy link (``SHAPED_LINK``).
+``arm64_board`` runs aarch64 code: an arm64 Debian userland under qemu user mode with the plain
+onnxruntime of ``deploy/board-requirements-plain.txt`` (its first version), built once into
+``BOARD_ENVS`` and kept between sessions like ``BOARD_VENV``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import pytest
 # The board venv (numpy + onnxruntime-training-cpu) is kept between sessions: rebuilt only when
 # deploy/board-requirements.txt or constraints.txt change (tasks.vboard.venv's stamp).
 BOARD_VENV = Path(os.environ.get("ODL_TEST_BOARD_VENV", "/var/tmp/odl-test-board-venv"))
+# The other board environments (plain onnxruntime on x86_64, the arm64 userlands): tasks.vboard.boardenv
+BOARD_ENVS = Path(os.environ.get("ODL_TEST_BOARD_ENVS", "/var/tmp/odl-test-board-envs"))
 
 
 @contextlib.contextmanager
@@ -59,6 +64,30 @@ def virtual_board(virtual_board_home: Path) -> Iterator:
     finally:
         with odl_home_env(virtual_board_home):
             board_down(name, purge=True)
+
+
+@contextlib.contextmanager
+def session_board(home: Path, name: str, **up: object) -> Iterator:
+    """A virtual board ``name`` of ``home`` brought up with ``board_up(**up)`` (environments cached in
+    BOARD_ENVS) and purged when the block ends."""
+    from tasks.vboard.lifecycle import board_down, board_up
+
+    if os.geteuid() != 0:
+        pytest.skip("the virtual board needs root (useradd, ip netns, sshd)")
+    with odl_home_env(home):
+        board = board_up(name, envs=BOARD_ENVS, **up)  # type: ignore[arg-type]
+    try:
+        yield board
+    finally:
+        with odl_home_env(home):
+            board_down(name, purge=True)
+
+
+@pytest.fixture(scope="session")
+def arm64_board(virtual_board_home: Path) -> Iterator:
+    """An aarch64 virtual board for the session (qemu user mode as a Cortex-A35, plain onnxruntime)."""
+    with session_board(virtual_board_home, f"a{os.getpid()}", arch="arm64", ort="plain") as board:
+        yield board
 
 
 # The issue's slow link: 10 Mbit/s each way, 50 ms each way, 1% of the packets lost (tasks.vboard.link)

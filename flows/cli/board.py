@@ -37,9 +37,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         env=env,
         profile=args.profile,
         link=args.link,
+        arch=args.arch,
+        ort=args.ort,
     )
+    what = f"{b.arch}, onnxruntime {b.ort_version}, runtimes {', '.join(b.runtimes)}"
     print(
-        f"board {b.name} up: ssh -i {b.key} -o UserKnownHostsFile={b.known_hosts} -p {b.port} {b.user}@{b.host}"
+        f"board {b.name} up ({what}): ssh -i {b.key} -o UserKnownHostsFile={b.known_hosts} -p {b.port} {b.user}@{b.host}"
     )
     return 0
 

@@ -1,5 +1,9 @@
 """The device agent on a board: install it when its content hash changed, ask its ``info``, refuse
-a board that cannot run a job (protocol, ORT version, training API, RAM, disk)."""
+a board that cannot run a job (protocol, ORT version, training runtime, RAM, disk).
+
+A job of the ORT training runtime needs ONNX Runtime's training API on the board. A board whose
+inventory entry lists its ``runtimes`` without ``"ort-training"`` is refused before anything reaches it; any
+other board once its agent's ``info`` says the API is missing, before the job's files are sent."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 import device_agent
-from device_agent.protocol import PROTOCOL_VERSION, VERSION_KEY, BoardInfo, SpecError
+from device_agent.protocol import PROTOCOL_VERSION, VERSION_KEY, BoardInfo, JobSpec, SpecError
 from tasks.board.inventory import Board
 from tasks.board.transport import Transport
 from tasks.errors import DeviceIncompatible
@@ -22,6 +26,9 @@ from tasks.errors import DeviceIncompatible
 log = logging.getLogger(__name__)
 
 AGENT_SRC = Path(device_agent.__file__).resolve().parent
+ORT_RUNTIME = (
+    "ort-training"  # the runtime that needs ONNX Runtime's training API (tasks.board.inventory.RUNTIMES)
+)
 
 
 def agent_hash() -> str:
@@ -48,16 +55,41 @@ def agent_argv(board: Board, *args: str) -> list[str]:
     ]
 
 
-def install_agent(conn: Transport, board: Board, memory_estimate_mb: float = 0.0) -> BoardInfo:
-    """Install the agent when its hash differs, then check ``info``; DeviceIncompatible on mismatch."""
+def install_agent(
+    conn: Transport, board: Board, memory_estimate_mb: float = 0.0, runtime: str | None = None
+) -> BoardInfo:
+    """Install the agent when its hash differs, then check ``info``; DeviceIncompatible on mismatch.
+
+    ``runtime`` is the training runtime of the job about to be deployed (None: no job, e.g.
+    ``odl board info``); one the board's inventory entry rules out is refused before any upload.
+    """
+    if runtime == ORT_RUNTIME and board.runtimes and ORT_RUNTIME not in board.runtimes:
+        raise DeviceIncompatible(no_training_api(board.name, board.arch or "arch not stated"))
     want = agent_hash()
     stamp = posixpath.join(board.root, "agent", ".agent-hash")
     have = conn.run(["cat", stamp], check=False).stdout.strip()
     if have != want:
         _upload_agent(conn, board, want)
     info = agent_info(conn, board)
-    check_info(board, info, memory_estimate_mb)
+    check_info(board, info, memory_estimate_mb, runtime)
     return info
+
+
+def job_runtime(spec: JobSpec) -> str:
+    """The training runtime job ``spec`` runs with: its ``runtime`` field, ``"ort-training"`` for a job spec
+    that names none (the ORT training runtime was the only one before)."""
+    return str(getattr(spec, "runtime", None) or ORT_RUNTIME)
+
+
+def no_training_api(name: str, machine: str, ort_version: str = "") -> str:
+    """The one line refusing an ORT-training job on board ``name`` that has no training API."""
+    if machine in ("aarch64", "arm64"):
+        why = "onnxruntime-training has no aarch64 wheel"
+    elif ort_version:
+        why = f"its onnxruntime {ort_version} is the inference-only build"
+    else:
+        why = "the inventory lists the runtimes it can run without 'ort-training'"
+    return f'board {name} ({machine}) has no onnxruntime training API: {why}; use [training] runtime = "autograd"'
 
 
 # Run by the board's python: unpack the agent tarball beside the live agent, swap it in, write
@@ -149,14 +181,20 @@ def agent_info(conn: Transport, board: Board) -> BoardInfo:
         ) from exc
 
 
-def check_info(board: Board, info: BoardInfo, memory_estimate_mb: float = 0.0) -> None:
-    """Refuse a board whose protocol, ORT version, training API, RAM or disk cannot run the job."""
+def check_info(
+    board: Board, info: BoardInfo, memory_estimate_mb: float = 0.0, runtime: str | None = None
+) -> None:
+    """Refuse a board whose protocol, ORT version, RAM or disk cannot run the job, or whose missing
+    training API rules out a job of the ORT ``runtime`` (that alone, in its own line)."""
+    ort_missing = info.ort_version.startswith("missing")
+    if runtime == ORT_RUNTIME and not info.training_api and not ort_missing:
+        raise DeviceIncompatible(no_training_api(board.name, info.machine, info.ort_version))
     problems = []
     if info.protocol_version != PROTOCOL_VERSION:
         problems.append(f"agent protocol {info.protocol_version}, host speaks {PROTOCOL_VERSION}")
     if info.ort_version != board.ort_version:
         problems.append(f"onnxruntime {info.ort_version!r}, inventory expects {board.ort_version}")
-    if not info.training_api:
+    if runtime == ORT_RUNTIME and not info.training_api:
         problems.append(
             f"onnxruntime without the training API ({info.training_api_error or 'not importable'})"
         )

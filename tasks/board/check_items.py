@@ -8,7 +8,10 @@ Thresholds (why):
 * numpy >= 1.16.6 — what onnxruntime-training 1.19.2 declares (``Requires-Dist``).
 * onnxruntime == the inventory's ``ort_version`` (the host refuses a board that differs) — and 1.19.2,
   the last ORT training release, the one the host's artifacts are generated and tested with (WARN
-  when the inventory names another one); its training API must load without torch.
+  when the inventory names another one, unless the board runs the autograd runtime only and the
+  version is one ``deploy/board-requirements-plain.txt`` supports); its training API must load
+  without torch, unless the inventory's ``runtimes`` leave out ``"ort-training"`` (an aarch64 board: no
+  onnxruntime-training wheel exists there), where its absence is what the entry says.
 * agent: protocol == the host's ``PROTOCOL_VERSION`` (FAIL otherwise); not installed is a WARN (the
   next deploy or ``odl board info NAME`` installs it).
 * RAM available to a job (MemAvailable, lowered by the headroom of a cgroup memory limit, as the
@@ -25,11 +28,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from device_agent.protocol import PROTOCOL_VERSION
 from tasks.board.inventory import Board
-from tasks.errors import HostExit
+from tasks.errors import BoardError, HostExit
 from tasks.paths import PROJECT_ROOT
 
 PASS, WARN, FAIL, SKIPPED = "PASS", "WARN", "FAIL", "SKIPPED"
@@ -42,6 +46,11 @@ WRITE_MB = 16
 WRITE_FAIL_MBPS, WRITE_WARN_MBPS = 1.0, 5.0
 SKEW_WARN_S, SKEW_FAIL_S = 1.0, 5.0
 BOARD_REQUIREMENTS = PROJECT_ROOT / "deploy" / "board-requirements.txt"
+PLAIN_REQUIREMENTS = PROJECT_ROOT / "deploy" / "board-requirements-plain.txt"
+PIN = re.compile(r"^([A-Za-z0-9_.-]+)==([A-Za-z0-9_.+-]+)$")
+AUTOGRAD_FIX = (
+    'or train with [training] runtime = "autograd" and set runtimes = ["autograd"] in the inventory entry'
+)
 
 ORT_FIX = (
     "the board needs onnxruntime 1.19.2 with the training API: install X-LINUX-AI's ONNX Runtime "
@@ -119,6 +128,31 @@ def judge_numpy(sec: dict[str, Any], board: Board) -> Check:
     return Check("numpy", PASS, sec["version"])
 
 
+def ort_only_plain(board: Board) -> bool:
+    """The inventory says the board runs no ORT-training job (its ``runtimes`` leave out ``"ort-training"``)."""
+    return bool(board.runtimes) and "ort-training" not in board.runtimes
+
+
+def pins(path: Path) -> dict[str, list[str]]:
+    """``name -> [version, ...]`` of a requirements file's ``name==version`` lines, in order;
+    BoardError naming the file and line of any other line."""
+    out: dict[str, list[str]] = {}
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        match = PIN.match(line)
+        if match is None:
+            raise BoardError(f"{path}:{number}: expected name==version, got {line!r}")
+        out.setdefault(match.group(1).lower(), []).append(match.group(2))
+    return out
+
+
+def plain_versions() -> list[str]:
+    """The plain onnxruntime versions deploy/board-requirements-plain.txt supports (the autograd runtime)."""
+    return pins(PLAIN_REQUIREMENTS).get("onnxruntime", [])
+
+
 def judge_ort(sec: dict[str, Any], board: Board) -> Check:
     """onnxruntime imports and its version is the inventory's (and the tested 1.19.2)."""
     if "error" in sec:
@@ -130,6 +164,8 @@ def judge_ort(sec: dict[str, Any], board: Board) -> Check:
         if got == ORT_TESTED:  # the board is right, the inventory is not
             return fail("onnxruntime", value, f"{entry} (the host refuses a board whose ORT differs from it)")
         return fail("onnxruntime", value, f"{ORT_FIX}; or, if {got} is intended, {entry}")
+    if ort_only_plain(board) and got in plain_versions():
+        return Check("onnxruntime", PASS, f"{got} (= inventory ort_version; plain build, autograd runtime)")
     if got != ORT_TESTED:
         return Check("onnxruntime", WARN, f"{got} (as the inventory says), but artifacts are made and tested "
                      f"with {ORT_TESTED}", ORT_FIX)  # fmt: skip
@@ -141,7 +177,12 @@ def judge_training_api(sec: dict[str, Any], board: Board) -> Check:
     if "error" in sec:
         return Check("training-api", SKIPPED, "onnxruntime does not import")
     if not sec.get("training_api"):
-        return fail("training-api", sec.get("training_api_error") or "not importable", ORT_FIX)
+        if ort_only_plain(board):
+            return Check("training-api", PASS, f"absent, as the inventory says (runtimes = {', '.join(board.runtimes)}):"
+                         " ORT-training jobs are refused here")  # fmt: skip
+        return fail(
+            "training-api", sec.get("training_api_error") or "not importable", f"{ORT_FIX}; {AUTOGRAD_FIX}"
+        )
     torch = "; torch was imported" if sec.get("torch_loaded") else " (torch-free)"
     return Check("training-api", PASS, f"onnxruntime.training.api loads{torch}")
 

@@ -11,7 +11,10 @@ A real board and a virtual one are described the same way::
     root = "/home/odl/odl"                    # the agent root on the board
     python = "/usr/bin/python3"               # the board's python3 (numpy + ORT-training)
     ort_version = "1.19.2"                    # expected onnxruntime version on the board
+    arch = "aarch64"                          # optional: the board's machine (platform.machine())
+    runtimes = ["autograd"]                   # optional: the training runtimes it can run (RUNTIMES)
 
+Without ``runtimes`` the host judges from the agent's ``info`` answer (the ORT training API or not).
 A board on this machine (tests, dry runs) names the local transport and needs only its root::
 
     [boards.here]
@@ -50,6 +53,9 @@ BOARD_NAME = NAME.narrowed(
     "(it also names a virtual board's Unix user and network namespace)",
 )  # fmt: skip
 TRANSPORTS = ("ssh", "local")
+# The training runtimes (a job spec's ``runtime``): "ort-training" needs ONNX Runtime's training API
+# (onnxruntime-training); "autograd" runs a train step as a plain ONNX graph with any InferenceSession.
+RUNTIMES = ("ort-training", "autograd")
 REQUIRED = {"ssh": ("host", "user", "key", "root"), "local": ("root",)}
 
 
@@ -68,13 +74,15 @@ class Board:
     python: str = "python3"
     ort_version: str = "1.19.2"
     connect_timeout: float = 10.0
+    arch: str = ""  # "" when not stated
+    runtimes: tuple[str, ...] = ()  # () when not stated: judged from the agent's info answer
 
     def to_toml(self) -> str:
         """The board's ``[boards.NAME]`` table as TOML text."""
         lines = [f"[boards.{self.name}]"]
         for f in dataclasses.fields(self):
             val = getattr(self, f.name)
-            if f.name == "name" or val is None or val == "":
+            if f.name == "name" or val is None or val == "" or val == ():
                 continue
             lines.append(f"{f.name} = {_toml_value(val)}")
         return "\n".join(lines) + "\n"
@@ -249,6 +257,11 @@ def _convert(where: str, key: str, val: Any) -> Any:
         if isinstance(val, bool) or not isinstance(val, int | float) or val <= 0:
             raise BoardError(f"{where}: key 'connect_timeout': expected seconds > 0 (got {val!r})")
         return float(val)
+    if key == "runtimes":
+        if not isinstance(val, list) or not val or any(v not in RUNTIMES for v in val):
+            raise BoardError(f"{where}: key 'runtimes': expected a non-empty list of {', '.join(map(repr, RUNTIMES))} "
+                             f"(got {val!r})")  # fmt: skip
+        return tuple(val)
     if not isinstance(val, str) or not val:
         raise BoardError(f"{where}: key '{key}': expected a non-empty string (got {val!r})")
     if key in ("key", "known_hosts"):
@@ -257,6 +270,8 @@ def _convert(where: str, key: str, val: Any) -> Any:
 
 
 def _toml_value(val: Any) -> str:
+    if isinstance(val, tuple | list):
+        return "[" + ", ".join(_toml_value(v) for v in val) + "]"
     if isinstance(val, bool):
         return "true" if val else "false"
     if isinstance(val, int | float):

@@ -1,8 +1,8 @@
 """A virtual board on this machine: a private sshd for an unprivileged user, like a real board.
 
 ``board_up`` creates (idempotently) the user ``odl-NAME-TAG`` (TAG: the project home's, :mod:`tasks.vboard.owner`) with a key-only login, a board-like
-Python env (numpy + onnxruntime-training-cpu, from :func:`tasks.vboard.venv.ensure_board_venv`), a
-private sshd with its own config and host key (pinned into ``$ODL_HOME/known_hosts``), in its own
+Python env (numpy + onnxruntime-training-cpu by default; an x86_64 venv with a plain onnxruntime, or
+an aarch64 userland under qemu: :mod:`tasks.vboard.boardenv`), a private sshd with its own config and host key (pinned into ``$ODL_HOME/known_hosts``), in its own
 network namespace with its own address when ``ip netns`` works (else on loopback), and writes the
 board into the inventory exactly as a user would describe a real one. What it starts is recorded
 in ``$ODL_HOME/boards/NAME/state.json`` so ``board_down`` leaves nothing behind.
@@ -29,6 +29,7 @@ from tasks.errors import BoardError
 from tasks.paths import state_dir
 from tasks.vboard import cgroup
 from tasks.vboard import link as shaped
+from tasks.vboard.boardenv import BoardEnv, choose, ensure_env
 from tasks.vboard.owner import unix_user
 from tasks.vboard.profiles import resolve
 from tasks.vboard.sshd import (
@@ -43,12 +44,8 @@ from tasks.vboard.sshd import (
     unpin_host_key,
     write_sshd_config,
 )
-from tasks.vboard.venv import ensure_board_venv
 
 log = logging.getLogger(__name__)
-
-
-ORT_VERSION = "1.19.2"
 
 
 def board_dir(name: str) -> Path:
@@ -67,6 +64,9 @@ def board_up(
     env: dict[str, str] | None = None,
     profile: str | None = None,
     link: str | None = None,
+    arch: str | None = None,
+    ort: str | None = None,
+    envs: Path | None = None,
 ) -> Board:
     """Bring up (or confirm) virtual board ``name``; returns its inventory entry.
 
@@ -76,10 +76,13 @@ def board_up(
     a host's cores as N real boards would not), ``profile`` takes all three from a board model
     (e.g. ``"stm32mp25"``; explicit values win), ``link`` shapes its network link
     (``"rate=10mbit,delay=50ms,loss=1%"``, netns boards only), ``env`` is set in every SSH session
-    (e.g. ``{"ODL_AGENT_STEP_DELAY_S": "0.2"}`` for a slow board), ``venv`` shares an existing board
-    venv (default: ``~odl-NAME/venv``).
+    (e.g. ``{"ODL_AGENT_STEP_DELAY_S": "0.2"}`` for a slow board), ``venv`` shares an existing
+    training venv (default: ``~odl-NAME/venv``). ``arch`` (``x86_64``, ``arm64``) and ``ort``
+    (``training``, ``plain``, ``plain==VERSION``) choose the board's Python environment, built once
+    and cached under ``envs`` (:mod:`tasks.vboard.boardenv`).
     """
-    limits = resolve(profile, mem_mb=mem_mb, cpus=cpus, cpu_quota=cpu_quota, link=link)
+    limits = resolve(profile, mem_mb=mem_mb, cpus=cpus, cpu_quota=cpu_quota, link=link, arch=arch, ort=ort)
+    choice = choose(limits.pop("arch") or "x86_64", limits.pop("ort") or "training")
     spec = shaped.parse_link(limits["link"]) if limits["link"] else None
     if spec and not netns:
         raise BoardError(
@@ -87,7 +90,8 @@ def board_up(
         )
     bdir = board_dir(name)
     state = load_state(bdir)
-    wanted = {**limits, "link": str(spec) if spec else None, "profile": profile, "env": dict(env or {})}
+    wanted = {**limits, "link": str(spec) if spec else None, "profile": profile, "env": dict(env or {}),
+              "board_env": choice.label}  # fmt: skip
     alive = sshd_alive(bdir) and (not (spec and spec.delay_ms) or shaped.proxy_alive(state))
     alive = alive and state.get("user") == unix_user(name)  # a board of before per-home names: renewed
     if alive and all((state.get(k) or ({} if k == "env" else None)) == v for k, v in wanted.items()):
@@ -99,9 +103,9 @@ def board_up(
     home = _ensure_user(user)
     key = _ensure_key(bdir / "id_ed25519", f"odl-host@{name}")
     _authorize(user, home, key.with_suffix(".pub"))
-    python = _ensure_env(venv or home / "venv")
+    built = ensure_env(choice, venv or home / "venv", envs)
     host_key = _ensure_key(bdir / "ssh_host_ed25519_key", f"odl-board@{name}")
-    state = network(name, netns) | wanted | {"user": user, "home": str(home), "python": python}
+    state = network(name, netns) | wanted | {"user": user, "home": str(home)} | _env_state(built)
     if spec and not state["netns"]:
         raise BoardError(f"board {name}: --link needs a network namespace, and none could be made here")
     write_sshd_config(bdir, state, host_key)
@@ -170,8 +174,16 @@ def _board_entry(name: str, state: dict[str, Any]) -> Board:
         known_hosts=known_hosts_path(),
         root=f"{state['home']}/odl",
         python=state["python"],
-        ort_version=ORT_VERSION,
+        ort_version=state.get("ort_version") or choose().version,  # a state of before board envs
+        arch=state.get("arch", ""),
+        runtimes=tuple(state.get("runtimes") or ()),
     )
+
+
+def _env_state(built: BoardEnv) -> dict[str, Any]:
+    """What the board's environment is, as its state records it (and its inventory entry)."""
+    return {"python": built.python, "arch": built.arch, "ort_version": built.ort_version,
+            "runtimes": list(built.runtimes)}  # fmt: skip
 
 
 def load_state(bdir: Path) -> dict[str, Any]:
@@ -204,10 +216,6 @@ def _authorize(user: str, home: Path, pub: Path) -> None:
     auth.chmod(0o600)
     sh(["chown", "-R", f"{user}:{user}", str(ssh)])
     ssh.chmod(0o700)
-
-
-def _ensure_env(venv: Path) -> str:
-    return str(ensure_board_venv(venv))
 
 
 def _kill_user_processes(user: str) -> None:

@@ -3,7 +3,12 @@
 ``odl board up --profile stm32mp25`` gives the board what an STM32MP25 (STM32MP257F-DK/EV1) has,
 enforced by the kernel: 4096 MB of RAM (a cgroup memory cap, no swap), 2 CPUs (taskset) and a
 CPU quota that makes those two CPUs as slow as two Cortex-A35 cores. Any explicit flag
-(``--mem-mb``, ``--cpus``, ``--cpu-quota``, ``--link``) overrides the profile's value.
+(``--mem-mb``, ``--cpus``, ``--cpu-quota``, ``--link``, ``--arch``, ``--ort``) overrides the profile's value.
+
+``--profile stm32mp25-arm64`` is the same board running aarch64 code: an arm64 userland under qemu
+user mode as a Cortex-A35 (:mod:`tasks.vboard.arm64`) with the plain onnxruntime X-LINUX-AI ships,
+the RAM cap and CPUs of the board, and no CPU quota: emulation is already slower than the board
+(a small train step ~30x, MobileNetV2 inference ~300x slower than native on this host).
 
 Why a quota of 0.25 CPU (a slowdown of 8 per core)
 --------------------------------------------------
@@ -27,6 +32,7 @@ from typing import Any
 from tasks.errors import BoardError
 
 SLOWDOWN = 8  # one Cortex-A35 core at 1.5 GHz vs one host CPU (see above)
+LIMITS = ("mem_mb", "cpus", "cpu_quota", "link", "arch", "ort")  # what a profile sets
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,8 @@ class Profile:
     cpus: int | None = None
     cpu_quota: float | None = None
     link: str | None = None
+    arch: str | None = None  # None: x86_64, this machine's own (see tasks.vboard.boardenv)
+    ort: str | None = None  # None: the training build
     about: str = ""
 
 
@@ -46,6 +54,13 @@ PROFILES: dict[str, Profile] = {
         cpus=2,
         cpu_quota=2 / SLOWDOWN,
         about="STM32MP25: 4 GB RAM, 2 x Cortex-A35 @ 1.5 GHz (~1/8 of a host CPU each)",
+    ),
+    "stm32mp25-arm64": Profile(
+        mem_mb=4096,
+        cpus=2,
+        arch="arm64",
+        ort="plain",
+        about="STM32MP25 running aarch64 code: 4 GB RAM, 2 CPUs, qemu user mode as a Cortex-A35, plain onnxruntime",
     ),
 }
 
@@ -60,6 +75,6 @@ def get_profile(name: str) -> Profile:
 def resolve(profile: str | None, **explicit: Any) -> dict[str, Any]:
     """The board's limits: the profile's values, each replaced by an explicit one that is not None."""
     base = get_profile(profile) if profile else Profile()
-    out = {key: getattr(base, key) for key in ("mem_mb", "cpus", "cpu_quota", "link")}
+    out = {key: getattr(base, key) for key in LIMITS}
     out.update({key: val for key, val in explicit.items() if val is not None})
     return out

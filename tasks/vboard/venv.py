@@ -1,7 +1,9 @@
-"""The board's Python environment: a venv with only numpy and onnxruntime-training-cpu.
+"""The board's Python environment on this machine (x86_64): a venv with only numpy and ONNX Runtime.
 
-Used by tests and by the virtual board to run the device agent torch-free, exactly as on a
-STM32MP2 board. Built once per content of ``deploy/board-requirements.txt`` (a stamp file).
+By default numpy + onnxruntime-training-cpu (``deploy/board-requirements.txt``); given explicit
+``requirements`` (e.g. numpy + a plain ``onnxruntime`` of ``deploy/board-requirements-plain.txt``)
+it holds those only, never beside onnxruntime-training. Used by tests and by the virtual board to
+run the device agent torch-free, exactly as on a STM32MP2 board. Built once per content (a stamp file).
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ STAMP_NAME = ".odl-board-env"
 SYSTEM_PYTHONS = ("/usr/bin/python3.11", "/usr/bin/python3")
 
 
-def board_requirements_stamp() -> str:
-    """A hash of the board requirements and constraints: the venv is rebuilt when it changes."""
+def board_requirements_stamp(requirements: tuple[str, ...] | None = None) -> str:
+    """A hash of the board requirements (the default file and constraints, or the explicit
+    ``requirements``): the venv is rebuilt when it changes."""
+    if requirements is not None:
+        return hashlib.sha256("\n".join(("explicit", *requirements)).encode()).hexdigest()
     digest = hashlib.sha256(REQUIREMENTS.read_bytes())
     digest.update(CONSTRAINTS.read_bytes())
     return digest.hexdigest()
@@ -42,55 +47,62 @@ def base_python() -> str:
     return sys.executable
 
 
-def ensure_board_venv(dest: Path) -> Path:
-    """Create (idempotently) a venv at ``dest`` with only numpy + onnxruntime-training-cpu.
+def ensure_board_venv(dest: Path, requirements: tuple[str, ...] | None = None) -> Path:
+    """Create (idempotently) a venv at ``dest`` with only numpy + onnxruntime-training-cpu, or with
+    exactly the pinned ``requirements`` (``("numpy==2.4.6", "onnxruntime==1.19.2")``).
 
     Returns the venv's python path. A second call with unchanged requirements returns at once.
     Directories are made 0755 so another Linux user (the virtual board's) can run it.
     """
     dest = Path(dest)
     python = dest / "bin" / "python"
-    if _is_current(dest):
+    if _is_current(dest, requirements):
         return python
     dest.parent.mkdir(parents=True, exist_ok=True)
     with open(dest.parent / f".{dest.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent builders (two pytest runs) wait for one
-        if not _is_current(dest):
-            _build(dest)
+        if not _is_current(dest, requirements):
+            _build(dest, requirements)
     return python
 
 
-def _is_current(dest: Path) -> bool:
+def _is_current(dest: Path, requirements: tuple[str, ...] | None) -> bool:
     stamp_file = dest / STAMP_NAME
     return (
         (dest / "bin" / "python").exists()
         and stamp_file.exists()
-        and (stamp_file.read_text().strip() == board_requirements_stamp())
+        and (stamp_file.read_text().strip() == board_requirements_stamp(requirements))
     )
 
 
-def _build(dest: Path) -> None:
+def _build(dest: Path, requirements: tuple[str, ...] | None) -> None:
     python = dest / "bin" / "python"
     if dest.exists():
         shutil.rmtree(dest)
-    log.info("building the board venv at %s (numpy + onnxruntime-training-cpu)", dest)
-    _run([base_python(), "-m", "venv", str(dest)])
+    what = " + ".join(requirements) if requirements else "numpy + onnxruntime-training-cpu"
+    log.info("building the board venv at %s (%s)", dest, what)
+    run_step([base_python(), "-m", "venv", str(dest)])
     pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps"]
-    _run([*pip, "-c", str(CONSTRAINTS), "-r", str(REQUIREMENTS)])
-    _make_readable(dest)
+    if requirements is None:
+        run_step([*pip, "-c", str(CONSTRAINTS), "-r", str(REQUIREMENTS)])
+    else:
+        run_step([*pip, "--only-binary=:all:", *requirements])
+    make_readable(dest)
     stamp_file = dest / STAMP_NAME
-    stamp_file.write_text(board_requirements_stamp() + "\n")
+    stamp_file.write_text(board_requirements_stamp(requirements) + "\n")
     os.chmod(stamp_file, 0o644)
 
 
-def _run(argv: list[str]) -> None:
+def run_step(argv: list[str], what: str = "the board venv") -> str:
+    """Run one build step; BoardError naming ``what``, the command and its output's tail on failure."""
     proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout)[-2000:]
-        raise BoardError(f"building the board venv failed ({' '.join(argv[:4])} ...): {tail}")
+        tail = " ".join((proc.stderr or proc.stdout)[-2000:].split())
+        raise BoardError(f"building {what} failed ({' '.join(argv[:4])} ...): {tail}")
+    return proc.stdout
 
 
-def _make_readable(root: Path) -> None:
+def make_readable(root: Path) -> None:
     """chmod go+rX over the tree (dirs 0755, files keep their exec bit)."""
     for dirpath, _dirs, filenames in os.walk(root):
         os.chmod(dirpath, 0o755)

@@ -31,11 +31,27 @@ BUSY = ("import os, time\nt0 = time.monotonic()\nwhile time.monotonic() - t0 < f
 def test_profile_values_and_explicit_overrides() -> None:
     mp25 = PROFILES["stm32mp25"]
     assert (mp25.mem_mb, mp25.cpus, mp25.cpu_quota) == (4096, 2, 2 / SLOWDOWN) and SLOWDOWN == 8
-    assert resolve("stm32mp25") == {"mem_mb": 4096, "cpus": 2, "cpu_quota": 0.25, "link": None}
+    native = {"arch": None, "ort": None}
+    assert resolve("stm32mp25") == {"mem_mb": 4096, "cpus": 2, "cpu_quota": 0.25, "link": None, **native}
     got = resolve("stm32mp25", mem_mb=512, cpus=None, cpu_quota=0.5, link="delay=5ms")
-    assert got == {"mem_mb": 512, "cpus": 2, "cpu_quota": 0.5, "link": "delay=5ms"}
-    assert resolve(None, mem_mb=None, cpus=1) == {"mem_mb": None, "cpus": 1, "cpu_quota": None, "link": None}
-    with pytest.raises(BoardError, match=r"--profile 'stm32mp99': unknown board profile; known: stm32mp25"):
+    assert got == {"mem_mb": 512, "cpus": 2, "cpu_quota": 0.5, "link": "delay=5ms", **native}
+    assert resolve(None, mem_mb=None, cpus=1) == {
+        "mem_mb": None,
+        "cpus": 1,
+        "cpu_quota": None,
+        "link": None,
+        **native,
+    }
+    arm = resolve("stm32mp25-arm64", ort="plain==1.32.0")  # the board model running aarch64 code under qemu
+    assert arm == {
+        "mem_mb": 4096,
+        "cpus": 2,
+        "cpu_quota": None,
+        "link": None,
+        "arch": "arm64",
+        "ort": "plain==1.32.0",
+    }
+    with pytest.raises(BoardError, match=r"--profile 'stm32mp99': unknown board profile; known: stm32mp25, "):
         resolve("stm32mp99")
 
 

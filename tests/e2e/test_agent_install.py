@@ -50,11 +50,23 @@ def test_check_info_names_each_problem(virtual_board: Board) -> None:
         machine="aarch64", torch_loaded=False,
     )  # fmt: skip
     with pytest.raises(DeviceIncompatible) as err:
-        agent.check_info(virtual_board, info, memory_estimate_mb=900)
+        agent.check_info(
+            virtual_board, info, memory_estimate_mb=900
+        )  # no job's runtime: the API is not asked
     msg = str(err.value)
-    for part in (f"agent protocol {PROTOCOL_VERSION + 1}, host speaks {PROTOCOL_VERSION}", "without the training API",
+    for part in (f"agent protocol {PROTOCOL_VERSION + 1}, host speaks {PROTOCOL_VERSION}",
                  "needs ~900 MB RAM, board has 300 MB", "only 50 MB free disk"):  # fmt: skip
         assert part in msg
+    assert "training API" not in msg
+    with pytest.raises(DeviceIncompatible) as err:  # an ORT-training job: that alone, in one line
+        agent.check_info(virtual_board, info, memory_estimate_mb=900, runtime="ort-training")
+    assert str(err.value) == (f"board {virtual_board.name} (aarch64) has no onnxruntime training API: "
+                              'onnxruntime-training has no aarch64 wheel; use [training] runtime = "autograd"')  # fmt: skip
+    x86 = dataclasses.replace(info, machine="x86_64", ort_version="1.32.0")
+    with pytest.raises(
+        DeviceIncompatible, match=r"\(x86_64\) has no .* its onnxruntime 1\.32\.0 is the inference-only"
+    ):
+        agent.check_info(virtual_board, x86, runtime="ort-training")
 
 
 @pytest.mark.slow
