@@ -12,6 +12,7 @@ from typing import Any
 
 from device_agent.names import valid_job_id
 from device_agent.prefix_spec import PrefixSpec
+from device_agent.privacy import LocalPrivacy
 from device_agent.teacher_spec import TeacherSpec
 from device_agent.wire import (
     PROTOCOL_VERSION,
@@ -159,7 +160,8 @@ class TrainParams:
 
 
 JOB_KEYS = {VERSION_KEY, "job_id", "recipe_name", "artifacts", "train_data", "eval_data", "train", "task",
-            "output_names", "feeds", "memory_estimate_mb", "num_classes", "prefix", "teacher"}  # fmt: skip
+            "output_names", "feeds", "memory_estimate_mb", "num_classes", "prefix", "teacher",
+            "privacy"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -179,6 +181,7 @@ class JobSpec:
     num_classes: int = 0  # classification: labels must be < num_classes (0 = take it from the model)
     prefix: PrefixSpec | None = None  # frozen-prefix caching: the artifacts train the suffix
     teacher: TeacherSpec | None = None  # labels the unlabeled shards of train_data before training
+    privacy: LocalPrivacy | None = None  # a fleet round's local DP: only a clipped, noised update leaves
     protocol_version: int = PROTOCOL_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -199,6 +202,7 @@ class JobSpec:
             }
             | ({"prefix": self.prefix.to_dict()} if self.prefix else {})
             | ({"teacher": self.teacher.to_dict()} if self.teacher else {})
+            | ({"privacy": self.privacy.to_dict()} if self.privacy else {})
         )
 
     def to_json(self) -> str:
@@ -247,6 +251,7 @@ class JobSpec:
             num_classes=num_classes,
             prefix=PrefixSpec.from_dict(d["prefix"]) if d.get("prefix") is not None else None,
             teacher=TeacherSpec.from_dict(d["teacher"]) if d.get("teacher") is not None else None,
+            privacy=LocalPrivacy.from_dict(d["privacy"]) if d.get("privacy") is not None else None,
             protocol_version=version,
         )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 import signal
 import time
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from device_agent.events import EventLog
 from device_agent.jobdir import JobDir, atomic_write, check_resources, read_result, verify_inputs
 from device_agent.ort import load_training_api
 from device_agent.prefix_cache import RAM_SHARE, PrefixCache, open_prefix
+from device_agent.privacy import START_FILE, load_arrays, privatize, save_arrays
 from device_agent.protocol import NEVER_RETRY, DataRef, ExitCode, FileRef, JobResult, JobSpec, file_sha256
 from device_agent.sysinfo import meminfo_mb, peak_rss_mb, versions
 from device_agent.teacher import teacher_shards
@@ -187,6 +189,8 @@ def _cached(job: JobDir, spec: JobSpec, sess: Any, names: list[str], train_ds: A
 
 def _prepare(job: JobDir, spec: JobSpec, events: EventLog) -> tuple[Trainer, Progress, dict[str, Any]]:
     opened = open_job(job, spec, events)
+    if spec.privacy is not None and not opened.resumed:  # local DP: the update is measured from here
+        save_arrays(job.path / START_FILE, _trainable_arrays(opened.session.state))
     progress = opened.progress
     trainer = Trainer(job, spec, opened.session, opened.train_ds, opened.eval_ds, events)
     events.emit("started", resumed_from_step=progress.step if opened.resumed else None, total_steps=trainer.total,
@@ -219,6 +223,8 @@ def _install_sigterm(trainer: Trainer) -> None:
 
 
 def _finish(job: JobDir, spec: JobSpec, trainer: Trainer, progress: Progress, t0: float) -> JobResult:
+    if spec.privacy is not None:
+        return _finish_private(job, spec, trainer, progress, t0)
     sess = trainer.sess
     inference = job.path / "inference.onnx"
     tmp = job.path / "inference.onnx.tmp"
@@ -242,15 +248,29 @@ def _finish(job: JobDir, spec: JobSpec, trainer: Trainer, progress: Progress, t0
     return _result(spec, "finished", ExitCode.OK, progress, t0, outputs=outputs)
 
 
+def _finish_private(job: JobDir, spec: JobSpec, trainer: Trainer, progress: Progress, t0: float) -> JobResult:
+    """Local differential privacy (``spec.privacy``): ``trainable.npz``, the one output, holds the
+    start plus the clipped, noised update; no inference model is exported and the checkpoints of
+    the raw weights are removed, so nothing raw can be fetched from the job."""
+    assert spec.privacy is not None
+    start = load_arrays(job.path / START_FILE)
+    noised = privatize(start, _trainable_arrays(trainer.sess.state), spec.privacy, np.random.default_rng())
+    trainable = save_arrays(job.path / "trainable.npz", noised)
+    shutil.rmtree(job.checkpoints, ignore_errors=True)
+    return _result(
+        spec, "finished", ExitCode.OK, progress, t0, outputs={"trainable": _file_ref(job, trainable)}
+    )
+
+
+def _trainable_arrays(state: Any) -> dict[str, np.ndarray]:
+    """The trained parameters only (name -> array)."""
+    return {name: np.asarray(p.data) for name, p in state.parameters if p.requires_grad}
+
+
 def _write_trainable(state: Any, path: Path) -> Path:
-    """``trainable.npz``: the trained parameters only (name -> array), what a fleet averages; the
-    host fetches it instead of the whole checkpoint or model."""
-    arrays = {name: np.asarray(p.data) for name, p in state.parameters if p.requires_grad}
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-    os.replace(tmp, path)
-    return path
+    """``trainable.npz``: the trained parameters only, what a fleet averages; the host fetches it
+    instead of the whole checkpoint or model."""
+    return save_arrays(path, _trainable_arrays(state))
 
 
 def _file_ref(job: JobDir, path: Path) -> FileRef:
