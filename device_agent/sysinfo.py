@@ -129,7 +129,8 @@ def peak_rss_mb() -> float:
 
 
 def versions() -> dict[str, str]:
-    """Agent, protocol, Python, numpy and ORT versions (ORT imported torch-free)."""
+    """Agent, protocol, Python, numpy and ORT versions (ORT imported torch-free) and the machine
+    (``platform.machine()``: aarch64 on an STM32MP2 board); a job's result carries them."""
     import numpy  # lazy: only info and a job's result report it; status, blobs... load no numpy
 
     try:
@@ -142,6 +143,7 @@ def versions() -> dict[str, str]:
         "python": platform.python_version(),
         "numpy": numpy.__version__,
         "onnxruntime": ort_version,
+        "machine": platform.machine(),
     }
 
 

@@ -16,6 +16,7 @@ from tasks.prefect import boards
 from tasks.recipe.schema import Recipe
 
 TRAINING_FIELDS = ("steps", "epochs_done", "duration_s", "train_loop_s", "peak_rss_mb")
+BOARD_FIELDS = {"machine": "board machine", "onnxruntime": "onnxruntime"}  # of the result's versions
 
 
 def _columns(sets: dict[str, dict[str, Any]], reference: stages.Reference) -> dict[str, Any]:
@@ -71,7 +72,7 @@ def report_input(
         history=result.get("history", []),
         step_losses=step_losses(training.events),
         timings=timings,
-        training={k: result[k] for k in TRAINING_FIELDS if k in result},
+        training={k: result[k] for k in TRAINING_FIELDS if k in result} | board_versions(result),
         trend=points,
         continual=nights,
         lineage=lineage or {},
@@ -79,6 +80,13 @@ def report_input(
         warnings=list(warnings or []),
         events_url=boards.events_link(board, time.time()),
     )
+
+
+def board_versions(result: dict[str, Any]) -> dict[str, str]:
+    """What the board trained on, from the job's result: its machine (aarch64, x86_64) and onnxruntime
+    version, as the report's training section names them (an agent that sent none: nothing)."""
+    vers = result.get("versions") or {}
+    return {label: str(vers[key]) for key, label in BOARD_FIELDS.items() if vers.get(key)}
 
 
 def publish(inp: ReportInput) -> str:

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from flows.cli import main
 from tasks.board import check_items as ci
 from tasks.board.agent import install_agent, job_runtime, no_training_api
 from tasks.board.inventory import RUNTIMES, Board, load_inventory, save_board
@@ -21,6 +22,7 @@ from tasks.board.transport import connect
 from tasks.errors import BoardError, DeviceIncompatible
 from tasks.vboard import arm64
 from tasks.vboard.boardenv import PLAIN, TRAINING, check_reachable, choose
+from tests.fixtures_board import odl_home_env
 
 PLAIN_VERSIONS = ci.plain_versions()
 ARM = Board(name="arm", transport="local", root="/nonexistent/odl", arch="aarch64", runtimes=("autograd",))
@@ -131,3 +133,18 @@ def test_arm64_cpuinfo_and_wrapper(tmp_path: Path) -> None:
     with pytest.raises(BoardError, match="has a space or quote"):
         arm64.write_wrapper(tmp_path / "python3", Path("/var/tmp/my envs/bin/python3"), rootfs)
     assert arm64.arm64_stamp("2.4.6", "1.19.2") != arm64.arm64_stamp("2.4.6", "1.32.0")
+
+
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [(["--arch", "riscv64"], "--arch 'riscv64': expected one of"), (["--arch", "arm64", "--ort", "training"],
+     "--ort training: onnxruntime-training has no aarch64 wheel"), (["--ort", "plain==9.9"], "--ort 'plain==9.9'")],
+)  # fmt: skip
+def test_odl_board_up_refuses_a_wrong_choice_in_one_line(
+    tmp_path: Path, capsys, args: list[str], want: str
+) -> None:
+    with odl_home_env(tmp_path):
+        code = main(["board", "up", "--name", "hxnever", *args])
+    err = capsys.readouterr().err
+    assert code != 0 and want in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "boards").exists()  # refused before the board's folder was made

@@ -135,3 +135,14 @@ def test_the_report_links_the_boards_events_when_a_ui_runs():
         second
         == f"flow run `fr-1`, board job `job-1`; [the board's events around this run]({inp.events_url})"
     )
+
+
+def test_report_names_the_boards_machine_and_onnxruntime():
+    from dataclasses import replace
+
+    from tasks.prefect.publish import board_versions
+
+    result = {"versions": {"machine": "aarch64", "onnxruntime": "1.19.2", "python": "3.11.2"}}
+    md = render_report(replace(_input(), training={"steps": 10} | board_versions(result)))
+    assert "steps: 10, board machine: aarch64, onnxruntime: 1.19.2" in md
+    assert board_versions({"versions": {}}) == board_versions({}) == {}  # an agent that sent none
