@@ -86,7 +86,7 @@ def session_board(home: Path, name: str, **up: object) -> Iterator:
 @pytest.fixture(scope="session")
 def arm64_board(virtual_board_home: Path) -> Iterator:
     """An aarch64 virtual board for the session (qemu user mode as a Cortex-A35, plain onnxruntime)."""
-    with session_board(virtual_board_home, f"a{os.getpid()}", arch="arm64", ort="plain") as board:
+    with session_board(virtual_board_home, f"a{os.getpid()}", arch="arm64") as board:
         yield board
 
 

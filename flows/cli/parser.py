@@ -158,8 +158,8 @@ def add_board(sub: Sub) -> None:
     up.add_argument(
         "--arch", help="x86_64 (default) or arm64: aarch64 code under qemu user mode, as a Cortex-A35"
     )
-    up.add_argument("--ort", metavar="BUILD", help="onnxruntime of the board: training (default, x86_64 only), "
-                    "plain or plain==VERSION (deploy/board-requirements-plain.txt)")  # fmt: skip
+    up.add_argument("--ort", metavar="BUILD", help="onnxruntime of the board: training (x86_64's default), "
+                    "plain or plain==VERSION (arm64's default; deploy/board-requirements-plain.txt)")  # fmt: skip
     down = _command(bsub, "down", "board", "cmd_down", help="stop a virtual board (keeps its user and data)")
     down.add_argument("--name", default="vboard")
     down.add_argument("--purge", action="store_true", help="also remove its user, data and inventory entry")

@@ -4,9 +4,9 @@
 
 * ``--arch x86_64`` (default) or ``--arch arm64``: an x86_64 venv on this machine, or an arm64 Debian
   userland run by qemu user mode as a Cortex-A35 (:mod:`tasks.vboard.arm64`);
-* ``--ort training`` (default, x86_64 only: ``deploy/board-requirements.txt``) or ``--ort plain`` /
-  ``--ort plain==VERSION``: numpy + a plain, inference-only ``onnxruntime`` of a version that
-  ``deploy/board-requirements-plain.txt`` lists (its first one by default).
+* ``--ort training`` (x86_64's default: ``deploy/board-requirements.txt``) or ``--ort plain`` /
+  ``--ort plain==VERSION`` (arm64's default): numpy + a plain, inference-only ``onnxruntime`` of a
+  version that ``deploy/board-requirements-plain.txt`` lists (its first one by default).
 
 Every environment but the default one is built once and cached under ``$ODL_BOARD_ENVS`` (default
 ``$ODL_HOME/board-envs``), in a folder named by its architecture and ONNX Runtime version and
@@ -58,10 +58,12 @@ class BoardEnv:
     runtimes: tuple[str, ...]
 
 
-def choose(arch: str = "x86_64", ort: str = TRAINING) -> EnvChoice:
-    """The environment ``--arch ARCH --ort ORT`` names; BoardError naming the option otherwise."""
+def choose(arch: str = "x86_64", ort: str | None = None) -> EnvChoice:
+    """The environment ``--arch ARCH --ort ORT`` names (no ``--ort``: the training build on x86_64,
+    the plain one on aarch64, where no other exists); BoardError naming the option otherwise."""
     if arch not in ARCHES:
         raise BoardError(f"--arch {arch!r}: expected one of {', '.join(sorted(ARCHES))}")
+    ort = ort if ort is not None else (PLAIN if ARCHES[arch] == "aarch64" else TRAINING)
     kind, sep, version = ort.partition("==")
     if kind not in (TRAINING, PLAIN) or (sep and not version):
         raise BoardError(f"--ort {ort!r}: expected 'training', 'plain' or 'plain==VERSION'")

@@ -82,7 +82,7 @@ def board_up(
     and cached under ``envs`` (:mod:`tasks.vboard.boardenv`).
     """
     limits = resolve(profile, mem_mb=mem_mb, cpus=cpus, cpu_quota=cpu_quota, link=link, arch=arch, ort=ort)
-    choice = choose(limits.pop("arch") or "x86_64", limits.pop("ort") or "training")
+    choice = choose(limits.pop("arch") or "x86_64", limits.pop("ort"))
     spec = shaped.parse_link(limits["link"]) if limits["link"] else None
     if spec and not netns:
         raise BoardError(

@@ -31,7 +31,7 @@ ARM = Board(name="arm", transport="local", root="/nonexistent/odl", arch="aarch6
 def test_the_choices_and_their_pins() -> None:
     assert choose() == choose("x86_64", "training") == choose("amd64", "training==1.19.2")
     assert choose().label == "x86_64-onnxruntime-training-1.19.2"
-    assert choose("arm64", "plain") == choose("aarch64", f"plain=={PLAIN_VERSIONS[0]}")
+    assert choose("arm64") == choose("arm64", "plain") == choose("aarch64", f"plain=={PLAIN_VERSIONS[0]}")
     assert choose("arm64", "plain").label == f"aarch64-onnxruntime-{PLAIN_VERSIONS[0]}"
     assert len(PLAIN_VERSIONS) >= 2 and PLAIN_VERSIONS[0] == "1.19.2"  # the oldest (X-LINUX-AI's) first
     for version in PLAIN_VERSIONS:
@@ -51,6 +51,7 @@ def test_the_choices_and_their_pins() -> None:
 @settings(max_examples=60, deadline=None)
 @given(st.text(st.sampled_from(string.ascii_letters + string.digits + "=.+ -"), max_size=16))
 @example("plain==")
+@example("")
 @example("training==1.19.2")
 def test_any_ort_option_is_a_choice_or_one_line_naming_it(text: str) -> None:
     try:
