@@ -20,7 +20,8 @@ runs again.
 {table}
 
 Other statuses: 0 success; 1 an error outside this tree (a bug prints its traceback; ``odl report``
-finds no report); 2 a command-line usage error; 130 interrupted (Ctrl-C).
+finds no report); 2 a command-line usage error; 128 + the signal when stopped by Ctrl-C, SIGTERM
+or SIGHUP (130, 143, 129: one line, every cleanup run, no ``.partial`` folder left).
 """
 
 from __future__ import annotations

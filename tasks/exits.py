@@ -1,10 +1,15 @@
 """The host's exit codes (``odl``, 50-79; the agent's are 0-49): each code's error class, its place
 in the error tree, its help (cause: what to do) and whether it is retried, written once in
-:data:`HOST_EXITS`. ``tasks/errors.py`` builds its classes, docstring and table from it."""
+:data:`HOST_EXITS`. ``tasks/errors.py`` builds its classes, docstring and table from it.
+
+A stop signal (:data:`STOP_SIGNALS`: SIGINT, SIGTERM, SIGHUP) ends ``odl`` the way Ctrl-C does:
+:class:`Interrupted` unwinds every cleanup, one line is printed and the status is 128 + the
+signal's number (:func:`interrupted_exit`: 130, 143, 129), as a shell reports the signal."""
 
 from __future__ import annotations
 
 import enum
+import signal
 from dataclasses import dataclass
 
 
@@ -131,3 +136,19 @@ def error_tree() -> str:
 
     walk(HOST_EXITS[0], "", "")
     return "\n".join(lines)
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def interrupted_exit(signum: int) -> int:
+    """``odl``'s exit status when stopped by ``signum``: 128 + its number (130 for Ctrl-C)."""
+    return 128 + int(signum)
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop signal, raised like Ctrl-C's KeyboardInterrupt so every cleanup runs; ``signum``."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signal.Signals(signum)
+        super().__init__(self.signum.name)

@@ -42,7 +42,7 @@ def test_codes_collide_neither_with_each_other_nor_with_the_agent() -> None:
     assert len(set(host)) == len(host) and len(set(agent)) == len(agent)
     assert all(50 <= c <= 79 for c in host) and all(c < 50 for c in agent)
     assert set(EXIT_HELP) == set(ExitCode)
-    for status in (1, 2, 130):  # a traceback, an argparse usage error, Ctrl-C
+    for status in (1, 2, 129, 130, 143):  # a traceback, an argparse usage error, SIGHUP, Ctrl-C, SIGTERM
         assert status not in host and status not in agent
 
 

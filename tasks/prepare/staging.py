@@ -51,6 +51,17 @@ def remove_stale(folder: Path) -> list[Path]:
     return stale
 
 
+def remove_tree(path: Path) -> None:
+    """Remove ``path`` (a partial build) whatever happens meanwhile: a second Ctrl-C or stop signal
+    during the removal does not leave it half removed (the first one is already unwinding)."""
+    while True:
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+            return
+        except KeyboardInterrupt:
+            continue
+
+
 def _name_folder(exc: BaseException, work: Path, folder: Path) -> None:
     """Say ``folder`` where a pipeline error's message names the temporary sibling (gone now)."""
     if isinstance(exc, PipelineError):
@@ -77,8 +88,8 @@ def staged(folder: Path) -> Iterator[Path]:
     work.mkdir()  # the umask's mode, as the folder would have had
     try:
         yield work
-    except BaseException as exc:
-        shutil.rmtree(work, ignore_errors=True)
+    except BaseException as exc:  # an error, Ctrl-C, SIGTERM or SIGHUP (odl raises them alike)
+        remove_tree(work)
         _name_folder(exc, work, folder)
         raise
     old = _sibling(folder, "old")
@@ -89,6 +100,6 @@ def staged(folder: Path) -> Iterator[Path]:
     except BaseException:
         if old.exists():
             old.rename(folder)
-        shutil.rmtree(work, ignore_errors=True)
+        remove_tree(work)
         raise
     shutil.rmtree(old, ignore_errors=True)
