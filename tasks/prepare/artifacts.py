@@ -17,7 +17,8 @@ from typing import Any
 import onnx
 
 from tasks.prepare.batchnorm import batchnorm_after_trainable, fix_batchnorm
-from tasks.prepare.export import check_onnx, feed_keys, load_onnx, quiet_stderr
+from tasks.prepare.export import check_onnx, load_onnx, quiet_stderr
+from tasks.prepare.feeds import feed_keys
 from tasks.prepare.fixups import apply_all
 from tasks.prepare.graph import annotate_shapes
 from tasks.prepare.messages import layer_of

@@ -27,19 +27,19 @@ import numpy as np
 import onnx
 
 from tasks.errors import ModelError, RecipeError
+from tasks.prepare.feeds import data_file, example_arrays
 from tasks.prepare.messages import export_failure, layer_of
 from tasks.prepare.onnx_in import adapt_onnx
 from tasks.prepare.onnx_versions import OPSET
 from tasks.prepare.prefix import RANDOM_OPS
 from tasks.prepare.priors import PRIORS_FILE, write_priors
+from tasks.prepare.supervise import supervised
 from tasks.prepare.torch_model import build_model
 from tasks.prepare.tracing import has_auxiliary_outputs, restored
-from tasks.prepare.user_code import user_code_error
-from tasks.recipe.datafiles import load_arrays
+from tasks.prepare.user_code import forward_error, user_code_error
 from tasks.recipe.schema import Recipe
 
 log = logging.getLogger(__name__)
-EXAMPLE_BATCH = 2
 
 
 @dataclasses.dataclass
@@ -83,34 +83,6 @@ def _log_captured(what: str, msgs: list[str], text: str) -> None:
     log.debug("%s: %d warnings, %d bytes of output captured", what, len(msgs), len(text))
     for line in [*dict.fromkeys(msgs), *text.splitlines()[-40:]]:
         log.debug("%s: %s", what, line)
-
-
-def feed_keys(recipe: Recipe, input_names: list[str] | tuple[str, ...]) -> dict[str, str]:
-    """Map graph input names to npz keys: ``[data].feeds`` first, then ``x``, ``y`` by position."""
-    defaults = dict(zip(input_names, ("x", "y"), strict=False))
-    return {name: recipe.data.feeds.get(name, defaults.get(name, name)) for name in input_names}
-
-
-def example_arrays(recipe: Recipe, input_names: tuple[str, ...], n: int = EXAMPLE_BATCH) -> list[np.ndarray]:
-    """The first ``n`` samples of the recipe's data for each input (random x if no data file exists)."""
-    path = recipe.data.train if recipe.data.train and recipe.data.train.exists() else recipe.data.test
-    if not path.exists():
-        if len(input_names) > 1:
-            raise ModelError(f"a model with inputs {list(input_names)} needs its data file {path} to export")
-        return [np.random.default_rng(0).standard_normal((n, *recipe.model.input_shape), dtype=np.float32)]
-    arrays = load_arrays(path)
-    out = []
-    for name, key in feed_keys(recipe, input_names).items():
-        if key not in arrays:
-            raise RecipeError(f"data.feeds.{name}", f"an array of {path.name} (has {sorted(arrays)})", key)
-        out.append(arrays[key][:n])
-    if tuple(out[0].shape[1:]) != tuple(recipe.model.input_shape):
-        raise RecipeError(
-            "model.input_shape",
-            f"the shape of one sample of '{input_names[0]}' in {path.name}, {list(out[0].shape[1:])}",
-            list(recipe.model.input_shape),
-        )
-    return out
 
 
 def _dynamic_axes(names: tuple[str, ...], arrays: list[Any], batch: int) -> dict[str, dict[int, str]]:
@@ -191,15 +163,9 @@ def _batch_axes(recipe: Recipe, model: Any, inputs: tuple[Any, ...]) -> dict[str
     try:
         outs = _outputs_of(model, inputs, recipe)
     except (RuntimeError, ValueError, TypeError) as exc:
-        shape = list(recipe.model.input_shape)
-        named = user_code_error(exc, recipe.base_dir, f"on inputs of shape {shape} (model.input_shape)")
-        if named is not None:
-            raise named from exc
-        raise RecipeError(
-            "model.input_shape",
-            "a shape the model accepts",
-            f"{list(recipe.model.input_shape)}: {str(exc).splitlines()[0]}",
-        ) from exc
+        source, path = data_file(recipe)
+        fed = f"{len(inputs[0])} samples of {source}" if path.exists() else f"{len(inputs[0])} random samples"
+        raise forward_error(exc, recipe.base_dir, fed, list(recipe.model.input_shape)) from exc
     batch = len(inputs[0])
     return {
         **_dynamic_axes(recipe.model.input_names, list(inputs), batch),
@@ -268,17 +234,19 @@ def check_onnx(path: Path, model: Any = None) -> Any:
 
 
 def export_model(recipe: Recipe, out_dir: Path) -> Path:
-    """Write ``out_dir/model.onnx``: a training-mode export, or a checked copy for ``model.onnx`` recipes."""
+    """Write ``out_dir/model.onnx``: a training-mode export, or a checked copy for ``model.onnx`` recipes.
+    Its graph runs take the recipe's data and are supervised (stage ``export``)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / "model.onnx"
-    if recipe.model.kind == "onnx":  # loaded, converted, cut and given its head (onnx_in)
-        adapt_onnx(recipe, target)
-        write_priors(recipe, None, target, out_dir / PRIORS_FILE)
-        return target
-    module = build_model(recipe)
-    export_torch(recipe, module, target)
-    check_onnx(target)
-    write_priors(recipe, module, target, out_dir / PRIORS_FILE)
+    with supervised("export", recipe):
+        if recipe.model.kind == "onnx":  # loaded, converted, cut and given its head (onnx_in)
+            adapt_onnx(recipe, target)
+            write_priors(recipe, None, target, out_dir / PRIORS_FILE)
+            return target
+        module = build_model(recipe)
+        export_torch(recipe, module, target)
+        check_onnx(target)
+        write_priors(recipe, module, target, out_dir / PRIORS_FILE)
     log.info("exported %s to %s (%.1f KB)", recipe.model.ref, target, target.stat().st_size / 1024)
     return target

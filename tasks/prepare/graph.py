@@ -1,5 +1,5 @@
 """Small helpers over ONNX graphs shared by the fix-ups and the BatchNorm rewrites: attributes,
-constants, node replacement in topological order, reachability and inferred shapes."""
+constants, node replacement in topological order, reachability, inferred and observed shapes."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+
+from tasks.prepare.feeds import graph_feeds
+from tasks.prepare.supervise import RunFailed, run_shapes
 
 
 def attr(node: onnx.NodeProto, name: str, default: object) -> object:
@@ -118,29 +121,23 @@ def annotate_shapes(model: onnx.ModelProto) -> int:
 
 
 def observed_shapes(model: onnx.ModelProto, batch: int = 2, *, dtypes: bool = False) -> dict:
-    """Shapes of every tensor as ONNX Runtime computes them on zeros (batch ``batch``); the inferred
-    ones (:func:`shapes_of`) where the run is not possible. ``dtypes``: (shape, numpy dtype) of the
-    computed tensors only. Exporters leave many shapes symbolic
-    (``x.view(-1, C, 1, 1)``); a run knows them all."""
+    """Shapes of every tensor as ONNX Runtime computes them on a batch of ``batch`` representative
+    inputs (:func:`tasks.prepare.feeds.graph_feeds`: the recipe's data, zeros without any), in the
+    stage's supervised child; the inferred ones (:func:`shapes_of`) where ONNX Runtime refuses the
+    run. ``dtypes``: (shape, numpy dtype) of the computed tensors only. Exporters leave many shapes
+    symbolic (``x.view(-1, C, 1, 1)``); a run knows them all. A run that kills ONNX Runtime stops
+    preparation with the stage's one-line error."""
     shapes = shapes_of(model) if not dtypes else {}
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     known = {o.name for o in probe.graph.output}
     names = [o for n in probe.graph.node for o in n.output if o and o not in known]
     probe.graph.output.extend(helper.make_empty_tensor_value_info(name) for name in names)
-    inits = {i.name for i in model.graph.initializer}
-    feeds = {}
-    for value in model.graph.input:
-        if value.name in inits:
-            continue
-        dims = [d.dim_value if d.HasField("dim_value") else batch for d in value.type.tensor_type.shape.dim]
-        dtype = helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
-        feeds[value.name] = np.zeros(dims, dtype)
+    what = f"measuring every tensor's shape at batch {batch}"
     try:
-        sess = quiet_session(probe)
-        values = sess.run(None, feeds)
-    except Exception:  # noqa: BLE001 - a graph that cannot run on zeros keeps its inferred shapes
+        values = run_shapes(probe, graph_feeds(model, batch), what)
+    except RunFailed:  # a graph ONNX Runtime refuses to run keeps its inferred shapes
         return shapes
-    for o, v in zip(sess.get_outputs(), values, strict=True):
-        shapes[o.name] = (list(v.shape), v.dtype) if dtypes else list(v.shape)
+    for name, (shape, dtype) in values.items():
+        shapes[name] = (shape, dtype) if dtypes else shape
     return shapes

@@ -11,27 +11,13 @@ import onnx
 
 from tasks.errors import RecipeError, ort_message
 from tasks.prepare.graph import downstream
+from tasks.prepare.node_names import layer_of
 from tasks.prepare.onnx_versions import OPSET
 from tasks.prepare.trainable import bn_statistics, find_classifier, float_params
 from tasks.recipe.schema import Recipe
 
+__all__ = ["export_failure", "generate_failure", "layer_of", "no_gradient_message"]
 _NO_GRADIENT = re.compile(r"gradient builder has not been registered:\s*(\w+)(?: for node\s*(\S*))?")
-
-
-def layer_of(node_name: str) -> str:
-    """The PyTorch module path of an exporter node name.
-
-    ``/features/features.1/block/block.1/fc2/Conv`` -> ``features.1.block.1.fc2``: each scope is a
-    child's name, and a Sequential's children are spelled ``<parent>.<index>``.
-    """
-    scopes = [p for p in node_name.split("/") if p][:-1]
-    if not scopes:
-        return node_name
-    path, prev = [], ""
-    for scope in scopes:
-        path.append(scope[len(prev) + 1 :] if prev and scope.startswith(prev + ".") else scope)
-        prev = scope
-    return ".".join(path)
 
 
 def no_gradient_message(error: str, model: onnx.ModelProto, trainable: list[str]) -> str | None:

@@ -32,10 +32,11 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper, version_converter
 
 from tasks.errors import ModelError, RecipeError, ort_message
-from tasks.prepare.graph import quiet_session
+from tasks.prepare.feeds import graph_feeds
 from tasks.prepare.messages import layer_of
 from tasks.prepare.param_chains import check_checkpoint_dtypes, fold_parameter_chains
 from tasks.prepare.probe_failures import init_failure_node, node_failure
+from tasks.prepare.supervise import RunFailed, run_graph
 from tasks.recipe.extras import HeadSpec
 from tasks.recipe.schema import Recipe
 
@@ -190,33 +191,27 @@ def dynamic_batch(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def check_batch_follows(model: onnx.ModelProto, name: str, batch: int = 2) -> None:
-    """ModelError unless a batch of ``batch`` zeros runs and every output keeps that batch: an export
-    with a fixed batch (the dynamo exporter without ``dynamic_shapes``) writes it into constant
-    Reshape shapes, and the board would train it on batches it cannot take."""
-    feeds = {}
-    inits = {i.name for i in model.graph.initializer}
-    for value in model.graph.input:
-        if value.name not in inits:
-            dims = [
-                d.dim_value if d.HasField("dim_value") else batch for d in value.type.tensor_type.shape.dim
-            ]
-            feeds[value.name] = np.zeros(
-                dims, helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+    """ModelError unless a batch of ``batch`` representative inputs (the recipe's data, zeros without
+    any) runs and every output keeps that batch: an export with a fixed batch (the dynamo exporter
+    without ``dynamic_shapes``) writes it into constant Reshape shapes, and the board would train it
+    on batches it cannot take. The run is supervised (a crash is one line, not the end of odl)."""
+    feeds = graph_feeds(model, batch)
+    try:
+        outs = run_graph(model, feeds, f"checking that a batch of {batch} runs through the graph")
+        wrong = [o.shape for o in outs.values() if not o.shape or o.shape[0] != batch]
+    except RunFailed as exc:
+        if exc.phase == "load":  # an initialisation failure, named by its node
+            node = init_failure_node(model)
+            why = ort_message(exc.error).split("Exception during initialization:")[-1].strip()
+            where = (
+                f"node '{node.name}' ({node.op_type}, layer {layer_of(node.name)})"
+                if node is not None
+                else "it"
             )
-    try:
-        session = quiet_session(model)
-    except Exception as exc:  # noqa: BLE001 - an initialisation failure, named by its node
-        node = init_failure_node(model)
-        why = ort_message(str(exc)).split("Exception during initialization:")[-1].strip()
-        where = (
-            f"node '{node.name}' ({node.op_type}, layer {layer_of(node.name)})" if node is not None else "it"
-        )
-        raise ModelError(f"model.onnx {name}: ONNX Runtime cannot initialise {where}: {why[:200]}") from exc
-    try:
-        outs = session.run(None, feeds)
-        wrong = [o.shape for o in outs if not o.shape or o.shape[0] != batch]
-    except Exception as exc:  # noqa: BLE001 - ORT's reason goes into the one line
-        wrong, reason = [], node_failure(str(exc)) or ort_message(str(exc)) or str(exc).splitlines()[0]
+            raise ModelError(
+                f"model.onnx {name}: ONNX Runtime cannot initialise {where}: {why[:200]}"
+            ) from exc
+        wrong, reason = [], node_failure(exc.error) or ort_message(exc.error) or exc.error.splitlines()[0]
     else:
         reason = f"outputs of shapes {wrong}" if wrong else ""
     if reason:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +31,8 @@ from tasks.prepare import Prepared
 from tasks.prepare.artifacts import generate
 from tasks.prepare.datasets import ensure_datasets
 from tasks.prepare.export import export_model
-from tasks.prepare.staging import staged
+from tasks.prepare.staging import remove_tree, staged
+from tasks.prepare.supervise import supervised
 from tasks.prepare.validate import validate as run_validation
 from tasks.recipe.datafiles import check_data_files, recipe_files
 from tasks.recipe.schema import Recipe
@@ -122,7 +122,8 @@ def generate_artifacts(inp: Inputs) -> dict[str, Any]:
     if step_done(inp, "artifacts") and manifest.is_file():
         return json.loads(manifest.read_text())
     (folder / ".done-validate").unlink(missing_ok=True)
-    result = generate(inp.recipe, model, folder)
+    with supervised("artifacts", inp.recipe):
+        result = generate(inp.recipe, model, folder)
     _mark(folder, "artifacts", inp)
     return result
 
@@ -186,7 +187,8 @@ def prepare(
     folder = Path(out_dir).resolve() if out_dir is not None else (inp or inputs(spec)).folder
     with staged(folder) as work:
         model_onnx = export_model(spec, work)
-        manifest = generate(spec, model_onnx, work)
+        with supervised("artifacts", spec):
+            manifest = generate(spec, model_onnx, work)
         report = _validated(spec, work, rehearse) if validate else None
     return Prepared.of(folder, manifest, report)
 
@@ -213,6 +215,6 @@ def _cached(inp: Inputs, *, validated: bool, rehearse: Rehearsal | None = None) 
             generate_artifacts(inp)
     except BaseException:
         if created:
-            shutil.rmtree(inp.folder, ignore_errors=True)
+            remove_tree(inp.folder)
         raise
     return prepared(inp)

@@ -4,24 +4,30 @@
   name '/layer/Op_Grad/XGrad_0'``): the forward node and its layer, and what to freeze;
 - the probe died on a signal (SIGFPE, SIGSEGV, SIGABRT inside ONNX Runtime), leaving no report: the
   signal's name, the check it was running (it says each one on stderr), ORT's last readable line if
-  any, and what to try; never an empty reason;
+  any, and the first node of the model's own graph that dies on the batch it was running (it says
+  each batch's first row), else what to try; never an empty reason;
 - anything else: ORT's reason without its C++ positions (:func:`tasks.errors.ort_message`).
 """
 
 from __future__ import annotations
 
 import re
-import signal
+import subprocess
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import onnx
 
 from tasks.errors import ValidationFailed, ort_message
+from tasks.prepare.feeds import DataSample, graph_feeds
 from tasks.prepare.graph import quiet_session
 from tasks.prepare.messages import layer_of
+from tasks.prepare.supervise import death, first_dying_node, node_words, prefix
 
 _NO_KERNEL = re.compile(r"Could not find an implementation for (\w+)\(\d+\) node with name '([^']*)'")
 _STAGE = re.compile(r"^odl-probe-stage (\w+)$", re.M)
+_ROWS = re.compile(r"^odl-probe-rows (\d+)$", re.M)  # the first row of the batch the probe runs
 FREEZE_HINT = (
     "make only parameters after that layer trainable (trainable.train_from, or trainable.strategy = "
     "'classifier') or freeze the layer"
@@ -64,15 +70,8 @@ def init_failure_node(model: onnx.ModelProto) -> onnx.NodeProto | None:
     None when the whole graph initialises or no prefix isolates it."""
 
     def fails(k: int) -> bool:
-        probe = onnx.ModelProto()
-        probe.CopyFrom(model)
-        del probe.graph.node[k:]
-        del probe.graph.output[:]
-        probe.graph.output.extend(
-            onnx.helper.make_empty_tensor_value_info(o) for n in probe.graph.node for o in n.output if o
-        )
         try:
-            quiet_session(probe)
+            quiet_session(prefix(model, k))
         except Exception as exc:  # noqa: BLE001 - initialisation failures only
             return "initialization" in str(exc).lower()
         return False
@@ -119,23 +118,50 @@ def failed_check(stage: str, error: str, model_path: Path | None = None) -> Vali
     return ValidationFailed(stage, ort_message(error) or error.splitlines()[0])
 
 
-def crash_check(returncode: int, stderr: str) -> ValidationFailed:
-    """The named check for a probe that ended without a report (killed by a signal, or exited)."""
+def crash_check(returncode: int, stderr: str, where: str = "") -> ValidationFailed:
+    """The named check for a probe that ended without a report (killed by a signal, or exited);
+    ``where``: the node it died in when the parent found it (replaces the general advice)."""
     stages = _STAGE.findall(stderr)
     stage = stages[-1] if stages else "load_artifacts"
-    if returncode < 0:
-        try:
-            how = f"was killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            how = f"was killed by signal {-returncode}"
-    else:
-        how = f"exited with status {returncode} and no report"
+    how = (
+        f"was killed by {death(returncode)}"
+        if returncode < 0
+        else f"exited with status {returncode} and no report"
+    )
     lines = [ln for ln in stderr.splitlines() if ln.strip() and not _STAGE.match(ln)]
     readable = [ort_message(ln) for ln in lines if "onnxruntime" in ln.lower() or "Error" in ln]
     last = next((r for r in reversed(readable) if r), "")
     detail = f" (last message: {last[:200]})" if last else ""
+    advice = where or (
+        f"the board's runtime would crash the same way: {FREEZE_HINT}, or try trainable.batchnorm = 'batch-stats'"
+    )
     return ValidationFailed(
         stage,
-        f"the training probe {how} inside ONNX Runtime during the {stage.replace('_', ' ')} check{detail}; "
-        f"the board's runtime would crash the same way: {FREEZE_HINT}, or try trainable.batchnorm = 'batch-stats'",
+        f"the training probe {how} inside ONNX Runtime during the {stage.replace('_', ' ')} check{detail}; {advice}",
+    )
+
+
+def where_probe_died(
+    out_dir: Path, cfg: dict[str, Any], manifest: dict, proc: subprocess.CompletedProcess
+) -> str:
+    """For a probe killed by a signal: the batch it was running (it says each batch's first row on
+    stderr) run through the exported model's own graph in children, bisected for the first node that
+    dies; "" when it did not die of a signal or that graph runs (its gradient or optimizer died)."""
+    if proc.returncode >= 0:
+        return ""
+    found = _ROWS.findall(proc.stderr)
+    start, batch, data = int(found[-1]) if found else 0, cfg["batch_size"], Path(cfg["data"])
+    with np.load(data, allow_pickle=False) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    count = len(arrays[manifest["feeds"][manifest["input_names"][0]]])
+    rows = (start + np.arange(batch)) % count
+    picked = {k: a[rows] for k, a in arrays.items() if a.ndim and len(a) == count}
+    model = onnx.load(str(out_dir / "model.onnx"))
+    feeds = graph_feeds(model, batch, DataSample(picked, data.name, manifest["feeds"]))
+    node, _ = first_dying_node(model, feeds.arrays)
+    if node is None:
+        return ""
+    return (
+        f"run alone on that batch (rows {start}-{start + batch - 1} of {data.name}), the model's own graph "
+        f"dies first at {node_words(node, proc.returncode)}"
     )

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from tasks.errors import ArtifactError, ValidationFailed
-from tasks.prepare.export import example_arrays
+from tasks.prepare.feeds import example_arrays
 from tasks.prepare.prefix import stitch
 from tasks.recipe.schema import Recipe
 

@@ -26,7 +26,16 @@ from device_agent.teacher import log_probs, make_labels, select_rows
 from device_agent.teacher_boxes import detections
 from device_agent.teacher_spec import TeacherSpec as WireTeacher
 from tasks.errors import ValidationFailed
+from tasks.prepare.feeds import DataSample, Feeds, graph_feeds
 from tasks.prepare.onnx_versions import MAX_IR, MAX_OPSET
+from tasks.prepare.supervise import (
+    RunFailed,
+    crash_line,
+    graph_io,
+    run_graph,
+    stop_if_interrupted,
+    supervised,
+)
 from tasks.recipe.schema import Recipe
 from tasks.recipe.teacher import label_keys
 
@@ -89,31 +98,37 @@ def check_versions(path: Path) -> dict[str, int]:
     return {"opset": opset, "ir_version": model.ir_version}
 
 
-def teacher_outputs(path: Path, x: np.ndarray, output: str, extra: tuple[str, ...] = ()) -> list[np.ndarray]:
-    """The teacher's outputs ``output`` (or its first) and ``extra`` on ``x``, through the board's ORT version."""
-    import onnxruntime as ort  # lazy: the board's runtime, loaded only when a teacher is checked
+def _teacher_error(message: str) -> ValidationFailed:
+    return fail(f"teacher.model: {message}")
 
-    try:
-        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    except Exception as exc:  # noqa: BLE001
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise fail(f"teacher.model: {path.name} does not load in {BOARD_ORT}: {first[:300]}") from exc
-    arg, outs = sess.get_inputs()[0], [o.name for o in sess.get_outputs()]
-    names = [output or outs[0], *extra]
-    for field, name in zip(("output", "boxes_output"), names, strict=False):
-        if name not in outs:
-            raise fail(f"teacher.{field}: {name!r} is not an output of {path.name} (outputs: {outs})")
-    want = [d if isinstance(d, int) else None for d in arg.shape[1:]]
-    if len(want) != x.ndim - 1 or any(w not in (None, g) for w, g in zip(want, x.shape[1:], strict=False)):
-        raise fail(f"teacher.model: its input {arg.name!r} is {arg.shape}, the shards' samples are "
-                   f"{list(x.shape[1:])}")  # fmt: skip
-    dtype = np.float16 if "float16" in arg.type else np.float32
-    try:
-        parts = [sess.run(names, {arg.name: x[i : i + 64].astype(dtype)}) for i in range(0, len(x), 64)]
-        return [np.concatenate([p[k] for p in parts]) for k in range(len(names))]
-    except Exception as exc:  # noqa: BLE001
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise fail(f"teacher.model: inference on the test samples failed: {first[:300]}") from exc
+
+def teacher_outputs(path: Path, x: np.ndarray, output: str, extra: tuple[str, ...] = ()) -> list[np.ndarray]:
+    """The teacher's outputs ``output`` (or its first) and ``extra`` on ``x``, through the board's ORT
+    version, in the validation stage's supervised child (a teacher that kills ORT is one line)."""
+    with supervised("validation", error=_teacher_error):
+        try:
+            inputs, outs = graph_io(path)
+        except RunFailed as exc:
+            first = (exc.error.strip().splitlines() or ["no reason given"])[0]
+            raise fail(f"teacher.model: {path.name} does not load in {BOARD_ORT}: {first[:300]}") from exc
+        (arg, shape, kind), names = inputs[0], [output or outs[0], *extra]
+        for field, name in zip(("output", "boxes_output"), names, strict=False):
+            if name not in outs:
+                raise fail(f"teacher.{field}: {name!r} is not an output of {path.name} (outputs: {outs})")
+        want = [d if isinstance(d, int) else None for d in shape[1:]]
+        if len(want) != x.ndim - 1 or any(
+            w not in (None, g) for w, g in zip(want, x.shape[1:], strict=False)
+        ):
+            raise fail(f"teacher.model: its input {arg!r} is {shape}, the shards' samples are "
+                       f"{list(x.shape[1:])}")  # fmt: skip
+        dtype = np.float16 if "float16" in kind else np.float32
+        try:
+            parts = [run_graph(path, Feeds({arg: x[i : i + 64].astype(dtype)}, f"test samples {i}-{i + 63}"),
+                               "running the teacher", names) for i in range(0, len(x), 64)]  # fmt: skip
+        except RunFailed as exc:
+            first = (exc.error.strip().splitlines() or ["no reason given"])[0]
+            raise fail(f"teacher.model: inference on the test samples failed: {first[:300]}") from exc
+    return [np.concatenate([p[name] for p in parts]) for name in names]
 
 
 def measure_memory(path: Path, data: Path, input_key: str, batch: int) -> float:
@@ -121,11 +136,26 @@ def measure_memory(path: Path, data: Path, input_key: str, batch: int) -> float:
     cfg = {"model": str(path), "data": str(data), "input": input_key, "batch": batch}
     proc = subprocess.run([sys.executable, "-c", MEASURE, json.dumps(cfg)], capture_output=True, text=True,
                           timeout=600)  # fmt: skip
+    if proc.returncode < 0:
+        raise fail(f"teacher.model: {_measure_died(proc.returncode, path, data, input_key, batch)}")
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise fail(f"teacher.model: measuring its memory failed: {tail[:300]}")
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     return max(0.0, got["peak_mb"] - got["base_mb"])
+
+
+def _measure_died(returncode: int, path: Path, data: Path, input_key: str, batch: int) -> str:
+    """The one line for a memory measurement killed by a signal: the node of the teacher that dies on
+    the same batch (a stop signal stops odl instead)."""
+    stop_if_interrupted(returncode)
+    model = onnx.load(str(path))
+    inits = {t.name for t in model.graph.initializer}
+    arg = next(i.name for i in model.graph.input if i.name not in inits)
+    with np.load(data, allow_pickle=False) as npz:
+        sample = DataSample({input_key: npz[input_key][:batch]}, "data.test", {arg: input_key})
+    feeds = graph_feeds(model, batch, sample)
+    return crash_line(returncode, "validation", "measuring the teacher's memory", feeds, model)
 
 
 def rehearse_teacher(

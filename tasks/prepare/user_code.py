@@ -3,19 +3,25 @@
 A model built or run from a ``module:callable`` in the recipe folder can fail in the user's code
 (a loss casting labels to int32, an arithmetic slip in ``__init__``). Blaming a recipe field for
 that sends the user to the wrong place: the error names the innermost traceback frame inside the
-recipe folder (file:line and function) and the exception's own first line.
+recipe folder (file:line and function) and the exception's own first line. A forward that fails
+(:func:`forward_error`) blames ``model.input_shape`` only when its message is about a shape: a
+dtype slip in the user's loss is the user's line, not the recipe's input shape.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import sysconfig
 import traceback
 from pathlib import Path
 
-from tasks.errors import ModelError
+from tasks.errors import ModelError, PipelineError, RecipeError
 from tasks.paths import PROJECT_ROOT
 
+SHAPE_WORDS = re.compile(
+    r"\bshapes?\b|\bsizes?\b|dimension|\bdims?\b|channels|\bview\b|reshape|\b\d+D\b|mat1 and mat2", re.I
+)
 LIBRARIES = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, *sysconfig.get_paths().values())}
 PIPELINE = [PROJECT_ROOT / d for d in ("tasks", "flows", "device_agent")]
 
@@ -52,3 +58,23 @@ def user_code_error(exc: BaseException, base_dir: Path, doing: str) -> ModelErro
     return ModelError(
         f"the model's code raised {type(exc).__name__} at {rel}:{frame.lineno} (in {frame.name}) {doing}: {first}"
     )
+
+
+def about_shape(message: str) -> bool:
+    """Whether an error message is plausibly about a tensor's shape (size, dimensions, channels)."""
+    return bool(SHAPE_WORDS.search(message))
+
+
+def forward_error(exc: BaseException, base_dir: Path, fed: str, input_shape: list[int]) -> PipelineError:
+    """The error for a model whose forward raised ``exc`` on ``fed`` (``2 samples of data.train``):
+    the user's frame and the cause when it is the user's code, ``model.input_shape`` named only when
+    the message is about a shape, else ModelError with the cause."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    shaped = about_shape(first)
+    doing = f"on {fed}" + (f" of shape {input_shape} (model.input_shape)" if shaped else "")
+    named = user_code_error(exc, base_dir, doing)
+    if named is not None:
+        return named
+    if shaped:
+        return RecipeError("model.input_shape", "a shape the model accepts", f"{input_shape}: {first}")
+    return ModelError(f"the model's forward raised {type(exc).__name__} {doing}: {first}")

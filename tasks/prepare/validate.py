@@ -10,6 +10,7 @@ recipe's batch size, so its peak RSS is what a board would see; ``validation.jso
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -17,19 +18,20 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from tasks.errors import ValidationFailed
+from tasks.errors import ValidationFailed, ort_message
 from tasks.paths import PROJECT_ROOT
 from tasks.prepare.data_checks import check_data, model_classes
-from tasks.prepare.export import example_arrays, quiet_stderr
+from tasks.prepare.feeds import Feeds, data_file, example_arrays
 from tasks.prepare.messages import layer_of
-from tasks.prepare.probe_failures import crash_check, failed_check
+from tasks.prepare.probe_failures import crash_check, failed_check, where_probe_died
 from tasks.prepare.rehearse import check_join, inference_paths
+from tasks.prepare.supervise import RunFailed, graph_io, run_graph, stop_if_interrupted, supervised
 from tasks.prepare.teacher import check_budget, rehearse_teacher
 from tasks.prepare.torch_model import build_model
 from tasks.recipe.load import recipe_hash
@@ -45,6 +47,7 @@ PROBE_TIMEOUT_S = 600
 REPEAT_STEPS = 12  # steps on one batch for "loss falls"; the first and last AVERAGED are compared
 AVERAGED = 3
 ZERO_LOSS = 1e-6  # a loss this small cannot fall: the model already fits the batch
+COMPARED = 16  # samples the inference model and PyTorch are compared on
 
 
 def run_probe(recipe: Recipe, out_dir: Path, manifest: dict, steps: int) -> dict[str, Any]:
@@ -74,7 +77,8 @@ def run_probe(recipe: Recipe, out_dir: Path, manifest: dict, steps: int) -> dict
     lines = proc.stdout.strip().splitlines()
     result = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
     if result is None:
-        raise crash_check(proc.returncode, proc.stderr)
+        stop_if_interrupted(proc.returncode)
+        raise crash_check(proc.returncode, proc.stderr, where_probe_died(out_dir, cfg, manifest, proc))
     if not result["ok"]:
         raise failed_check(result["stage"], result["error"], out_dir / "artifacts" / "training_model.onnx")
     return result["report"]
@@ -161,9 +165,6 @@ def compare_with_torch(recipe: Recipe, inference_path: Path, manifest: dict) -> 
         return {"skipped": "model.kind is onnx: no PyTorch model to compare with"}
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
-    with quiet_stderr("import onnxruntime"):  # it imports torch's CUDA probe, which warns on stderr
-        import onnxruntime  # onnxruntime (heavy) only for this comparison
-
     model = build_model(recipe)
     state = model.state_dict()
     trained = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(inference_path)).graph.initializer}
@@ -176,12 +177,8 @@ def compare_with_torch(recipe: Recipe, inference_path: Path, manifest: dict) -> 
         )
     state.update(loaded)  # in place: the dict keeps the module versions some models check (MNASNet)
     model.load_state_dict(state)
-    names = recipe.model.input_names
-    inputs = example_arrays(recipe, names, n=16)
-    sess = onnxruntime.InferenceSession(str(inference_path), providers=["CPUExecutionProvider"])
-    feed = {i.name: a for i, a in zip(sess.get_inputs(), inputs, strict=False)}
-    ort_out = sess.run(manifest["inference_output_names"], feed)
-    again = sess.run(manifest["inference_output_names"], feed)
+    inputs = example_arrays(recipe, recipe.model.input_names, n=COMPARED)
+    ort_out, again = _inference_twice(recipe, inference_path, inputs, manifest["inference_output_names"])
     if not all(np.array_equal(a, b) for a, b in zip(ort_out, again, strict=True)):
         raise ValidationFailed("inference_matches_torch", _random_nodes(inference_path))
     with torch.no_grad():
@@ -211,6 +208,26 @@ def compare_with_torch(recipe: Recipe, inference_path: Path, manifest: dict) -> 
     }
 
 
+def _inference_twice(
+    recipe: Recipe, path: Path, inputs: list[np.ndarray], outputs: list[str]
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The inference model's ``outputs`` on ``inputs``, computed twice, in the stage's child."""
+    failed = functools.partial(ValidationFailed, "inference_matches_torch")
+    with supervised("validation", error=failed):
+        try:
+            names = [name for name, _, _ in graph_io(path)[0]]
+            feeds = Feeds(
+                dict(zip(names, inputs, strict=False)), f"{COMPARED} samples of {data_file(recipe)[0]}"
+            )
+            what = "running the probe's exported inference model"
+            first, again = (run_graph(path, feeds, what, outputs) for _ in range(2))
+            return list(first.values()), list(again.values())
+        except RunFailed as exc:
+            raise failed(
+                f"the exported inference model does not run: {ort_message(exc.error)[:300]}"
+            ) from exc
+
+
 def _random_nodes(inference_path: Path) -> str:
     """Why the exported model answers twice differently: its random nodes and their layers."""
     nodes = [
@@ -231,6 +248,29 @@ def validate(recipe: Recipe, out_dir: Path, *, steps: int = 5) -> dict:
     out_dir = Path(out_dir)
     manifest = json.loads((out_dir / "manifest.json").read_text())
     report: dict[str, Any] = {"passed": False, "recipe_hash": recipe_hash(recipe), "checks": {}}
+    with supervised("validation", recipe):  # one child for the stage's graph runs
+        probe = _checks(recipe, out_dir, manifest, report, steps)
+    report.update(_figures(recipe, probe, manifest))
+    if recipe.teacher is not None:
+        try:
+            check_budget(recipe, report["checks"]["teacher"], report["board_peak_estimate_mb"])
+        except ValidationFailed as exc:
+            _failed(out_dir, report, exc)
+    report["passed"] = True
+    _write(out_dir, report)
+    log.info(
+        "validation passed: %.4f s/step at batch %d, board peak estimate %.0f MB",
+        report["time_per_step_s"],
+        recipe.training.batch_size,
+        report["board_peak_estimate_mb"],
+    )
+    return report
+
+
+def _checks(
+    recipe: Recipe, out_dir: Path, manifest: dict, report: dict[str, Any], steps: int
+) -> dict[str, Any]:
+    """Every check up to the comparison with PyTorch, recorded in ``report``; the probe's report."""
     try:
         report["checks"]["data_fits_model"] = check_data(recipe, manifest, out_dir)
         if recipe.teacher is not None:  # before the probe, which trains on the teacher's labels
@@ -246,28 +286,16 @@ def validate(recipe: Recipe, out_dir: Path, *, steps: int = 5) -> dict:
             recipe, out_dir / "validation_inference.onnx", manifest
         )
     except ValidationFailed as exc:
-        report.update(failed_check=exc.check, error=str(exc))
-        _write(out_dir, report)
-        exc.report = report  # for callers whose folder does not survive the failure
-        raise
-    report.update(_figures(recipe, probe, manifest))
-    if recipe.teacher is not None:
-        try:
-            check_budget(recipe, report["checks"]["teacher"], report["board_peak_estimate_mb"])
-        except ValidationFailed as exc:
-            report.update(failed_check=exc.check, error=str(exc))
-            _write(out_dir, report)
-            exc.report = report
-            raise
-    report["passed"] = True
+        _failed(out_dir, report, exc)
+    return probe
+
+
+def _failed(out_dir: Path, report: dict[str, Any], exc: ValidationFailed) -> NoReturn:
+    """Record the failed check in validation.json and on the error, and raise it again."""
+    report.update(failed_check=exc.check, error=str(exc))
     _write(out_dir, report)
-    log.info(
-        "validation passed: %.4f s/step at batch %d, board peak estimate %.0f MB",
-        report["time_per_step_s"],
-        recipe.training.batch_size,
-        report["board_peak_estimate_mb"],
-    )
-    return report
+    exc.report = report  # for callers whose folder does not survive the failure
+    raise exc
 
 
 def _figures(recipe: Recipe, probe: dict[str, Any], manifest: dict) -> dict[str, Any]:

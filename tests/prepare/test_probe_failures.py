@@ -60,7 +60,10 @@ def test_a_probe_killed_by_a_signal_says_which_and_where():
     assert proc.returncode < 0
     failure = crash_check(proc.returncode, proc.stderr)
     assert failure.check == "train_step"
-    assert "killed by SIGFPE inside ONNX Runtime during the train step check" in str(failure)
+    assert (
+        "killed by SIGFPE (an arithmetic fault: an integer division or remainder by zero) inside ONNX Runtime "
+        "during the train step check" in str(failure)
+    )
     assert not str(failure).rstrip().endswith(":") and "\n" not in str(failure)
 
 

@@ -26,6 +26,12 @@ class Net(nn.Module):
         return F.cross_entropy(logits, labels.int()), logits  # int32 targets: torch refuses
 
 
+class Narrow(Net):
+    def forward(self, x, labels):
+        logits = self.fc(torch.flatten(torch.relu(self.conv(x)), 1))
+        return F.cross_entropy(logits, labels), logits.view(-1, 99)  # 2 x 3 logits are no [-1, 99]
+
+
 class Broken(Net):
     def __init__(self, num_classes=3):
         super().__init__(num_classes, width=4 % "2")
@@ -37,6 +43,10 @@ def int32_loss(num_classes=3):
 
 def broken(num_classes=3):
     return Broken(num_classes)
+
+
+def narrow(num_classes=3):
+    return Narrow(num_classes)
 """
 
 EMBEDDED = {
@@ -53,14 +63,27 @@ def _recipe(tmp_path, callable_, changes=None):
     return recipe
 
 
-def test_an_exception_in_the_models_forward_names_the_users_line(tmp_path):
+def _line_of(text: str) -> int:
+    return next(n for n, line in enumerate(USER_MODULE.splitlines(), 1) if text in line)
+
+
+def test_a_dtype_error_in_the_models_forward_names_the_users_line_not_the_input_shape(tmp_path):
     with pytest.raises(ModelError) as err:
         prepare(_recipe(tmp_path, "int32_loss", EMBEDDED), tmp_path / "out")
-    line = next(n for n, text in enumerate(USER_MODULE.splitlines(), 1) if "labels.int()" in text)
-    assert str(err.value).startswith(
-        f"the model's code raised RuntimeError at usercode.py:{line} (in forward)"
+    assert str(err.value) == (
+        f"the model's code raised RuntimeError at usercode.py:{_line_of('labels.int()')} (in forward) on 2 "
+        "samples of data.train: expected target dtype to be Long or Byte, but got Int"
     )
-    assert "model.input_shape" in str(err.value) and "expected target dtype" in str(err.value)
+    assert "input_shape" not in str(err.value)
+
+
+def test_a_shape_error_in_the_models_forward_names_the_users_line_and_the_input_shape(tmp_path):
+    with pytest.raises(ModelError) as err:
+        prepare(_recipe(tmp_path, "narrow", EMBEDDED), tmp_path / "out")
+    assert str(err.value).startswith(
+        f"the model's code raised RuntimeError at usercode.py:{_line_of('view(-1, 99)')} (in forward) on 2 "
+        "samples of data.train of shape [1, 4, 4] (model.input_shape): shape '[-1, 99]' is invalid"
+    ), err.value
 
 
 def test_an_exception_while_building_the_model_names_the_users_line(tmp_path):
