@@ -28,6 +28,13 @@ from device_agent.wire import (
 )
 
 ARTIFACT_KEYS = ("training_model", "eval_model", "optimizer_model", "checkpoint")
+# the artifacts of each training runtime (``runtime``): ONNX Runtime's training graphs, or the
+# autograd runtime's step graphs, step.json (feeds, optimizer, offsets) and inference template
+RUNTIME_ARTIFACTS = {
+    "ort-training": ARTIFACT_KEYS,
+    "autograd": ("train_step", "eval_step", "step", "checkpoint", "inference_template"),
+}
+DEFAULT_RUNTIME = "ort-training"
 TASKS = ("classification", "binary", "regression", "embedded")
 DATA_FORMATS = ("npz", "image-folder", "npz-shards")
 DATA_FILE_RE = re.compile(r"^(?!\.)[A-Za-z0-9._ -]{1,128}(/(?!\.)[A-Za-z0-9._ -]{1,128})?$")
@@ -160,7 +167,7 @@ class TrainParams:
 
 
 JOB_KEYS = {VERSION_KEY, "job_id", "recipe_name", "artifacts", "train_data", "eval_data", "train", "task",
-            "output_names", "feeds", "memory_estimate_mb", "num_classes", "prefix", "teacher",
+            "output_names", "feeds", "memory_estimate_mb", "num_classes", "prefix", "teacher", "runtime",
             "privacy"}  # fmt: skip
 
 
@@ -169,7 +176,7 @@ class JobSpec:
     """``job.json``: everything the agent needs to run one training job."""
 
     job_id: str
-    artifacts: dict[str, BlobRef]  # keys: ARTIFACT_KEYS
+    artifacts: dict[str, BlobRef]  # keys: RUNTIME_ARTIFACTS[runtime]
     train_data: DataRef
     train: TrainParams
     task: str  # one of TASKS: decides metrics (accuracy for classification/binary)
@@ -182,6 +189,7 @@ class JobSpec:
     prefix: PrefixSpec | None = None  # frozen-prefix caching: the artifacts train the suffix
     teacher: TeacherSpec | None = None  # labels the unlabeled shards of train_data before training
     privacy: LocalPrivacy | None = None  # a fleet round's local DP: only a clipped, noised update leaves
+    runtime: str = DEFAULT_RUNTIME  # how the trainer steps: one of RUNTIME_ARTIFACTS
     protocol_version: int = PROTOCOL_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -203,6 +211,7 @@ class JobSpec:
             | ({"prefix": self.prefix.to_dict()} if self.prefix else {})
             | ({"teacher": self.teacher.to_dict()} if self.teacher else {})
             | ({"privacy": self.privacy.to_dict()} if self.privacy else {})
+            | ({"runtime": self.runtime} if self.runtime != DEFAULT_RUNTIME else {})
         )
 
     def to_json(self) -> str:
@@ -215,12 +224,16 @@ class JobSpec:
         version = check_version(d, "")
         reject_unknown(d, JOB_KEYS, "")
         job_id = valid_job_id(d.get("job_id"))
+        runtime = get_field(d, "runtime", str, "", DEFAULT_RUNTIME)
+        if runtime not in RUNTIME_ARTIFACTS:
+            raise SpecError("runtime", " or ".join(repr(r) for r in RUNTIME_ARTIFACTS), runtime)
+        keys = RUNTIME_ARTIFACTS[runtime]
         arts = get_field(d, "artifacts", dict, "")
-        missing = [k for k in ARTIFACT_KEYS if k not in arts]
+        missing = [k for k in keys if k not in arts]
         if missing:
-            raise SpecError(f"artifacts.{missing[0]}", "a blob reference", None)
-        reject_unknown(arts, set(ARTIFACT_KEYS), "artifacts")
-        artifacts = {k: BlobRef.from_dict(arts[k], f"artifacts.{k}") for k in ARTIFACT_KEYS}
+            raise SpecError(f"artifacts.{missing[0]}", f"a blob reference (runtime {runtime!r})", None)
+        reject_unknown(arts, set(keys), "artifacts")
+        artifacts = {k: BlobRef.from_dict(arts[k], f"artifacts.{k}") for k in keys}
         eval_d = d.get("eval_data")
         task = get_field(d, "task", str, "")
         if task not in TASKS:
@@ -252,6 +265,7 @@ class JobSpec:
             prefix=PrefixSpec.from_dict(d["prefix"]) if d.get("prefix") is not None else None,
             teacher=TeacherSpec.from_dict(d["teacher"]) if d.get("teacher") is not None else None,
             privacy=LocalPrivacy.from_dict(d["privacy"]) if d.get("privacy") is not None else None,
+            runtime=runtime,
             protocol_version=version,
         )
 

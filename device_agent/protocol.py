@@ -40,7 +40,15 @@ import enum
 import hashlib
 import re
 
-from device_agent.jobspec import ARTIFACT_KEYS, TASKS, DataFile, DataRef, JobSpec, TrainParams
+from device_agent.jobspec import (
+    ARTIFACT_KEYS,
+    RUNTIME_ARTIFACTS,
+    TASKS,
+    DataFile,
+    DataRef,
+    JobSpec,
+    TrainParams,
+)
 from device_agent.messages import BlobListing, BoardInfo, Event, FileRef, JobResult
 from device_agent.names import (
     BOARD_PATH_ALLOWED,
@@ -159,7 +167,7 @@ def blob_tmp_name(sha256: str, nonce: str) -> str:
 
 
 __all__ = [
-    "AGENT_VERSION", "ARTIFACT_KEYS", "BOARD_PATH_ALLOWED", "BLOBS_DIR", "BLOB_TMP_PREFIX", "BLOB_TMP_RE", "EVENT_TYPES",
+    "AGENT_VERSION", "ARTIFACT_KEYS", "RUNTIME_ARTIFACTS", "BOARD_PATH_ALLOWED", "BLOBS_DIR", "BLOB_TMP_PREFIX", "BLOB_TMP_RE", "EVENT_TYPES",
     "EXIT_HELP", "NAME", "NAME_PATTERN", "NEVER_RETRY", "PROTOCOL_VERSION", "SHA256_RE", "STALE_TMP_S", "TASKS",
     "V1_VERSION_KEYS", "VERSION_KEY", "BadName", "BlobListing", "BlobRef", "BoardInfo", "DataFile", "DataRef", "Event",
     "ExitCode", "FileRef", "JobResult", "JobSpec", "NameRule", "PrefixSpec", "SpecError", "TeacherSpec", "TrainParams", "blob_tmp_name",

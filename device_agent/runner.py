@@ -26,10 +26,10 @@ from device_agent.datasets import ShardDataset, dataset_files, folder_dataset, v
 from device_agent.errors import AgentError
 from device_agent.events import EventLog
 from device_agent.jobdir import JobDir, atomic_write, check_resources, read_result, verify_inputs
-from device_agent.ort import load_training_api
 from device_agent.prefix_cache import RAM_SHARE, PrefixCache, open_prefix
 from device_agent.privacy import START_FILE, load_arrays, privatize, save_arrays
 from device_agent.protocol import NEVER_RETRY, DataRef, ExitCode, FileRef, JobResult, JobSpec, file_sha256
+from device_agent.runtimes import open_runtime
 from device_agent.sysinfo import meminfo_mb, peak_rss_mb, versions
 from device_agent.teacher import teacher_shards
 from device_agent.teacher_boxes import box_shards
@@ -102,16 +102,11 @@ def open_job(job: JobDir, spec: JobSpec, events: EventLog | None = None) -> Open
     """Verify blobs and resources, load the artifacts (or the last checkpoint), check the data."""
     paths = verify_inputs(job, spec)
     check_resources(job, spec)
-    api = _training_api()
     resume = latest_checkpoint(job.checkpoints)
-    try:
-        state = api.CheckpointState.load_checkpoint(str(resume or paths["checkpoint"]))
-        module = api.Module(str(paths["training_model"]), state, str(paths["eval_model"]))
-        optimizer = api.Optimizer(str(paths["optimizer_model"]), module)
-    except Exception as exc:  # noqa: BLE001
-        raise AgentError(ExitCode.ARTIFACT_INVALID, f"artifacts do not load in ONNX Runtime: {exc}") from exc
+    opened = open_runtime(spec.runtime, paths, resume or paths["checkpoint"])
+    state, module = opened.state, opened.module
     names = list(module.input_names())
-    inputs, classes = model_io(str(paths["eval_model"]), names)
+    inputs, classes = model_io(str(opened.eval_graph), names)
     classes = spec.num_classes or classes
     prefix = None
     data_names, data_inputs = names, inputs
@@ -134,7 +129,7 @@ def open_job(job: JobDir, spec: JobSpec, events: EventLog | None = None) -> Open
     if prefix is not None:
         train_ds, eval_ds = _cached(job, spec, prefix, names, train_ds, eval_ds, events)
     progress = Progress.from_properties(state.properties) if resume else Progress()
-    session = Session(api, state, module, optimizer, inputs)
+    session = Session(opened.api, state, module, opened.optimizer, inputs, opened.seeder)
     return OpenJob(session, train_ds, eval_ds, progress, resume is not None, classes, data_inputs, teacher)
 
 
@@ -198,13 +193,6 @@ def _prepare(job: JobDir, spec: JobSpec, events: EventLog) -> tuple[Trainer, Pro
                 eval_samples=len(opened.eval_ds) if opened.eval_ds is not None else 0,
                 **({"teacher": opened.teacher} if opened.teacher else {}))  # fmt: skip
     return trainer, progress, opened.teacher
-
-
-def _training_api() -> Any:
-    try:
-        return load_training_api()
-    except ImportError as exc:
-        raise AgentError(ExitCode.NO_TRAINING_API, f"onnxruntime training API unavailable: {exc}") from exc
 
 
 def _dataset(ref: DataRef, path: Path, names: list[str], inputs: list, spec: JobSpec, field: str) -> Any:

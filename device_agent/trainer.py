@@ -31,7 +31,7 @@ from device_agent.events import EventLog
 from device_agent.hold import Hold
 from device_agent.jobdir import JobDir
 from device_agent.protocol import ExitCode, JobSpec
-from device_agent.schedule import lr_at, step_seeder
+from device_agent.schedule import lr_at
 
 log = logging.getLogger(__name__)
 CANCEL_POLL_S = 0.2  # how often the loop looks for cancel.request (SIGTERM is seen at once)
@@ -50,6 +50,7 @@ class Session:
     module: Any
     optimizer: Any
     inputs: list[InputSpec]
+    seeder: Any = None  # called with the step's seed before each step when a step draws random numbers
 
 
 class Cancelled(Exception):
@@ -79,7 +80,7 @@ class Trainer:
         self._hold = Hold(job.hold_file, job.held_file)  # a test hook, read with cancel.request
         self._cancel_polled = 0.0
         self._feeds = [(s.name, s.dtype) for s in sess.inputs]
-        self._seeder = step_seeder(job.blob(spec.artifacts["training_model"].sha256))
+        self._seeder = sess.seeder
         self._lr: float | None = None  # the rate last given to the optimizer
         self._counts_accuracy = spec.task in ("classification", "binary")
         self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # (logits, labels) not counted yet

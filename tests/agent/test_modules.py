@@ -16,7 +16,7 @@ from device_agent.checks import np_dtype
 from tasks.paths import PROJECT_ROOT
 
 EXPORTS = {
-    "AGENT_VERSION", "ARTIFACT_KEYS", "BLOBS_DIR", "BLOB_TMP_PREFIX", "BLOB_TMP_RE", "BOARD_PATH_ALLOWED", "EVENT_TYPES",
+    "AGENT_VERSION", "ARTIFACT_KEYS", "RUNTIME_ARTIFACTS", "BLOBS_DIR", "BLOB_TMP_PREFIX", "BLOB_TMP_RE", "BOARD_PATH_ALLOWED", "EVENT_TYPES",
     "EXIT_HELP", "NAME", "NAME_PATTERN", "NEVER_RETRY", "PROTOCOL_VERSION", "SHA256_RE", "STALE_TMP_S", "TASKS",
     "V1_VERSION_KEYS", "VERSION_KEY", "BadName", "BlobListing", "BlobRef", "BoardInfo", "DataFile", "DataRef", "Event",
     "ExitCode", "FileRef", "JobResult", "JobSpec", "NameRule", "PrefixSpec", "SpecError", "TeacherSpec", "TrainParams", "blob_tmp_name",
