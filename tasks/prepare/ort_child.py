@@ -15,6 +15,7 @@ Parent side: :mod:`tasks.prepare.supervise`.
 from __future__ import annotations
 
 import hashlib
+import os
 import pickle
 import signal
 import sys
@@ -49,7 +50,8 @@ class Sessions:
         self.session: Any = None
 
     def of(self, model: bytes | str) -> Any:
-        key = model if isinstance(model, str) else hashlib.sha1(model).hexdigest()
+        """The session of ``model`` (serialized bytes, or a file: rewritten, it loads again)."""
+        key = _file_key(model) if isinstance(model, str) else hashlib.sha1(model).hexdigest()
         if key != self.key:
             self.session, self.key = None, None
             options = self.ort.SessionOptions()
@@ -57,6 +59,14 @@ class Sessions:
             self.session = self.ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
             self.key = key
         return self.session
+
+
+def _file_key(path: str) -> str:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return path  # the session's own error names it
+    return f"{path}:{stat.st_mtime_ns}:{stat.st_size}"
 
 
 def answer(sessions: Sessions, request: dict[str, Any]) -> dict[str, Any]:

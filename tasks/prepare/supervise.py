@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -87,15 +88,21 @@ def stop_if_interrupted(returncode: int) -> None:
 
 
 class Child:
-    """One ``ort_child`` process, started on the first request and again after it died."""
+    """One ``ort_child`` process, started on the first request and again after it died; one request
+    at a time (threads sharing the process's child take turns)."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
         self.errors: Any = None
+        self.lock = threading.Lock()
 
     def ask(self, request: dict[str, Any], timeout: float = RUN_TIMEOUT_S) -> dict[str, Any]:
         """Send ``request`` and return the answer; :class:`Died` when the child ends first,
         TimeoutError (child killed) when it does not answer in ``timeout`` s."""
+        with self.lock:
+            return self._ask(request, timeout)
+
+    def _ask(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
         if self.proc is None or self.proc.poll() is not None:
             self._start()
         assert self.proc is not None and self.proc.stdin is not None

@@ -4,6 +4,7 @@ ONNX Runtime (an int64 Div by a count of positive labels that made-up labels lea
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -49,6 +50,14 @@ def test_the_smallest_crashing_graph_runs_on_data_and_dies_on_zero_labels_in_one
         "the first node whose run dies is '/loss/Div' (Div, layer loss): its integer divisor is 0 for these "
         "inputs: keep what the model divides by at least 1 (e.g. clamp(min=1)) in its code"
     )
+
+
+def test_threads_outside_a_stage_share_the_process_child_one_request_at_a_time():
+    model = counting_div_graph()
+    feeds = graph_feeds(model, 2, _labelled(True))
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda _: int(run_graph(model, feeds, "in a thread")["ratio"]), range(12)))
+    assert got == [8] * 12
 
 
 _DTYPES = {TensorProto.FLOAT: np.float32, TensorProto.INT64: np.int64, TensorProto.FLOAT16: np.float16}
