@@ -12,6 +12,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from device_agent.errors import AgentError
 from device_agent.protocol import (
@@ -203,6 +204,18 @@ def atomic_write(path: Path, text: str) -> None:
         os.fsync(fh.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def atomic_savez(path: Path, arrays: dict[str, Any]) -> None:
+    """``np.savez`` of ``arrays`` to ``path`` via a temporary file of this process + fsync + rename."""
+    import numpy as np  # lazy: the light commands that import jobdir load no numpy
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as fh:
+        np.savez(fh, **arrays)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
 
 
 def fsync_dir(path: Path) -> None:

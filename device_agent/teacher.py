@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import time
 import zipfile
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ import numpy as np
 from device_agent.checks import np_dtype
 from device_agent.data import NpzDataset, load_npz_arrays
 from device_agent.errors import AgentError
+from device_agent.jobdir import atomic_savez
 from device_agent.ort import load_onnxruntime
 from device_agent.protocol import ExitCode, TeacherSpec, file_sha256
 from device_agent.sysinfo import peak_rss_mb
@@ -155,12 +155,7 @@ def class_digest(outs: list[np.ndarray], teacher: TeacherSpec) -> dict[str, np.n
 
 def _store(path: Path, arrays: dict[str, np.ndarray]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as fh:
-        np.savez(fh, **arrays)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    atomic_savez(path, arrays)
 
 
 class RowView:

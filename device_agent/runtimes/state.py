@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from device_agent.jobdir import atomic_savez
+
 F32 = np.float32
 
 
@@ -95,13 +97,7 @@ class CheckpointState:
             arrays |= {f"opt/m/{n}": m for n, m in state.optimizer["m"].items()}
             arrays |= {f"opt/v/{n}": v for n, v in state.optimizer["v"].items()}
         arrays["properties"] = np.array(json.dumps(dict(state.properties)))
-        target = Path(path)
-        tmp = target.with_name(target.name + ".part")
-        with open(tmp, "wb") as fh:
-            np.savez(fh, **arrays)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
+        atomic_savez(Path(path), arrays)
 
 
 class Optimizer:
