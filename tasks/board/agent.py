@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 import device_agent
-from device_agent.protocol import PROTOCOL_VERSION, VERSION_KEY, BoardInfo, JobSpec, SpecError
+from device_agent.protocol import PROTOCOL_VERSION, VERSION_KEY, BoardInfo, SpecError
 from tasks.board.inventory import Board
 from tasks.board.transport import Transport
 from tasks.errors import DeviceIncompatible
@@ -26,9 +26,8 @@ from tasks.errors import DeviceIncompatible
 log = logging.getLogger(__name__)
 
 AGENT_SRC = Path(device_agent.__file__).resolve().parent
-ORT_RUNTIME = (
-    "ort-training"  # the runtime that needs ONNX Runtime's training API (tasks.board.inventory.RUNTIMES)
-)
+# the job spec's runtime (device_agent.protocol.RUNTIME_ARTIFACTS) that needs ONNX Runtime's training API
+ORT_RUNTIME = "ort-training"
 
 
 def agent_hash() -> str:
@@ -73,12 +72,6 @@ def install_agent(
     info = agent_info(conn, board)
     check_info(board, info, memory_estimate_mb, runtime)
     return info
-
-
-def job_runtime(spec: JobSpec) -> str:
-    """The training runtime job ``spec`` runs with: its ``runtime`` field, ``"ort-training"`` for a job spec
-    that names none (the ORT training runtime was the only one before)."""
-    return str(getattr(spec, "runtime", None) or ORT_RUNTIME)
 
 
 def no_training_api(name: str, machine: str, ort_version: str = "") -> str:

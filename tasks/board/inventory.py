@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from device_agent.protocol import NAME
+from device_agent.protocol import NAME, RUNTIME_ARTIFACTS
 from tasks.errors import BoardError
 from tasks.paths import odl_home
 
@@ -55,7 +55,7 @@ BOARD_NAME = NAME.narrowed(
 TRANSPORTS = ("ssh", "local")
 # The training runtimes (a job spec's ``runtime``): "ort-training" needs ONNX Runtime's training API
 # (onnxruntime-training); "autograd" runs a train step as a plain ONNX graph with any InferenceSession.
-RUNTIMES = ("ort-training", "autograd")
+RUNTIMES = tuple(RUNTIME_ARTIFACTS)
 REQUIRED = {"ssh": ("host", "user", "key", "root"), "local": ("root",)}
 
 

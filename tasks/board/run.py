@@ -8,7 +8,7 @@ import posixpath
 from pathlib import Path
 
 from device_agent.protocol import JobResult, JobSpec
-from tasks.board.agent import install_agent, job_runtime
+from tasks.board.agent import install_agent
 from tasks.board.blobs import UploadReport, upload_blobs
 from tasks.board.follow import EventCallback, FollowStats, follow_job
 from tasks.board.inventory import Board
@@ -48,7 +48,7 @@ def drive_job(
     """
     jdir = job_dir(board, spec.job_id)
     if not deployed:
-        install_agent(conn, board, spec.memory_estimate_mb, job_runtime(spec))
+        install_agent(conn, board, spec.memory_estimate_mb, spec.runtime)
     report = UploadReport()
     if conn.exists(posixpath.join(jdir, "job.json")):
         log.info("job %s already on board %s: reattaching", spec.job_id, board.name)

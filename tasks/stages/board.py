@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from device_agent.protocol import Event, JobResult, JobSpec
-from tasks.board.agent import install_agent, job_runtime
+from tasks.board.agent import install_agent
 from tasks.board.blobs import upload_blobs
 from tasks.board.follow import FollowStats
 from tasks.board.inventory import Board
@@ -80,7 +80,7 @@ def deploy(
 ) -> Deployment:
     """Install/check the agent (refusing a board that cannot run ``spec``), upload missing blobs."""
     with connection(board, conn) as link:
-        info = install_agent(link, board, spec.memory_estimate_mb, job_runtime(spec))
+        info = install_agent(link, board, spec.memory_estimate_mb, spec.runtime)
         report = upload_blobs(link, board, files, progress)
     return Deployment(board.name, info, tuple(report.uploaded), tuple(report.skipped), report.bytes_sent)
 

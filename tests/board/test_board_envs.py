@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from flows.cli import main
 from tasks.board import check_items as ci
-from tasks.board.agent import install_agent, job_runtime, no_training_api
+from tasks.board.agent import install_agent, no_training_api
 from tasks.board.inventory import RUNTIMES, Board, load_inventory, save_board
 from tasks.board.transport import connect
 from tasks.errors import BoardError, DeviceIncompatible
@@ -104,10 +104,10 @@ def test_ort_job_on_a_board_without_ort_is_refused_before_anything_reaches_it(
     tmp_path: Path, digits_job
 ) -> None:
     spec, _ = digits_job("no-ort")
-    assert job_runtime(spec) == "ort-training"  # a job spec that names no runtime: the ORT training one
+    assert spec.runtime == "ort-training"  # the recipe names no runtime: the ORT training one
     board = dataclasses.replace(ARM, root=str(tmp_path / "odl"))
     with connect(board) as conn, pytest.raises(DeviceIncompatible) as err:
-        install_agent(conn, board, 0.0, job_runtime(spec))
+        install_agent(conn, board, 0.0, spec.runtime)
     assert str(err.value) == no_training_api("arm", "aarch64")
     assert str(err.value).endswith('no aarch64 wheel; use [training] runtime = "autograd"')
     assert not (tmp_path / "odl").exists()
