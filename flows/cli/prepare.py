@@ -6,10 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from tasks.prepare.artifacts import generate
 from tasks.prepare.datasets import ensure_datasets
-from tasks.prepare.export import export_model
 from tasks.prepare.pipeline import prepare
+from tasks.prepare.runtimes import export_model, generate
 from tasks.prepare.validate import validate
 from tasks.recipe.load import load_recipe, parse_override
 from tasks.recipe.schema import Recipe

@@ -21,6 +21,7 @@ import numpy as np
 from tasks.errors import EvaluationError
 from tasks.hashing import file_sha256
 from tasks.judge.runtime import npz_arrays, session
+from tasks.prepare import graph_file
 
 if TYPE_CHECKING:
     from tasks.prepare import Prepared
@@ -62,7 +63,7 @@ def host_loss(recipe: Recipe, prep: Prepared) -> HostLoss:
         return HostLoss("cross-entropy")
     if kind not in GRAPH_LOSSES:
         return HostLoss(kind)
-    return HostLoss(kind, prep.artifacts_dir / "eval_model.onnx", dict(prep.manifest["feeds"]))
+    return HostLoss(kind, prep.out_dir / graph_file(prep.manifest, "eval"), dict(prep.manifest["feeds"]))
 
 
 def task_loss(task: str) -> HostLoss:

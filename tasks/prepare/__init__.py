@@ -11,6 +11,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+# the manifest's ``files`` key of each training runtime's train and eval graph
+GRAPH_FILES = {
+    "ort-training": {"train": "training_model", "eval": "eval_model"},
+    "autograd": {"train": "train_step", "eval": "eval_step"},
+}
+
+
+def graph_file(manifest: dict, role: str) -> str:
+    """The path, relative to the prepared folder, of the ``role`` graph ("train" or "eval") of the
+    manifest's runtime."""
+    return manifest["files"][GRAPH_FILES[manifest.get("runtime", "ort-training")][role]]["path"]
+
 
 @dataclass(frozen=True)
 class Prepared:
@@ -37,6 +49,11 @@ class Prepared:
             manifest=manifest,
             validation=validation,
         )
+
+    @property
+    def checkpoint(self) -> Path:
+        """The prepared (untrained) checkpoint, as the manifest's runtime writes it."""
+        return self.out_dir / self.manifest["files"]["checkpoint"]["path"]
 
     @property
     def priors(self) -> Path:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from device_agent.protocol import (
-    ARTIFACT_KEYS,
+    RUNTIME_ARTIFACTS,
     BlobRef,
     DataRef,
     JobSpec,
@@ -70,7 +70,9 @@ def build_job_spec(
     files: dict[str, Path] = {}
     split = prepared.manifest.get("prefix_cache") or {}
     entries = split.get("files") if split.get("enabled") else None
-    artifacts = {key: _artifact_blob(prepared, key, files, entries) for key in ARTIFACT_KEYS}
+    runtime = prepared.manifest.get("runtime", "ort-training")
+    keys = RUNTIME_ARTIFACTS[runtime]
+    artifacts = {key: _artifact_blob(prepared, key, files, entries) for key in keys}
     prefix = _prefix(recipe, prepared, split, files) if entries is not None else None
     if checkpoint is not None and entries is not None:  # the full graph's weights, for the suffix's graphs
         checkpoint = suffix_checkpoint(checkpoint, prepared.out_dir / entries["checkpoint"]["path"])
@@ -101,6 +103,7 @@ def build_job_spec(
         num_classes=(recipe.model.num_classes or 0) if recipe.task == "classification" else 0,
         prefix=prefix,
         teacher=_teacher(recipe, prepared, files),
+        runtime=runtime,
     )
     return spec, files
 

@@ -22,6 +22,7 @@ from device_agent.checks import check_dataset as board_check
 from device_agent.data import InputSpec, NpzDataset
 from device_agent.errors import AgentError
 from tasks.errors import DataError
+from tasks.prepare import graph_file
 from tasks.recipe.datafiles import check_dataset, data_files, load_arrays, load_npz
 from tasks.recipe.schema import Recipe
 
@@ -42,7 +43,7 @@ def board_inputs(out_dir: Path, manifest: dict) -> list[InputSpec]:
     """The inputs the board's data must fill, as the agent reads them from the eval graph: the
     training inputs of ``manifest["feeds"]`` with their shapes (None for a symbolic dimension)
     and numpy dtypes."""
-    rel = manifest["files"]["eval_model"]["path"]
+    rel = graph_file(manifest, "eval")
     graph = onnx.load(str(Path(out_dir) / rel), load_external_data=False).graph
     by_name = {i.name: i.type.tensor_type for i in graph.input}
     specs = []

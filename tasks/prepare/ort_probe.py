@@ -23,6 +23,7 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 
 from device_agent.ort import load_onnxruntime, load_training_api, seed_runtime  # noqa: E402
+from device_agent.runtimes import open_runtime  # noqa: E402
 
 STAGE = ["load_artifacts"]  # the check a failure belongs to, reported to the parent
 
@@ -69,12 +70,15 @@ def peak_rss_mb() -> float:
 def probe(cfg: dict) -> dict:
     """Run the probe described by ``cfg`` (see tasks.validate.run_probe) and return its report."""
     _enter("load_artifacts")
-    api = load_training_api()
-    seed_runtime(cfg.get("seed", 0))  # before the sessions exist: they draw their dropout seeds
-    art = Path(cfg["artifacts_dir"])
-    state = api.CheckpointState.load_checkpoint(str(art / "checkpoint"))
-    module = api.Module(str(art / "training_model.onnx"), state, str(art / "eval_model.onnx"))
-    optimizer = api.Optimizer(str(art / "optimizer_model.onnx"), module)
+    if cfg.get("runtime", "ort-training") != "ort-training":  # the board's own runtime code
+        api, module, optimizer = _runtime(cfg)
+    else:
+        api = load_training_api()
+        seed_runtime(cfg.get("seed", 0))  # before the sessions exist: they draw their dropout seeds
+        art = Path(cfg["artifacts_dir"])
+        state = api.CheckpointState.load_checkpoint(str(art / "checkpoint"))
+        module = api.Module(str(art / "training_model.onnx"), state, str(art / "eval_model.onnx"))
+        optimizer = api.Optimizer(str(art / "optimizer_model.onnx"), module)
     optimizer.set_learning_rate(cfg["lr"])
     with np.load(cfg["data"], allow_pickle=False) as npz:
         arrays = [npz[cfg["feeds"][name]] for name in module.input_names()]
@@ -116,6 +120,16 @@ def probe(cfg: dict) -> dict:
         _enter("split_matches_full")
         report["split_check"] = split_check(api, cfg, dict(zip(module.input_names(), first, strict=True)))
     return report
+
+
+def _runtime(cfg: dict) -> tuple[Any, Any, Any]:
+    """(api, module, optimizer) of another runtime than ORT's, opened as the agent opens a job's,
+    its random draws seeded by the recipe's seed."""
+    paths = {key: Path(path) for key, path in cfg["files"].items()}
+    opened = open_runtime(cfg["runtime"], paths, paths["checkpoint"])
+    if opened.seeder is not None:
+        opened.seeder(cfg.get("seed", 0))
+    return opened.api, opened.module, opened.optimizer
 
 
 def split_check(api: Any, cfg: dict, feeds: dict[str, np.ndarray]) -> dict[str, float]:

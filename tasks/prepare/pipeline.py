@@ -28,9 +28,8 @@ from typing import Any
 from tasks.hashing import file_sha256
 from tasks.paths import odl_home
 from tasks.prepare import Prepared
-from tasks.prepare.artifacts import generate
 from tasks.prepare.datasets import ensure_datasets
-from tasks.prepare.export import export_model
+from tasks.prepare.runtimes import export_model, generate
 from tasks.prepare.staging import remove_tree, staged
 from tasks.prepare.supervise import supervised
 from tasks.prepare.validate import validate as run_validation
@@ -74,8 +73,9 @@ def recipe_build_hash(recipe: Recipe) -> str:
 def prepare_code_hash() -> str:
     """sha256 of the preparation code (``tasks/prepare/``): a pipeline upgrade rebuilds the folder."""
     digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    folder = Path(__file__).parent
+    for path in sorted(folder.rglob("*.py")):  # the runtimes' folders too
+        digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 

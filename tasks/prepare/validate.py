@@ -26,6 +26,7 @@ from onnx import numpy_helper
 
 from tasks.errors import ValidationFailed, ort_message
 from tasks.paths import PROJECT_ROOT
+from tasks.prepare import graph_file
 from tasks.prepare.data_checks import check_data, model_classes
 from tasks.prepare.feeds import Feeds, data_file, example_arrays
 from tasks.prepare.messages import layer_of
@@ -66,6 +67,8 @@ def run_probe(recipe: Recipe, out_dir: Path, manifest: dict, steps: int) -> dict
         "inference_path": str(out_dir / "validation_inference.onnx"),
         "inference_outputs": manifest["inference_output_names"],
         "split": _split_cfg(out_dir, manifest),
+        "runtime": manifest.get("runtime", "ort-training"),  # the board's runtime, which the probe runs
+        "files": {key: str(out_dir / entry["path"]) for key, entry in manifest["files"].items()},
     }
     cmd = [sys.executable, "-m", "tasks.prepare.ort_probe", json.dumps(cfg)]
     try:
@@ -80,7 +83,7 @@ def run_probe(recipe: Recipe, out_dir: Path, manifest: dict, steps: int) -> dict
         stop_if_interrupted(proc.returncode)
         raise crash_check(proc.returncode, proc.stderr, where_probe_died(out_dir, cfg, manifest, proc))
     if not result["ok"]:
-        raise failed_check(result["stage"], result["error"], out_dir / "artifacts" / "training_model.onnx")
+        raise failed_check(result["stage"], result["error"], out_dir / graph_file(manifest, "train"))
     return result["report"]
 
 

@@ -21,6 +21,7 @@ from tasks.judge.quantize import int8_verdict, quantize_int8
 from tasks.judge.registry import Decision, Registry, decide
 from tasks.paths import state_dir
 from tasks.prepare import Prepared
+from tasks.prepare.runtimes.autograd.template import inference_of as autograd_inference
 from tasks.recipe.schema import Recipe
 
 log = logging.getLogger(__name__)
@@ -77,12 +78,14 @@ def choose_reference(recipe: str, board: str, reg: Registry | None = None) -> Re
 
 def base_model(prep: Prepared) -> Path:
     """The untrained checkpoint exported as an inference model (``base_inference.onnx``)."""
-    return inference_of(prep, prep.artifacts_dir / "checkpoint", prep.out_dir / "base_inference.onnx")
+    return inference_of(prep, prep.checkpoint, prep.out_dir / "base_inference.onnx")
 
 
 def inference_of(prep: Prepared, checkpoint: Path, out: Path) -> Path:
     """A checkpoint of the prepared artifacts exported as an inference model, exactly as the
     board exports after training."""
+    if prep.manifest.get("runtime") == "autograd":  # the template with the checkpoint's tensors
+        return autograd_inference(prep.out_dir, prep.manifest, checkpoint, out)
     arts = prep.artifacts_dir
     return base_inference_model(
         arts / "training_model.onnx",

@@ -119,7 +119,7 @@ def held_out_change(recipe: Recipe, prep: Prepared, loss: HostLoss, tmp: Path) -
     the rate diverges (see ``FAR_WORSE``)."""
     head = _head(Path(recipe.data.test), tmp / "held_out.npz", HELD_OUT)
     try:
-        base = inference_of(prep, prep.artifacts_dir / "checkpoint", tmp / "base_inference.onnx")
+        base = inference_of(prep, prep.checkpoint, tmp / "base_inference.onnx")
         before = evaluate(base, head, recipe.task, loss=loss)
         after = evaluate(prep.out_dir / "validation_inference.onnx", head, recipe.task, loss=loss)
     except Exception as exc:  # noqa: BLE001 - every failure becomes the named check

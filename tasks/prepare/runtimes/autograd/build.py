@@ -1,0 +1,164 @@
+"""The autograd runtime's preparation: ``model.onnx`` (the model in eval mode) and the artifacts.
+
+:func:`export_model` writes the TorchScript export of the model in eval mode (no training-mode
+export: nothing here traces a training graph through TorchScript), whose initializers carry
+PyTorch's parameter names. :func:`generate` resolves the trainable set on it exactly as the ORT path
+does (:func:`tasks.prepare.trainable.resolve_trainable`), maps each name to the PyTorch parameter of
+that name (one line for one without), and writes into ``artifacts/``:
+
+* ``train_step.onnx``, ``eval_step.onnx`` (:mod:`.steps`);
+* ``inference_template.onnx`` and the byte offset and length of each trainable tensor in it
+  (:mod:`.template`);
+* ``checkpoint.npz``, the trainable tensors' initial values;
+* ``step.json``, what the board's runtime (``device_agent.runtimes.autograd``) reads: feeds,
+  trainable tensors, noise inputs, outputs, gradients, the optimizer as the recipe says, offsets;
+
+and ``manifest.json`` with the ORT path's keys (``runtime`` = ``autograd``, no frozen-prefix cache).
+Nothing here imports ``onnxruntime.training``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tasks.errors import RecipeError
+from tasks.prepare.artifacts import trainable_layers
+from tasks.prepare.export import check_onnx, load_onnx
+from tasks.prepare.feeds import feed_keys
+from tasks.prepare.ort_training import check_board_loadable, file_entry, onnx_opset
+from tasks.prepare.priors import PRIORS_FILE, write_priors
+from tasks.prepare.runtimes.autograd.steps import (
+    EVAL_FILE,
+    TRAIN_FILE,
+    build_steps,
+    example_batch,
+    model_inputs,
+)
+from tasks.prepare.runtimes.autograd.template import export_inference, write_template
+from tasks.prepare.torch_model import build_model
+from tasks.prepare.trainable import bn_statistics, resolve_trainable
+from tasks.recipe.load import recipe_hash
+from tasks.recipe.schema import Recipe
+
+log = logging.getLogger(__name__)
+RUNTIME = "autograd"
+FILES = {
+    "train_step": f"artifacts/{TRAIN_FILE}",
+    "eval_step": f"artifacts/{EVAL_FILE}",
+    "step": "artifacts/step.json",
+    "checkpoint": "artifacts/checkpoint.npz",
+    "inference_template": "artifacts/inference_template.onnx",
+}
+ADAMW = {"betas": [0.9, 0.999], "eps": 1e-6}  # onnxblock.optim.AdamW's defaults, which the ORT path uses
+
+
+def export_model(recipe: Recipe, out_dir: Path) -> Path:
+    """Write ``out_dir/model.onnx``: the recipe's PyTorch model exported in eval mode."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / "model.onnx"
+    module = build_model(recipe)
+    inputs = model_inputs(recipe, example_batch(module, [tuple(recipe.model.input_shape)]))
+    export_inference(module, inputs, list(recipe.model.input_names), list(recipe.model.output_names), target)
+    check_onnx(target)
+    write_priors(recipe, module, target, out_dir / PRIORS_FILE)
+    log.info(
+        "exported %s to %s in eval mode (%.1f KB)", recipe.model.ref, target, target.stat().st_size / 1024
+    )
+    return target
+
+
+def optimizer(recipe: Recipe) -> dict[str, Any]:
+    """The optimizer exactly as the recipe and the ORT path's graphs have it (SGD: no weight decay,
+    no momentum; AdamW: bias correction, the decay after the step, as ORT's AdamW mode 1)."""
+    spec = recipe.optimizer
+    if spec.kind == "adamw":
+        return {"kind": "adamw", "lr": spec.lr, **ADAMW, "weight_decay": spec.weight_decay}
+    return {"kind": "sgd", "lr": spec.lr}
+
+
+def torch_names(trainable: list[str], model: Any) -> None:
+    """RecipeError for a trainable tensor of the export that is no parameter of the PyTorch model."""
+    params = dict(model.named_parameters())
+    for name in trainable:
+        if name not in params:
+            raise RecipeError("trainable", "parameters the PyTorch model has under the same name (training.runtime = "
+                              f"'autograd' trains PyTorch's parameters; some are: {list(params)[:6]})", name)  # fmt: skip
+
+
+def generate(recipe: Recipe, model_onnx: Path, out_dir: Path) -> dict[str, Any]:
+    """Write the autograd runtime's artifacts and ``manifest.json`` for the recipe; return the manifest."""
+    out_dir, art = Path(out_dir), Path(out_dir) / "artifacts"
+    graph = load_onnx(Path(model_onnx))
+    check_board_loadable(graph, str(model_onnx))
+    trainable, frozen, counts = resolve_trainable(recipe, graph)
+    model = build_model(recipe)
+    torch_names(trainable, model)
+    art.mkdir(parents=True, exist_ok=True)
+    steps = build_steps(recipe, model, trainable, art)
+    inference = list(
+        recipe.model.output_names[1:] if recipe.loss.kind == "embedded" else recipe.model.output_names
+    )
+    params = {
+        n: p.detach().numpy().astype(np.float32) for n, p in model.named_parameters() if n in set(trainable)
+    }
+    offsets = write_template(graph, inference, trainable, out_dir / FILES["inference_template"])
+    np.savez(art / "checkpoint.npz", **{n: params[n] for n in trainable})
+    spec = {
+        "runtime": RUNTIME,
+        "feeds": steps.feeds,
+        "trainable": [{"name": n, "dtype": "float32", "shape": list(params[n].shape)} for n in trainable],
+        "noise": [n.to_dict() for n in steps.noise],
+        "eval_noise": [n.to_dict() for n in steps.eval_noise],
+        "outputs": steps.outputs,
+        "gradients": steps.gradients,
+        "optimizer": optimizer(recipe),
+        "inference": {"outputs": inference, "offsets": offsets},
+    }
+    (out_dir / FILES["step"]).write_text(json.dumps(spec, indent=2))
+    manifest = _manifest(recipe, out_dir, graph, trainable, frozen, counts, steps, inference)
+    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    log.info("autograd artifacts for %s: %d trainable tensors (%d params), %d frozen, %d decomposition uses checked",
+             recipe.name, len(trainable), manifest["trainable_count"], len(frozen), len(steps.checked))  # fmt: skip
+    return manifest
+
+
+def _manifest(recipe: Recipe, out_dir: Path, graph: Any, trainable: list[str], frozen: list[str],
+              counts: dict[str, int], steps: Any, inference: list[str]) -> dict[str, Any]:  # fmt: skip
+    import onnxruntime  # only its version: the runtime the step files were checked with
+
+    files = {k: file_entry(out_dir / rel, rel) for k, rel in FILES.items()}
+    files["model"] = file_entry(out_dir / "model.onnx", "model.onnx")
+    stats = bn_statistics(graph)
+    return {
+        "runtime": RUNTIME,
+        "files": files,
+        "trainable": trainable,
+        "frozen": frozen,
+        "trainable_count": sum(counts[n] for n in trainable),
+        "frozen_count": sum(counts[n] for n in frozen),
+        "model_params": sum(v for k, v in counts.items() if k not in stats),
+        "opset": onnx_opset(graph),
+        "ir_version": graph.ir_version,
+        "ort_version": onnxruntime.__version__,
+        "loss": steps.loss,
+        "input_names": list(recipe.model.input_names),
+        "output_names": list(recipe.model.output_names),
+        "inference_output_names": inference,
+        "feeds": feed_keys(recipe, [f["name"] for f in steps.feeds]),
+        "recipe_hash": recipe_hash(recipe),
+        "batchnorm": recipe.trainable.batchnorm,
+        "fixups": {},
+        "trainable_layers": trainable_layers(graph, trainable, counts),
+        "decompositions_checked": steps.checked,
+        "prefix_cache": {
+            "enabled": False,
+            "reason": "the autograd runtime trains the whole graph (no frozen-prefix cache yet)",
+        },
+        "warnings": [],
+    }

@@ -1,0 +1,132 @@
+"""Random operators of a traced step become inputs: the board draws them from (seed, step).
+
+A dropout mask, a dropped path or a SpecAugment mask is drawn inside the graph by an ONNX Runtime
+generator that no plain ``InferenceSession`` lets anyone reseed per step, so a resumed job could not
+repeat an uninterrupted one. Every random operator of the traced step (``rand``, ``rand_like``,
+``bernoulli``, ``uniform``, ``randn``, ``normal``, ... whichever layer or library drew it) is
+replaced by a new graph input of uniform noise in [0, 1) of its shape, and the few operators that
+turn it into what the operator drew (``u < p`` for a Bernoulli draw, Box-Muller for a normal one).
+The board's step fills these inputs from a generator seeded by the job's seed and the step number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.errors import ModelError
+
+NOISE_PREFIX = "noise."
+
+
+@dataclass(frozen=True)
+class NoiseInput:
+    """One noise input: its name and shape (``"batch"`` for the batch axis)."""
+
+    name: str
+    shape: tuple[int | str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """As step.json lists it (dtype float32, uniform in [0, 1))."""
+        return {"name": self.name, "shape": list(self.shape), "dtype": "float32"}
+
+
+def _builders() -> dict[Any, tuple[int, Any]]:
+    """Random operator -> (uniform inputs it takes, how its value is built from them and its args)."""
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    aten = torch.ops.aten
+
+    def uniform(node: Any, u: list[Any]) -> Any:
+        if node.target is not aten.uniform.default:
+            return u[0].to(node.meta["val"].dtype)
+        low = node.args[1] if len(node.args) > 1 else node.kwargs.get("from", 0.0)
+        high = node.args[2] if len(node.args) > 2 else node.kwargs.get("to", 1.0)
+        return (u[0] * (high - low) + low).to(node.meta["val"].dtype)
+
+    def bernoulli_p(node: Any, u: list[Any]) -> Any:
+        p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
+        return (u[0] < p).to(node.meta["val"].dtype)
+
+    def bernoulli(node: Any, u: list[Any]) -> Any:
+        return (u[0] < node.args[0]).to(node.meta["val"].dtype)
+
+    def normal(node: Any, u: list[Any]) -> Any:
+        z = torch.sqrt(-2.0 * torch.log(1.0 - u[0])) * torch.cos(2.0 * torch.pi * u[1])
+        if node.target is aten.normal.float_float:
+            z = z * node.args[1] + node.args[0]
+        return z.to(node.meta["val"].dtype)
+
+    table = {
+        aten.rand.default: (1, uniform),
+        aten.rand_like.default: (1, uniform),
+        aten.uniform.default: (1, uniform),
+        aten.bernoulli.p: (1, bernoulli_p),
+        aten.bernoulli.default: (1, bernoulli),
+        aten.randn.default: (2, normal),
+        aten.randn_like.default: (2, normal),
+        aten.normal.float_float: (2, normal),
+    }
+    return table
+
+
+RANDOM_WORDS = ("rand", "bernoulli", "normal", "uniform", "multinomial", "dropout", "poisson", "exponential")
+
+
+def replace_random(gm: Any, batch_symbol: Any, layer_of: Any) -> list[NoiseInput]:
+    """Replace every random node of ``gm`` by noise placeholders (appended after its inputs) and
+    the operators that make the draw of them; the noise inputs, in placeholder order. ModelError
+    for a random operator without a replacement or a draw whose shape is not (batch, fixed sizes)."""
+    builders, graph = _builders(), gm.graph
+    noise: list[NoiseInput] = []
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        target = node.target
+        if target not in builders:
+            if any(w in str(target) for w in RANDOM_WORDS) and "backward" not in str(target):
+                raise ModelError(f"{layer_of(node)} draws random numbers with {target}, which the autograd runtime "
+                                 "cannot replay yet: use training.runtime = 'ort-training'")  # fmt: skip
+            continue
+        count, build = builders[target]
+        shape = _shape(node, batch_symbol, layer_of)
+        placeholders = []
+        last = [n for n in graph.nodes if n.op == "placeholder"][-1]
+        for _ in range(count):
+            name = f"{NOISE_PREFIX}{len(noise)}"
+            with graph.inserting_after(last):
+                last = graph.placeholder(name.replace(".", "_"))
+            noise.append(NoiseInput(name, shape))
+            placeholders.append(last)
+        with graph.inserting_before(node):
+            value = _traced(build, node, placeholders)
+        node.replace_all_uses_with(value)
+        graph.erase_node(node)
+    graph.eliminate_dead_code()
+    graph.lint()
+    gm.recompile()
+    return noise
+
+
+def _traced(build: Any, node: Any, placeholders: list[Any]) -> Any:
+    """The FX nodes of ``build(node, uniforms)``, traced with the placeholders as proxies."""
+    import torch.fx  # torch (heavy) only when a PyTorch model is built or run
+
+    tracer = torch.fx.proxy.GraphAppendingTracer(node.graph)
+    proxies = [torch.fx.Proxy(p, tracer) for p in placeholders]
+    return build(node, proxies).node
+
+
+def _shape(node: Any, batch_symbol: Any, layer_of: Any) -> tuple[int | str, ...]:
+    """The draw's shape: ints, and ``"batch"`` where it is the batch itself."""
+    out: list[int | str] = []
+    for dim in node.meta["val"].shape:
+        expr = getattr(getattr(dim, "node", None), "expr", None)
+        if expr is None:
+            out.append(int(dim))
+        elif expr == batch_symbol:
+            out.append("batch")
+        else:
+            raise ModelError(f"{layer_of(node)} draws random numbers of shape {list(node.meta['val'].shape)}: the "
+                             "autograd runtime replays draws whose sizes are the batch or fixed")  # fmt: skip
+    return tuple(out)

@@ -1,0 +1,132 @@
+"""A traced step as an ONNX file the board's plain ``onnxruntime.InferenceSession`` runs.
+
+The step's graph is wrapped in a module whose inputs are the feeds, the trainable tensors and the
+noise inputs (in that order, named as step.json names them) and whose frozen tensors are buffers:
+``torch.onnx.export(..., dynamo=True)`` writes those as initializers, with the batch axis of every
+feed and noise input dynamic. The file is checked to load on the board's ONNX Runtime (IR and
+opset) and run once here against the traced graph itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from tasks.errors import ArtifactError
+from tasks.prepare.export import quiet_output
+from tasks.prepare.ort_training import check_board_loadable
+from tasks.prepare.runtimes.autograd.noise import NoiseInput
+from tasks.prepare.runtimes.autograd.trace import MAX_BATCH
+
+log = logging.getLogger(__name__)
+RTOL = 1e-4  # of the largest |value| of each result: the graph and ORT fuse float32 ops differently
+
+
+@dataclass(frozen=True)
+class StepGraph:
+    """A traced step and how to call it: named inputs before the frozen tensors (``front``: feeds
+    then trainable, with example tensors), the frozen tensors, the noise inputs and output names."""
+
+    gm: Any
+    front: list[tuple[str, Any]]
+    batched: set[str]
+    frozen: list[Any]
+    noise: list[NoiseInput]
+    outputs: list[str]
+
+    def call(self, front: list[Any], noise: list[Any]) -> list[Any]:
+        """Run the traced graph itself (the reference the ONNX file is compared with)."""
+        return list(self.gm(*front, *self.frozen, *noise))
+
+
+def _module(step: StepGraph) -> Any:
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    class Step(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gm = step.gm
+            for i, tensor in enumerate(step.frozen):
+                self.register_buffer(f"frozen_{i}", tensor.detach().clone())
+
+        def forward(self, *args: Any) -> Any:
+            front, noise = args[: len(step.front)], args[len(step.front) :]
+            frozen = [getattr(self, f"frozen_{i}") for i in range(len(step.frozen))]
+            return tuple(self.gm(*front, *frozen, *noise))
+
+    return Step()
+
+
+def exporting(what: str, call: Callable[[], Any]) -> Any:
+    """``call()``, an ONNX exporter's run, with its output captured (logged at DEBUG); ArtifactError,
+    one line naming ``what``, when it fails."""
+    with quiet_output(f"torch.onnx.export: {what}"):
+        try:
+            return call()
+        except Exception as exc:  # the exporter raises many types; all mean "cannot export"
+            failure = exc
+    line = (str(failure).strip().splitlines() or [""])[0][:300]
+    raise ArtifactError(f"{what} cannot be exported to ONNX: {type(failure).__name__}: {line}") from failure
+
+
+def noise_arrays(noise: list[NoiseInput], batch: int, seed: int = 0) -> list[np.ndarray]:
+    """Uniform noise for ``noise`` at ``batch`` (what the board draws, for the checks here)."""
+    rng = np.random.default_rng(seed)
+    return [rng.random([batch if d == "batch" else d for d in n.shape], dtype=np.float32) for n in noise]
+
+
+def export_step(step: StepGraph, path: Path) -> None:
+    """Write ``step`` to ``path`` as ONNX; ArtifactError (one line) when it cannot be exported,
+    would not load on the board or computes something else than the traced graph."""
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
+    noise = [torch.from_numpy(a) for a in noise_arrays(step.noise, len(step.front[0][1]))]
+    args = tuple(t for _, t in step.front) + tuple(noise)
+    shapes = [{0: batch} if name in step.batched else None for name, _ in step.front]
+    shapes += [{i: batch for i, d in enumerate(n.shape) if d == "batch"} or None for n in step.noise]
+    names = [n for n, _ in step.front] + [n.name for n in step.noise]
+    module = _module(step)
+
+    def write() -> None:
+        program = torch.onnx.export(module, args, dynamo=True, dynamic_shapes=(tuple(shapes),), input_names=names,
+                                    output_names=step.outputs, optimize=True)  # fmt: skip
+        program.save(str(path))
+
+    exporting(f"the step {path.name}", write)
+    model = onnx.load(str(path))
+    check_board_loadable(model, path.name)
+    check_runs(step, path, [a.numpy() for a in args])
+
+
+def check_runs(step: StepGraph, path: Path, arrays: list[np.ndarray]) -> float:
+    """Run ``path`` in ONNX Runtime on ``arrays`` and compare each result with the traced graph's;
+    the largest relative difference (ArtifactError beyond :data:`RTOL`)."""
+    import onnxruntime  # the inference build's API, as the board's
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    got = session.run(step.outputs, dict(zip(names, arrays, strict=True)))
+    n = len(step.front)
+    with torch.no_grad():
+        want = step.call([torch.from_numpy(a) for a in arrays[:n]], [torch.from_numpy(a) for a in arrays[n:]])
+    worst = 0.0
+    for name, g, w in zip(step.outputs, got, want, strict=True):
+        w = w.detach().numpy()
+        scale = max(1.0, float(np.abs(w).max())) if w.size else 1.0
+        diff = float(np.abs(g.astype(np.float64) - w).max()) / scale if w.size else 0.0
+        if not diff <= RTOL:
+            raise ArtifactError(f"{path.name}: output {name!r} computed by ONNX Runtime differs from PyTorch's traced "
+                                f"step by {diff:.3g} (relative; at most {RTOL} expected)")  # fmt: skip
+        worst = max(worst, diff)
+    log.debug("%s matches the traced step within %.3g", path.name, worst)
+    return worst

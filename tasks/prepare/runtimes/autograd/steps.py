@@ -1,0 +1,120 @@
+"""The autograd runtime's two step graphs of a recipe: ``train_step.onnx`` and ``eval_step.onnx``.
+
+Train: feeds (the model's inputs, then the loss's labels, named as the ORT path's manifest names
+them) + one input per trainable tensor + the noise inputs of its random draws -> ``loss``, the model
+outputs as ORT's training graph returns them after the loss, then one gradient per trainable tensor.
+Eval: the same inputs -> ``loss`` and the outputs, in eval mode. Frozen parameters and buffers are
+initializers. Each decomposition the train step uses is checked against PyTorch (:mod:`.op_checks`)
+and each file against its traced graph (:mod:`.onnx_step`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tasks.errors import RecipeError
+from tasks.prepare.feeds import example_arrays
+from tasks.prepare.runtimes.autograd.losses import LossPlan, plan
+from tasks.prepare.runtimes.autograd.noise import NoiseInput, replace_random
+from tasks.prepare.runtimes.autograd.onnx_step import StepGraph, export_step
+from tasks.prepare.runtimes.autograd.op_checks import check_recorded, recording
+from tasks.prepare.runtimes.autograd.trace import StepInputs, forward_graph, node_layer, trace_step
+from tasks.recipe.schema import Recipe
+
+log = logging.getLogger(__name__)
+BATCHES = (7, 11, 13, 17, 19, 23, 29, 31, 37)  # the traces' example batch: a size no other axis has
+TRAIN_FILE, EVAL_FILE = "train_step.onnx", "eval_step.onnx"
+
+
+@dataclass(frozen=True)
+class Steps:
+    """What the two step files are: feeds (name, dtype, shape), noise inputs, outputs, gradients
+    and the decomposition checks made."""
+
+    feeds: list[dict[str, Any]]
+    noise: list[NoiseInput]
+    eval_noise: list[NoiseInput]
+    outputs: list[str]
+    gradients: list[str]
+    loss: str
+    checked: dict[str, float]
+
+
+def example_batch(model: Any, input_shapes: list[tuple[int, ...]]) -> int:
+    """A batch size equal to no size of the model's tensors or inputs: the tracer shares one symbol
+    between equal sizes, and the batch must stay a symbol of its own."""
+    sizes = {d for t in [*model.parameters(), *model.buffers()] for d in t.shape}
+    sizes |= {d for shape in input_shapes for d in shape}
+    return next(b for b in BATCHES if b not in sizes)
+
+
+def model_inputs(recipe: Recipe, batch: int) -> tuple[Any, ...]:
+    """``batch`` samples of the recipe's data for each model input (repeated when it has fewer)."""
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    arrays = example_arrays(recipe, recipe.model.input_names, n=batch)
+    return tuple(torch.from_numpy(np.ascontiguousarray(a[np.arange(batch) % len(a)])) for a in arrays)
+
+
+def build_steps(recipe: Recipe, model: Any, trainable: list[str], art: Path) -> Steps:
+    """Write ``art/train_step.onnx`` and ``art/eval_step.onnx`` for ``model``'s ``trainable`` tensors."""
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    batch = example_batch(model, [tuple(recipe.model.input_shape)])
+    inputs = model_inputs(recipe, batch)
+    with torch.no_grad():
+        out = model.eval()(*inputs)
+    outputs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    loss = plan(recipe, outputs, batch)
+    feeds = [*zip(recipe.model.input_names, inputs, strict=True), *loss.labels]
+    names = [*loss.kept]
+    outs, grads = ["loss", *names], [f"{n}_grad" for n in trainable]
+    if len(set(outs + grads + [n for n, _ in feeds] + trainable)) != len(outs) + len(grads) + len(
+        feeds
+    ) + len(trainable):
+        raise RecipeError(
+            "model.output_names", "names apart from the feeds, 'loss' and the trainable tensors", names
+        )
+    checked: dict[str, float] = {}
+    noise = {}
+    for training in (True, False):
+        graph = _step(
+            recipe,
+            model,
+            inputs,
+            feeds,
+            trainable,
+            loss,
+            training,
+            outs + (grads if training else []),
+            checked,
+        )
+        export_step(graph, art / (TRAIN_FILE if training else EVAL_FILE))
+        noise[training] = graph.noise
+    described = [
+        {"name": n, "dtype": str(t.numpy().dtype), "shape": ["batch", *t.shape[1:]]} for n, t in feeds
+    ]
+    return Steps(described, noise[True], noise[False], outs, grads, loss.name, checked)
+
+
+def _step(recipe: Recipe, model: Any, inputs: tuple[Any, ...], feeds: list[tuple[str, Any]], trainable: list[str],
+          loss: LossPlan, training: bool, outputs: list[str], checked: dict[str, float]) -> StepGraph:  # fmt: skip
+    """One step traced, its decompositions checked and its random draws made inputs."""
+    n_out = len(recipe.model.output_names)
+    forward = forward_graph(model, inputs, training, recipe.trainable.batchnorm, n_out, recipe.base_dir)
+    tensors = {**dict(forward.named_parameters()), **dict(forward.named_buffers())}
+    chosen = {n: tensors[n].detach() for n in trainable}
+    frozen = {n: t.detach() for n, t in tensors.items() if n not in chosen}
+    step = StepInputs(feeds, len(inputs), chosen, frozen, loss.fn)
+    with recording() as uses:
+        gm = trace_step(forward, step, grads=training)
+    checked.update(check_recorded(uses))
+    batch_symbol = next(n for n in gm.graph.nodes if n.op == "placeholder").meta["val"].shape[0].node.expr
+    noise = replace_random(gm, batch_symbol, node_layer)
+    front = [*feeds, *chosen.items()]
+    return StepGraph(gm, front, {n for n, _ in feeds}, list(frozen.values()), noise, outputs)

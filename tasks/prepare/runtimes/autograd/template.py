@@ -1,0 +1,135 @@
+"""The inference model the board writes its trained weights into, byte for byte, without onnx.
+
+``inference_template.onnx`` is the model in eval mode (the TorchScript exporter, as the ORT path's
+exports, BatchNorm kept apart from the convolutions so each parameter stays its own initializer)
+with the recipe's inference outputs only. Every trainable initializer is stored as ``raw_data``;
+:func:`locate` finds where: each is first filled with random bytes unique to it, the model is
+serialised, each marker must occur exactly once in the bytes, and its offset is kept; then the real
+values are written at those offsets. The board copies the file and overwrites those bytes with its
+trained values (little-endian, as ONNX stores them).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from device_agent.runtimes.state import CheckpointState
+from tasks.errors import ArtifactError
+from tasks.prepare.onnx_versions import OPSET
+from tasks.prepare.runtimes.autograd.onnx_step import exporting
+from tasks.prepare.tracing import restored
+
+ATTEMPTS = 8  # fresh markers when one happened to occur twice in the serialised model
+
+
+def export_inference(model: Any, inputs: tuple[Any, ...], input_names: list[str], output_names: list[str],
+                     path: Path) -> None:  # fmt: skip
+    """The TorchScript export of ``model`` in eval mode, parameters unfolded, batch dynamic."""
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    axes = {n: {0: "batch"} for n in [*input_names, *output_names]}
+    with restored(model):
+        model.eval()  # PRESERVE below: no eval peephole, which would fold each BatchNorm into its convolution
+        exporting("the inference model", lambda: torch.onnx.export(
+            model, inputs, str(path), dynamo=False, training=torch.onnx.TrainingMode.PRESERVE,
+            do_constant_folding=False, export_params=True, opset_version=OPSET, input_names=input_names,
+            output_names=output_names, dynamic_axes=axes))  # fmt: skip
+
+
+def keep_outputs(model: onnx.ModelProto, outputs: list[str]) -> None:
+    """Keep only ``outputs`` and what computes them (nodes, inputs, initializers), in place."""
+    graph = model.graph
+    kept_outputs = [o for o in graph.output if o.name in outputs]
+    del graph.output[:]
+    graph.output.extend(kept_outputs)
+    needed, nodes = set(outputs), []
+    for node in reversed(graph.node):
+        if needed & set(node.output):
+            nodes.append(node)
+            needed.update(i for i in node.input if i)
+    del graph.node[:]
+    graph.node.extend(reversed(nodes))
+    inits = [i for i in graph.initializer if i.name in needed]
+    del graph.initializer[:]
+    graph.initializer.extend(inits)
+    inputs = [i for i in graph.input if i.name in needed]
+    del graph.input[:]
+    graph.input.extend(inputs)
+
+
+def locate(model: onnx.ModelProto, names: list[str], seed: int = 0) -> tuple[bytes, dict[str, list[int]]]:
+    """The serialised model with the tensors ``names`` as raw_data, and ``{name: [offset, length]}``
+    of each one's bytes in it; ArtifactError when one is not a float initializer of the model."""
+    by_name = {i.name: i for i in model.graph.initializer}
+    missing = [n for n in names if n not in by_name or by_name[n].data_type != onnx.TensorProto.FLOAT]
+    if missing:
+        raise ArtifactError(f"inference template: trainable tensor {missing[0]!r} is no float32 initializer of the "
+                            "exported inference model (the exporter renamed or folded it)")  # fmt: skip
+    values = {n: numpy_helper.to_array(by_name[n]).astype("<f4") for n in names}
+    for attempt in range(ATTEMPTS):
+        rng = np.random.default_rng(seed + attempt)
+        markers = {n: rng.bytes(values[n].nbytes) for n in names}
+        for n in names:
+            by_name[n].CopyFrom(_raw(n, values[n].shape, markers[n]))
+        data = model.SerializeToString()
+        offsets = {n: data.find(m) for n, m in markers.items()}
+        if all(o >= 0 and data.find(markers[n], o + 1) < 0 for n, o in offsets.items()):
+            break
+    else:
+        raise ArtifactError("inference template: no unique byte markers for the trainable tensors")
+    out = bytearray(data)
+    for n, o in offsets.items():
+        out[o : o + values[n].nbytes] = values[n].tobytes()
+        by_name[n].CopyFrom(_raw(n, values[n].shape, values[n].tobytes()))
+    return bytes(out), {n: [o, values[n].nbytes] for n, o in offsets.items()}
+
+
+def _raw(name: str, shape: tuple[int, ...], raw: bytes) -> onnx.TensorProto:
+    tensor = onnx.TensorProto(name=name, data_type=onnx.TensorProto.FLOAT, dims=list(shape))
+    tensor.raw_data = raw
+    return tensor
+
+
+def patched(template: bytes, offsets: dict[str, list[int]], weights: dict[str, np.ndarray]) -> bytes:
+    """``template`` with ``weights`` written at their offsets (the board's export, for the host)."""
+    out = bytearray(template)
+    for name, (offset, length) in offsets.items():
+        raw = np.ascontiguousarray(weights[name], dtype="<f4").tobytes()
+        if len(raw) != length:
+            raise ArtifactError(f"{name}: {len(raw)} bytes where the template holds {length}")
+        out[offset : offset + length] = raw
+    return bytes(out)
+
+
+def write_template(
+    graph: onnx.ModelProto, outputs: list[str], trainable: list[str], path: Path
+) -> dict[str, list[int]]:
+    """Write ``path``, the inference template made of a copy of the eval-mode export ``graph`` with
+    ``outputs`` only, and return ``{name: [offset, length]}`` of each trainable tensor in it."""
+    proto = onnx.ModelProto()
+    proto.CopyFrom(graph)
+    keep_outputs(proto, outputs)
+    data, offsets = locate(proto, trainable)
+    path.write_bytes(data)
+    return offsets
+
+
+def inference_of(out_dir: Path, manifest: dict, checkpoint: Path, out: Path) -> Path:
+    """The inference model of a checkpoint of the prepared folder ``out_dir`` (the prepared one, or
+    a board's), written as the board writes it: the template with the checkpoint's tensors."""
+    files = manifest["files"]
+    offsets = json.loads((out_dir / files["step"]["path"]).read_text())["inference"]["offsets"]
+    state = CheckpointState.load_checkpoint(checkpoint)
+    weights = {name: p.data for name, p in state.parameters}
+    missing = sorted(set(offsets) - set(weights))
+    if missing:
+        raise ArtifactError(f"{checkpoint}: no tensor {missing[0]!r} for the inference model")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(patched((out_dir / files["inference_template"]["path"]).read_bytes(), offsets, weights))
+    return out

@@ -1,0 +1,133 @@
+"""The train and eval steps of a PyTorch model as FX graphs of plain ATen operators, batch symbolic.
+
+The forward is exported by ``torch.export`` in the step's mode (training: every layer in training
+mode, BatchNorm as ``trainable.batchnorm`` says; eval: eval mode), decomposed to core ATen, then
+``make_fx`` traces, over that graph, the function ``(feeds, trainable, frozen) -> (loss, outputs,
+gradients)`` that ``torch.func.grad_and_value`` makes of it (the eval step: ``(loss, outputs)``).
+The backward operators come out decomposed too (:mod:`.decompositions`), each use recorded for
+:mod:`.op_checks`. The model is given back exactly as it was (:func:`tasks.prepare.tracing.restored`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.errors import ModelError
+from tasks.prepare.messages import layer_of
+from tasks.prepare.runtimes.autograd.decompositions import table
+from tasks.prepare.runtimes.autograd.op_checks import recorded_table
+from tasks.prepare.tracing import has_auxiliary_outputs, restored
+from tasks.prepare.user_code import user_code_error
+
+MAX_BATCH = 1 << 16
+# (model outputs, labels) -> (loss, the outputs the step returns after the loss)
+Loss = Callable[[tuple[Any, ...], tuple[Any, ...]], tuple[Any, tuple[Any, ...]]]
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """What a step is traced on: its feeds (the model's inputs, then the loss's labels: name and an
+    example tensor), the trainable and frozen tensors by name, and the loss."""
+
+    feeds: list[tuple[str, Any]]
+    model_inputs: int
+    trainable: dict[str, Any]
+    frozen: dict[str, Any]
+    loss: Loss
+
+
+@contextlib.contextmanager
+def step_mode(
+    model: Any, training: bool, batchnorm: str, inputs: tuple[Any, ...], outputs: int
+) -> Iterator[None]:
+    """``model`` in the mode of a train (``training``) or eval step for the block, then as it was.
+
+    Training: every module in training mode, except the root of a model that adds auxiliary
+    outputs in training (Inception, GoogLeNet: the main output trains, as the ORT path does);
+    BatchNorm ``frozen`` normalises with its running statistics, ``batch-stats`` with the batch's,
+    its running statistics untouched (they are detached for the block).
+    """
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    with restored(model):
+        aux = training and has_auxiliary_outputs(model, inputs, outputs)
+        for m in model.modules():
+            m.training = training and not (aux and m is model)
+            if training and isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                if batchnorm == "frozen":
+                    m.training = False
+                else:  # batch statistics, nothing updated
+                    m.running_mean = m.running_var = m.num_batches_tracked = None
+        yield
+
+
+def forward_graph(model: Any, inputs: tuple[Any, ...], training: bool, batchnorm: str, outputs: int,
+                  base_dir: Any) -> Any:  # fmt: skip
+    """The model's forward in the step's mode as a core-ATen GraphModule with a symbolic batch."""
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
+    shapes = tuple({0: batch} for _ in inputs)
+    with step_mode(model, training, batchnorm, inputs, outputs):
+        try:
+            program = torch.export.export(model, inputs, dynamic_shapes=shapes, strict=False)
+        except Exception as exc:  # torch.export raises many types; all mean "cannot trace"
+            named = user_code_error(exc, base_dir, "while torch.export traced it")
+            mode = "training" if training else "eval"
+            raise named or ModelError(
+                f"torch.export cannot trace the model in {mode} mode: {_first_line(exc)}"
+            ) from exc
+    return program.run_decompositions(table()).module()
+
+
+def trace_step(forward: Any, step: StepInputs, *, grads: bool) -> Any:
+    """``make_fx`` of the step over ``forward`` (from :func:`forward_graph`): placeholders are the
+    feeds, the trainable then the frozen tensors; results the loss, the outputs and (``grads``) the
+    trainable tensors' gradients in their order."""
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+    from torch.fx.experimental.proxy_tensor import make_fx  # the tracer of the step
+
+    names, frozen_names = list(step.trainable), list(step.frozen)
+    n_feeds, n_model = len(step.feeds), step.model_inputs
+
+    def loss_of(trainable: dict, frozen: dict, feeds: tuple) -> tuple[Any, tuple]:
+        out = torch.func.functional_call(forward, {**frozen, **trainable}, feeds[:n_model])
+        loss, kept = step.loss(tuple(out) if isinstance(out, (tuple, list)) else (out,), feeds[n_model:])
+        return loss, kept
+
+    def run(*args: Any) -> tuple[Any, ...]:
+        feeds = args[:n_feeds]
+        trainable = dict(zip(names, args[n_feeds : n_feeds + len(names)], strict=True))
+        frozen = dict(zip(frozen_names, args[n_feeds + len(names) :], strict=True))
+        if not grads:
+            loss, kept = loss_of(trainable, frozen, feeds)
+            return (loss, *kept)
+        gradients, (loss, kept) = torch.func.grad_and_value(
+            lambda t: loss_of(t, frozen, feeds), has_aux=True
+        )(trainable)
+        return (loss, *kept, *(gradients[n] for n in names))
+
+    example = [t for _, t in step.feeds] + list(step.trainable.values()) + list(step.frozen.values())
+    try:
+        return make_fx(run, decomposition_table=recorded_table(), tracing_mode="symbolic")(*example)
+    except ModelError:
+        raise
+    except Exception as exc:  # make_fx raises many types; all mean "cannot differentiate"
+        raise ModelError(
+            f"PyTorch cannot trace the {'train' if grads else 'eval'} step: {_first_line(exc)}"
+        ) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def node_layer(node: Any) -> str:
+    """The model layer an FX node comes from (its ``nn_module_stack``), for messages."""
+    stack = node.meta.get("nn_module_stack") or {}
+    path = next(reversed(stack.values()), ("", None))[0] if stack else ""
+    return layer_of(path) if path else "the model's own forward"

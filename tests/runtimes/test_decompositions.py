@@ -1,0 +1,171 @@
+"""The autograd runtime's own backward decompositions equal PyTorch's kernels over generated
+configurations (Hypothesis), and a decomposition that differs is caught where a step is built."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from tasks.errors import ArtifactError
+from tasks.prepare.runtimes.autograd import decompositions as dec
+from tasks.prepare.runtimes.autograd import op_checks
+from tasks.prepare.runtimes.autograd.op_checks import TensorArg, Use, check_recorded, check_use, recording
+
+aten = torch.ops.aten
+TOL = 1e-4
+
+
+def _close(got, want) -> None:
+    for g, w in zip(got, want, strict=True):
+        if w is None:
+            continue
+        assert g is not None and g.shape == w.shape
+        assert float((g - w).abs().max()) <= TOL * max(1.0, float(w.abs().max()))
+
+
+@st.composite
+def conv_configs(draw):
+    nd = draw(st.integers(1, 3))
+    groups = draw(st.sampled_from([1, 2, 3]))
+    cin, cout = groups * draw(st.integers(1, 3)), groups * draw(st.integers(1, 3))
+    depthwise = draw(st.booleans())
+    if depthwise:  # one input channel per group
+        groups, cin = cin, cin
+        cout = cin * draw(st.integers(1, 2))
+    kernel = draw(st.lists(st.integers(1, 3), min_size=nd, max_size=nd))
+    stride = draw(st.lists(st.integers(1, 3), min_size=nd, max_size=nd))
+    dilation = draw(st.lists(st.integers(1, 2), min_size=nd, max_size=nd))
+    padding = draw(st.lists(st.integers(0, 2), min_size=nd, max_size=nd))
+    size = draw(st.lists(st.integers(4, 9 if nd < 3 else 6), min_size=nd, max_size=nd))
+    transposed = draw(st.booleans())
+    out_pad = (
+        [draw(st.integers(0, max(s, d) - 1)) for s, d in zip(stride, dilation, strict=True)]
+        if transposed
+        else [0] * nd
+    )
+    return nd, groups, cin, cout, kernel, stride, dilation, padding, size, transposed, out_pad
+
+
+@settings(max_examples=150, deadline=None)
+@given(conv_configs(), st.integers(0, 2**16))
+@example((2, 1, 2, 3, [3, 3], [2, 2], [1, 1], [1, 1], [7, 8], False, [0, 0]), 0)  # odd size, stride 2
+@example((1, 4, 4, 4, [3], [1], [2], [2], [9], False, [0]), 0)  # depthwise, dilated
+@example((2, 1, 2, 2, [2, 2], [2, 2], [1, 1], [0, 0], [5, 5], True, [1, 1]), 0)  # transposed, output padding
+def test_convolution_backward_equals_pytorch(config, seed):
+    nd, groups, cin, cout, kernel, stride, dilation, padding, size, transposed, out_pad = config
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, cin, *size, generator=gen)
+    w = torch.randn(*((cin, cout // groups) if transposed else (cout, cin // groups)), *kernel, generator=gen)
+    try:
+        y = aten.convolution(x, w, None, stride, padding, dilation, transposed, out_pad, groups)
+    except RuntimeError:  # a configuration PyTorch itself refuses (output smaller than the kernel)
+        return
+    if y.numel() == 0:
+        return
+    gy = torch.randn(y.shape, generator=gen)
+    mask = [True, True, True]
+    bias = [w.shape[1] * groups if transposed else cout]
+    want = aten.convolution_backward(
+        gy, x, w, bias, stride, padding, dilation, transposed, out_pad, groups, mask
+    )
+    got = dec.convolution_backward(
+        gy, x, w, bias, stride, padding, dilation, transposed, out_pad, groups, mask
+    )
+    _close(got, want)
+
+
+@st.composite
+def pool_configs(draw):
+    nd = draw(st.sampled_from([2, 3]))
+    kernel = draw(st.lists(st.integers(1, 3), min_size=nd, max_size=nd))
+    stride = draw(st.lists(st.integers(1, 3), min_size=nd, max_size=nd))
+    padding = [draw(st.integers(0, k // 2)) for k in kernel]
+    size = draw(st.lists(st.integers(3, 9 if nd == 2 else 6), min_size=nd, max_size=nd))
+    return (
+        nd,
+        kernel,
+        stride,
+        padding,
+        size,
+        draw(st.booleans()),
+        draw(st.booleans()),
+        draw(st.sampled_from([None, 2, 5])),
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(pool_configs(), st.integers(0, 2**16))
+@example((2, [2, 3], [2, 3], [1, 0], [5, 8], False, False, None), 0)  # the last window reaches the edge
+@example((2, [3, 3], [2, 2], [1, 1], [6, 6], True, True, None), 0)  # ceil mode past the padded input
+def test_avg_pool_backward_equals_pytorch(config, seed):
+    nd, kernel, stride, padding, size, ceil, include_pad, divisor = config
+    x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(seed))
+    forward, backward = (
+        (aten.avg_pool2d, aten.avg_pool2d_backward)
+        if nd == 2
+        else (aten.avg_pool3d, aten.avg_pool3d_backward)
+    )
+    y = forward(x, kernel, stride, padding, ceil, include_pad, divisor)
+    gy = torch.randn_like(y)
+    want = backward(gy, x, kernel, stride, padding, ceil, include_pad, divisor)
+    _close([dec.avg_pool_backward(gy, x, kernel, stride, padding, ceil, include_pad, divisor)], [want])
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.sampled_from([2, 3]),
+    st.lists(st.integers(1, 9), min_size=3, max_size=3),
+    st.lists(st.integers(1, 5), min_size=3, max_size=3),
+)
+def test_adaptive_avg_pool_backward_equals_pytorch(nd, size, out):
+    x = torch.randn(2, 3, *size[:nd])
+    forward = aten._adaptive_avg_pool2d if nd == 2 else aten._adaptive_avg_pool3d
+    backward = aten._adaptive_avg_pool2d_backward if nd == 2 else aten._adaptive_avg_pool3d_backward
+    gy = torch.randn_like(forward(x, out[:nd]))
+    _close([dec.adaptive_avg_pool_backward(gy, x, nd)], [backward(gy, x)])
+
+
+def _conv_grads(model: torch.nn.Module, x: torch.Tensor) -> list[Use]:
+    """The uses a make_fx trace of the model's weight gradient records."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    params = dict(model.named_parameters())
+
+    def grad(x, *ps):
+        def loss(p):
+            return torch.func.functional_call(model, dict(zip(params, p, strict=True)), (x,)).sum()
+
+        return torch.func.grad(loss)(ps)
+
+    with recording() as uses:
+        make_fx(grad, decomposition_table=op_checks.recorded_table(), tracing_mode="symbolic")(
+            x, *[p.detach() for p in params.values()]
+        )
+    return uses
+
+
+def test_uses_are_recorded_with_the_example_s_sizes_and_checked():
+    uses = _conv_grads(torch.nn.Conv2d(3, 4, 3, stride=2, padding=1, groups=1), torch.randn(7, 3, 9, 9))
+    assert [u.op for u in uses] == [aten.convolution_backward.default]
+    inp = uses[0].args[1]
+    assert isinstance(inp, TensorArg) and inp.shape == (7, 3, 9, 9)
+    checked = check_recorded(uses)
+    assert len(checked) == 1 and max(checked.values()) < TOL
+
+
+def test_a_wrong_decomposition_is_refused_in_one_line(monkeypatch):
+    (use,) = _conv_grads(torch.nn.Conv1d(2, 2, 3), torch.randn(7, 2, 8))
+    table = dec.own_table()
+
+    def off_by_a_bit(*args):
+        gi, gw, gb = table[aten.convolution_backward.default](*args)
+        return gi, gw * 1.01, gb
+
+    monkeypatch.setattr(
+        op_checks, "own_table", lambda: {**table, aten.convolution_backward.default: off_by_a_bit}
+    )
+    with pytest.raises(ArtifactError) as info:
+        check_use(use)
+    assert "aten.convolution_backward" in str(info.value) and "\n" not in str(info.value)
