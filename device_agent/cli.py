@@ -51,10 +51,12 @@ def _job(args: argparse.Namespace) -> JobDir:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    """Print the board's versions, training API status, RAM and disk."""
+    """Print the board's versions, training API status, RAM, disk and machine. Exit 0 when
+    onnxruntime imports, with its training API or not (the autograd runtime needs none; the host
+    judges a job's runtime from ``training_api``), ENVIRONMENT when it does not."""
     info = board_info(args.root)
     emit(info.to_dict())
-    return ExitCode.OK if info.training_api else ExitCode.NO_TRAINING_API
+    return ExitCode.ENVIRONMENT if info.ort_version.startswith("missing") else ExitCode.OK
 
 
 def cmd_blobs(args: argparse.Namespace) -> int:

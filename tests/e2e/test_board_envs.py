@@ -21,6 +21,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from flows.cli import main
+from tasks.board.agent import agent_argv
 from tasks.board.check import check_board, exit_code
 from tasks.board.check_items import PASS, plain_versions
 from tasks.board.inventory import Board
@@ -80,6 +81,8 @@ def test_board_reports_machine_ort_and_no_training_api(
         False,
     )
     assert "has no training API" in info["training_api_error"] and info["torch_loaded"] is False
+    with connect(plain_board) as conn:  # the agent's own exit: 0, the board runs the autograd runtime
+        assert conn.run(agent_argv(plain_board, "info"), check=False).code == 0
 
 
 def test_inference_session_on_the_board_gives_the_hosts_numbers(plain_board: Board, tmp_path: Path) -> None:
