@@ -118,14 +118,17 @@ def _traced(build: Any, node: Any, placeholders: list[Any]) -> Any:
 
 
 def _shape(node: Any, batch_symbol: Any, layer_of: Any) -> tuple[int | str, ...]:
-    """The draw's shape: ints, and ``"batch"`` where it is the batch itself."""
+    """The draw's shape: ``"batch"`` where it is the batch itself, the example's size where it does
+    not depend on the batch (the tracer makes every size a symbol; only the batch stays one)."""
     out: list[int | str] = []
     for dim in node.meta["val"].shape:
-        expr = getattr(getattr(dim, "node", None), "expr", None)
-        if expr is None:
+        sym = getattr(dim, "node", None)
+        if sym is None:
             out.append(int(dim))
-        elif expr == batch_symbol:
+        elif sym.expr == batch_symbol:
             out.append("batch")
+        elif batch_symbol not in sym.expr.free_symbols:
+            out.append(int(sym.hint))
         else:
             raise ModelError(f"{layer_of(node)} draws random numbers of shape {list(node.meta['val'].shape)}: the "
                              "autograd runtime replays draws whose sizes are the batch or fixed")  # fmt: skip

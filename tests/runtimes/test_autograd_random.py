@@ -1,0 +1,119 @@
+"""Random layers train in the autograd runtime as PyTorch trains them, whatever draws them (Dropout,
+Dropout2d, torchvision's StochasticDepth, a hand-written mask): each draw is a noise input of the
+train step, the masks it makes equal PyTorch's for the same uniform numbers, the eval step draws
+nothing, and the board's draws are a function of (seed, step)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import onnxruntime
+import pytest
+import torch
+
+from tasks.prepare.board_job import build_job_spec
+from tasks.prepare.pipeline import prepare
+from tests.prepare.kit import merge, tiny_recipe
+
+P2D, SURVIVE, OWN, P = 0.3, 0.6, 0.2, 0.5
+MODULE = f"""
+import torch
+from torch import nn
+from torchvision.ops import StochasticDepth
+
+
+class RandomNet(nn.Module):
+    def __init__(self, num_classes=3):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.drop2d = nn.Dropout2d({P2D})
+        self.depth = StochasticDepth({1 - SURVIVE}, "row")
+        self.drop = nn.Dropout({P})
+        self.head = nn.Linear(4 * 16, num_classes)
+
+    def forward(self, x):
+        y = self.drop2d(torch.relu(self.conv(x)))
+        y = y + self.depth(y)
+        if self.training:  # a hand-written mask, drawn by the model's own forward
+            y = y * (torch.rand(x.shape[0], 1, 1, 1) > {OWN})
+        return self.head(self.drop(torch.flatten(y, 1)))
+
+
+def random_net(num_classes=3):
+    return RandomNet(num_classes)
+"""
+
+
+@pytest.fixture(scope="module")
+def random_prepared(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("random")
+    (folder / "randomnet.py").write_text(MODULE)
+    changes = {"model": {"callable": "randomnet:random_net"}, "trainable": {"strategy": "all"},
+               "training": {"runtime": "autograd", "batch_size": 8}}  # fmt: skip
+    recipe = tiny_recipe(folder, merge({}, changes))
+    return recipe, prepare(recipe, folder / "out")
+
+
+def _reference(recipe, weights, x, y, noise):
+    """Loss and gradients by PyTorch with the masks the noise stands for, as each layer draws them."""
+    from tasks.prepare.torch_model import build_model
+
+    model = build_model(recipe)  # a random init: the prepared checkpoint's values are loaded
+    model.load_state_dict({n: torch.from_numpy(w) for n, w in weights.items()})
+    drop2d, depth, own, drop = (torch.from_numpy(n) for n in noise)
+    h = torch.relu(model.conv(torch.from_numpy(x)))
+    h = h * (drop2d < 1 - P2D) / (1 - P2D)  # Dropout2d: a Bernoulli(1 - p) per channel
+    h = h + h * (depth < SURVIVE) / SURVIVE  # StochasticDepth "row": a Bernoulli(survival) per sample
+    h = h * (own > OWN)  # torch.rand(...) > 0.2
+    flat = torch.flatten(h, 1)
+    logits = model.head(flat * (drop > P) / (1 - P))  # Dropout: rand_like(x) > p
+    loss = torch.nn.functional.cross_entropy(logits, torch.from_numpy(y))
+    loss.backward()
+    return loss.item(), {n: p.grad.numpy() for n, p in model.named_parameters()}
+
+
+def test_each_random_draw_is_a_noise_input_of_the_train_step(random_prepared):
+    recipe, prepared = random_prepared
+    step = json.loads((prepared.artifacts_dir / "step.json").read_text())
+    shapes = [n["shape"] for n in step["noise"]]
+    assert shapes == [["batch", 4, 1, 1], ["batch", 1, 1, 1], ["batch", 1, 1, 1], ["batch", 64]]
+    assert step["eval_noise"] == []
+    session = onnxruntime.InferenceSession(str(prepared.artifacts_dir / "train_step.onnx"))
+    with np.load(prepared.artifacts_dir / "checkpoint.npz") as ckpt:
+        weights = dict(ckpt)
+    data = np.load(recipe.data.train)
+    x, y = data["x"][:5], data["y"][:5].astype(np.int64)
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        noise = [rng.random([5 if d == "batch" else d for d in s], dtype=np.float32) for s in shapes]
+        feeds = {
+            "input": x,
+            "labels": y,
+            **weights,
+            **{n["name"]: a for n, a in zip(step["noise"], noise, strict=True)},
+        }
+        got = session.run(None, feeds)
+        loss, grads = _reference(recipe, weights, x, y, noise)
+        assert abs(got[0] - loss) <= 1e-5 * max(1, abs(loss))
+        for spec, grad in zip(step["trainable"], got[2:], strict=True):
+            want = grads[spec["name"]]
+            assert np.abs(grad - want).max() <= 1e-5 * max(1.0, np.abs(want).max()), spec["name"]
+
+
+def test_the_board_draws_from_the_seed_and_the_step(agent_board, random_prepared):
+    recipe, prepared = random_prepared
+
+    def losses(job_id, seed):
+        spec, files = build_job_spec(recipe, prepared, job_id)
+        spec = replace(spec, train=replace(spec.train, seed=seed, log_every=1, epochs=2))
+        jdir = agent_board.install(spec, files)
+        run = agent_board.run("run", str(jdir))
+        assert run.code == 0, run.err[-2000:]
+        events = [json.loads(line) for line in (jdir / "events.jsonl").read_text().splitlines()]
+        return [e["data"]["loss"] for e in events if e["type"] == "step"]
+
+    first, again, other = losses("a", 0), losses("b", 0), losses("c", 1)
+    assert first == again and len(first) == 24
+    assert first != other
