@@ -138,6 +138,13 @@ def two_head_loss(class_weight: float = 1.0, aux_weight: float = 0.5):
     return TwoHeadLoss()
 
 
+def two_head_loss_torch(logits: torch.Tensor, aux: torch.Tensor, labels: torch.Tensor, target: torch.Tensor,
+                        class_weight: float = 1.0, aux_weight: float = 0.5) -> torch.Tensor:  # fmt: skip
+    """:func:`two_head_loss` in PyTorch, its twin for ``training.runtime = "autograd"`` (``loss.torch``):
+    the model's outputs, then the label feeds by their graph names."""
+    return class_weight * F.cross_entropy(logits, labels) + aux_weight * ((aux - target) ** 2).mean()
+
+
 class EmbeddedLossNet(DigitsCNN):
     """Digits CNN whose forward takes ``(input, labels)`` and returns ``(loss, logits)``.
 

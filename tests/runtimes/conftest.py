@@ -3,18 +3,15 @@ tree where ``onnxruntime.training`` cannot be imported, and an agent run of it."
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tasks.paths import PROJECT_ROOT
 from tests.fixtures_prepare import RECIPES
+from tests.runtimes.kit import prepared_by_odl
 
-AUTOGRAD = 'training.runtime="autograd"'
 # installed as sitecustomize.py first on PYTHONPATH: every Python process of the tree (odl, the
 # training probe, the graph-running child, the agent) refuses onnxruntime.training, and says so
 BLOCKER = '''
@@ -40,25 +37,9 @@ def no_ort_training(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join([str(folder), str(PROJECT_ROOT)])}
 
 
-def odl(args: list[str], env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess:
-    """``python -m flows.cli ARGS`` (the ``odl`` command) with ``env`` added to this one's."""
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True,
-                          cwd=PROJECT_ROOT, env={**os.environ, **env}, timeout=timeout)  # fmt: skip
-
-
 @pytest.fixture(scope="session")
 def autograd_digits(tmp_path_factory: pytest.TempPathFactory, no_ort_training: dict[str, str]):
     """recipes/digits.toml prepared (export, artifacts, validation) for the autograd runtime by
     ``odl prepare`` with onnxruntime.training blocked: (recipe, Prepared)."""
-    from tasks.prepare import Prepared
-    from tasks.recipe.load import load_recipe
-
     out: Path = tmp_path_factory.mktemp("autograd_digits") / "prepared"
-    proc = odl(
-        ["prepare", str(RECIPES / "digits.toml"), "--set", AUTOGRAD, "--out", str(out)], no_ort_training
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    manifest = json.loads((out / "manifest.json").read_text())
-    validation = json.loads((out / "validation.json").read_text())
-    recipe = load_recipe(RECIPES / "digits.toml", {"training.runtime": "autograd"})
-    return recipe, Prepared.of(out, manifest, validation)
+    return prepared_by_odl(RECIPES / "digits.toml", {"training.runtime": '"autograd"'}, out, no_ort_training)

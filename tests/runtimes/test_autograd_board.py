@@ -17,26 +17,11 @@ from onnx import numpy_helper
 from device_agent.events import read_events
 from device_agent.runtimes.state import CheckpointState
 from tasks.prepare.board_job import build_job_spec
+from tests.runtimes.kit import run_job, step_losses, trained
 
 STEPS = 50  # the equivalence: 50 steps, losses within 1e-4 relative, weights within 1e-4
 EPOCHS = 6  # 13 steps per epoch (400 samples, batch 32)
 SLOW = {"ODL_AGENT_STEP_DELAY_S": "0.05"}
-
-
-def _run(agent_board, spec, files, env=None):
-    jdir = agent_board.install(spec, files)
-    run = agent_board.run("run", str(jdir), env=env)
-    assert run.code == 0, run.err[-3000:]
-    return jdir, run.last
-
-
-def _step_losses(jdir) -> list[float]:
-    return [e["data"]["loss"] for e in read_events(jdir / "events.jsonl") if e["type"] == "step"]
-
-
-def _trained(jdir) -> dict[str, np.ndarray]:
-    with np.load(jdir / "trainable.npz") as npz:
-        return dict(npz)
 
 
 @pytest.fixture
@@ -53,13 +38,13 @@ def autograd_job(autograd_digits):
 
 def test_fifty_steps_match_the_ort_runtime(agent_board, autograd_job, digits_job, no_ort_training):
     spec, files = autograd_job("autograd", max_steps=STEPS, log_every=1)
-    jdir, result = _run(agent_board, spec, files, env=no_ort_training)
+    jdir, result = run_job(agent_board, spec, files, env=no_ort_training)
     ort_spec, ort_files = digits_job("ort", max_steps=STEPS, log_every=1)
-    ort_dir, ort_result = _run(agent_board, ort_spec, ort_files)
-    got, want = np.array(_step_losses(jdir)), np.array(_step_losses(ort_dir))
+    ort_dir, ort_result = run_job(agent_board, ort_spec, ort_files)
+    got, want = np.array(step_losses(jdir)), np.array(step_losses(ort_dir))
     assert len(got) == len(want) == STEPS and result["steps"] == ort_result["steps"] == STEPS
     np.testing.assert_allclose(got, want, rtol=1e-4)
-    weights, ort_weights = _trained(jdir), _trained(ort_dir)
+    weights, ort_weights = trained(jdir), trained(ort_dir)
     assert weights.keys() == ort_weights.keys()
     for name, w in ort_weights.items():
         np.testing.assert_allclose(weights[name], w, rtol=0, atol=1e-4, err_msg=name)
@@ -68,14 +53,14 @@ def test_fifty_steps_match_the_ort_runtime(agent_board, autograd_job, digits_job
 def test_the_inference_model_is_the_template_rewritten_with_the_trained_weights(agent_board, autograd_job,
                                                                                autograd_digits):  # fmt: skip
     _, prepared = autograd_digits
-    jdir, result = _run(agent_board, *autograd_job("inference", epochs=1))
+    jdir, result = run_job(agent_board, *autograd_job("inference", epochs=1))
     board = (jdir / "inference.onnx").read_bytes()
     model = onnx.load(str(prepared.artifacts_dir / "inference_template.onnx"))
-    trained = _trained(jdir)
-    assert set(trained) == set(prepared.manifest["trainable"])
+    weights = trained(jdir)
+    assert set(weights) == set(prepared.manifest["trainable"])
     for init in model.graph.initializer:
-        if init.name in trained:
-            init.CopyFrom(numpy_helper.from_array(trained[init.name], init.name))
+        if init.name in weights:
+            init.CopyFrom(numpy_helper.from_array(weights[init.name], init.name))
     assert board == model.SerializeToString()
     assert result["outputs"]["inference"]["size"] == len(board)
 
@@ -87,7 +72,7 @@ def _final(jdir) -> CheckpointState:
 @pytest.mark.slow
 def test_sigkill_then_start_is_bit_identical(agent_board, autograd_job, no_ort_training):
     ref_spec, files = autograd_job("ref", epochs=EPOCHS, checkpoint_every=5)
-    ref_dir, ref = _run(agent_board, ref_spec, files, env=no_ort_training)
+    ref_dir, ref = run_job(agent_board, ref_spec, files, env=no_ort_training)
     spec, _ = autograd_job("killed", epochs=EPOCHS, checkpoint_every=5)
     jdir = agent_board.install(spec, files)
     started = agent_board.run("start", str(jdir), env={**no_ort_training, **SLOW})

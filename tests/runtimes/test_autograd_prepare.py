@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from tasks.prepare.torch_model import build_model
-from tests.runtimes.conftest import odl
+from tests.runtimes.kit import odl
 
 GRAD_TOL = 1e-5
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from onnx import numpy_helper
 
 from tasks.errors import RecipeError
 from tasks.prepare.artifacts import trainable_layers
@@ -91,13 +92,26 @@ def torch_names(trainable: list[str], model: Any) -> None:
                               f"'autograd' trains PyTorch's parameters; some are: {list(params)[:6]})", name)  # fmt: skip
 
 
+def exported_weights(model: Any, graph: Any) -> Any:
+    """``model`` holding the values its export ``graph`` holds (a model built without a weights file
+    is initialised at random on each build: the steps must train the exported one)."""
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    values = {i.name: i for i in graph.graph.initializer}
+    with torch.no_grad():
+        for name, tensor in model.state_dict(keep_vars=True).items():
+            if name in values:
+                tensor.copy_(torch.from_numpy(numpy_helper.to_array(values[name]).copy()))
+    return model
+
+
 def generate(recipe: Recipe, model_onnx: Path, out_dir: Path) -> dict[str, Any]:
     """Write the autograd runtime's artifacts and ``manifest.json`` for the recipe; return the manifest."""
     out_dir, art = Path(out_dir), Path(out_dir) / "artifacts"
     graph = load_onnx(Path(model_onnx))
     check_board_loadable(graph, str(model_onnx))
     trainable, frozen, counts = resolve_trainable(recipe, graph)
-    model = build_model(recipe)
+    model = exported_weights(build_model(recipe), graph)
     torch_names(trainable, model)
     art.mkdir(parents=True, exist_ok=True)
     steps = build_steps(recipe, model, trainable, art)

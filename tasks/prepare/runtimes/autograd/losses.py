@@ -96,16 +96,17 @@ def plan(recipe: Recipe, outputs: tuple[Any, ...], batch: int) -> LossPlan:
 
 def _twin(recipe: Recipe, outputs: tuple[Any, ...], names: list[str], batch: int) -> LossPlan:
     """A custom loss through its PyTorch twin ``loss.torch``: its parameters after the model's
-    outputs name its label feeds."""
+    outputs without a default name its label feeds."""
     if recipe.loss.torch is None:
         raise RecipeError("loss.torch", "a 'module:callable' PyTorch twin of the custom onnxblock loss "
                           f"{recipe.loss.factory} (training.runtime = 'autograd' differentiates PyTorch, not onnxblock)")  # fmt: skip
     twin = load_ref(recipe.base_dir, recipe.loss.torch, "loss.torch")
-    params = list(inspect.signature(twin).parameters)
-    if len(params) <= len(outputs):
+    params = list(inspect.signature(twin).parameters.values())
+    labels = [p.name for p in params[len(outputs) :] if p.default is inspect.Parameter.empty]
+    if len(params) < len(outputs) or not labels:
         raise RecipeError("loss.torch", f"a callable taking the {len(outputs)} model outputs and then its label "
-                          "feeds by name", f"{recipe.loss.torch}({', '.join(params)})")  # fmt: skip
-    labels = params[len(outputs) :]
+                          "feeds by name (parameters with a default are no feeds)",
+                          f"{recipe.loss.torch}({', '.join(p.name for p in params)})")  # fmt: skip
     examples = [(n, _example(recipe, n, len(recipe.model.input_names) + i, batch, None, None))
                 for i, n in enumerate(labels)]  # fmt: skip
     return LossPlan(lambda o, lab: (twin(*o, *lab), o), examples, names, f"custom:{recipe.loss.factory}")

@@ -1,0 +1,54 @@
+"""Helpers of the runtimes tests: a recipe prepared by ``odl prepare`` in a process tree, an agent
+job run to its end, what it logged and what it trained."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from device_agent.events import read_events
+from tasks.paths import PROJECT_ROOT
+
+
+def odl(args: list[str], env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess:
+    """``python -m flows.cli ARGS`` (the ``odl`` command) with ``env`` added to this one's."""
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True,
+                          cwd=PROJECT_ROOT, env={**os.environ, **env}, timeout=timeout)  # fmt: skip
+
+
+def prepared_by_odl(recipe_file: Path, overrides: dict[str, str], out: Path, env: dict[str, str]):
+    """``odl prepare RECIPE --set K=V ... --out OUT`` in a child with ``env``: (Recipe, Prepared)."""
+    from tasks.prepare import Prepared
+    from tasks.recipe.load import load_recipe, parse_override
+
+    sets = [arg for key, value in overrides.items() for arg in ("--set", f"{key}={value}")]
+    proc = odl(["prepare", str(recipe_file), *sets, "--out", str(out)], env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    validation = json.loads((out / "validation.json").read_text())
+    recipe = load_recipe(recipe_file, dict(parse_override(f"{k}={v}") for k, v in overrides.items()))
+    return recipe, Prepared.of(out, manifest, validation)
+
+
+def run_job(agent_board, spec, files, env=None) -> tuple[Path, dict]:
+    """Install and run a job to its end on ``agent_board``: its folder and result."""
+    jdir = agent_board.install(spec, files)
+    run = agent_board.run("run", str(jdir), env=env)
+    assert run.code == 0, run.err[-3000:]
+    return jdir, run.last
+
+
+def step_losses(jdir: Path) -> list[float]:
+    """The loss of every step event of a job."""
+    return [e["data"]["loss"] for e in read_events(jdir / "events.jsonl") if e["type"] == "step"]
+
+
+def trained(jdir: Path) -> dict[str, np.ndarray]:
+    """A finished job's trained tensors (``trainable.npz``)."""
+    with np.load(jdir / "trainable.npz") as npz:
+        return dict(npz)
