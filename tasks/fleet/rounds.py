@@ -149,7 +149,7 @@ class FleetRun:
         tag = "".join(c for c in run_id if c.isalnum())[:12]
         folder = state_dir("fleet", f"{inp.recipe.name}-{group}-{tag}")
         weights = checkpoint_weights(
-            start_checkpoint or prep.artifacts_dir / "checkpoint", trainable_only=True
+            start_checkpoint or prep.checkpoint, trainable_only=True
         )
         fleet = cls(inp, prep, group, [b.name for b in boards], run_id, folder, weights)
         fleet.start = start or {"from": "base"}
@@ -161,7 +161,7 @@ class FleetRun:
 
     def round_checkpoint(self, r: int) -> Path:
         """The current global weights written into the prepared checkpoint (round ``r``'s start)."""
-        base = self.prep.artifacts_dir / "checkpoint"
+        base = self.prep.checkpoint
         return write_checkpoint(base, self.weights, self.folder / f"round-{r:03d}" / "global.ckpt")
 
     def close_round(
@@ -223,7 +223,7 @@ class FleetRun:
         """Write ``weights`` as ``ckpt``, export ``ckpt``'s inference model beside it (``.onnx``) and
         evaluate it on the host test set."""
         recipe = self.inp.recipe
-        write_checkpoint(self.prep.artifacts_dir / "checkpoint", weights, ckpt)
+        write_checkpoint(self.prep.checkpoint, weights, ckpt)
         model = inference_of(self.prep, ckpt, ckpt.with_suffix(".onnx"))
         cache = state_dir("cache", "evaluations")
         m = evaluate_cached(model, recipe.data.test, recipe.task, cache, host_loss(recipe, self.prep))

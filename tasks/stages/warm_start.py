@@ -107,7 +107,7 @@ def warm_start(recipe: Recipe, prep: Prepared, board: str, reg: Registry | None 
         log.info("training.start_from = current: no version of %s in service on %s yet, starting "
                  "from the recipe's base weights", recipe.name, board)  # fmt: skip
         return None
-    base = prep.artifacts_dir / "checkpoint"
+    base = prep.checkpoint
     out = state_dir("warm", f"{recipe.name}-{board}-{current.name}-{prep.out_dir.name}") / "checkpoint"
     warm = build_warm_checkpoint(base, current, out)
     log.info("warm start from %s (weights sha256 %s)", current.name, warm.record["weights_sha256"][:12])

@@ -1,0 +1,55 @@
+"""The host reads and writes the autograd runtime's checkpoints as it does ORT's (warm starts and
+fleet rounds): every trainable tensor replaced, read back exactly, no optimizer state; a tensor
+missing, extra or of another shape is one ArtifactError line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from device_agent.runtimes.state import CheckpointState
+from tasks.checkpoint import autograd_checkpoint, checkpoint_weights, write_checkpoint
+from tasks.errors import ArtifactError
+
+BASE = {"conv.weight": np.ones((2, 1, 3, 3), np.float32), "fc.bias": np.zeros(3, np.float32)}
+
+
+def _base(folder):
+    path = folder / "checkpoint.npz"
+    np.savez(path, **BASE)  # the prepared checkpoint: name -> tensor
+    return path
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.tuples(
+        *(hnp.arrays(np.float32, a.shape, elements=st.floats(-1e3, 1e3, width=32)) for a in BASE.values())
+    )
+)
+def test_a_written_checkpoint_holds_the_new_weights(tmp_path_factory, values):
+    folder = tmp_path_factory.mktemp("ckpt")
+    weights = dict(zip(BASE, values, strict=True))
+    out = write_checkpoint(_base(folder), weights, folder / "warm" / "checkpoint", every=True)
+    assert autograd_checkpoint(out)
+    back = checkpoint_weights(out, trainable_only=True)
+    assert back.keys() == weights.keys() and all(np.array_equal(back[n], w) for n, w in weights.items())
+    state = CheckpointState.load_checkpoint(out)
+    assert state.optimizer["step"] == 0 and state.optimizer["m"] == {}  # a fresh optimizer
+
+
+@pytest.mark.parametrize(
+    ("weights", "words"),
+    [
+        ({"conv.weight": BASE["conv.weight"]}, "'fc.bias' (float32[3]) is absent"),
+        ({**BASE, "fc.bias": np.zeros(4, np.float32)}, "'fc.bias' (float32[3]) is float32[4]"),
+        ({**BASE, "extra": np.zeros(1, np.float32)}, "the new weights hold 'extra'"),
+    ],
+)
+def test_weights_that_do_not_fit_are_refused_in_one_line(tmp_path, weights, words):
+    with pytest.raises(ArtifactError) as info:
+        write_checkpoint(_base(tmp_path), weights, tmp_path / "out")
+    assert words in str(info.value) and "\n" not in str(info.value)
+    assert not (tmp_path / "out").exists()
