@@ -31,7 +31,6 @@ from device_agent.jobdir import (
     open_jobdir,
     read_result,
 )
-from device_agent.ort import load_training_api
 from device_agent.protocol import ExitCode, JobResult
 from device_agent.sysinfo import meminfo_mb, versions
 
@@ -108,7 +107,9 @@ def _out_of_memory(job: JobDir, peak_mb: float) -> None:
     last = latest_checkpoint(job.checkpoints)
     step = 0
     if last is not None:
-        state = load_training_api().CheckpointState.load_checkpoint(str(last))
+        from device_agent.runtimes import checkpoint_state  # numpy: only for a job the kernel killed
+
+        state = checkpoint_state(spec.runtime).load_checkpoint(str(last))
         step = Progress.from_properties(state.properties).step
     cap = meminfo_mb()["total_mb"]  # MemTotal, or the cgroup's limit when lower
     kept = (

@@ -48,6 +48,11 @@ def _training_api() -> Any:
         raise AgentError(ExitCode.NO_TRAINING_API, f"onnxruntime training API unavailable: {exc}") from exc
 
 
+def checkpoint_state(runtime: str) -> Any:
+    """The ``CheckpointState`` class that reads a ``runtime`` job's checkpoints."""
+    return AutogradApi.CheckpointState if runtime == "autograd" else _training_api().CheckpointState
+
+
 def open_runtime(runtime: str, paths: dict[str, Path], checkpoint: Path) -> Opened:
     """Load ``checkpoint`` and the job's graphs (``paths`` by artifact key) with ``runtime``;
     ARTIFACT_INVALID when they do not load, NO_TRAINING_API for an ORT job on a board without it."""

@@ -53,3 +53,12 @@ def test_weights_that_do_not_fit_are_refused_in_one_line(tmp_path, weights, word
         write_checkpoint(_base(tmp_path), weights, tmp_path / "out")
     assert words in str(info.value) and "\n" not in str(info.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_agent_reads_an_autograd_job_s_checkpoint_without_the_training_api(tmp_path):
+    from device_agent.runtimes import checkpoint_state
+
+    state = CheckpointState(dict(BASE), properties={"step": 7})
+    CheckpointState.save_checkpoint(state, tmp_path / "ckpt-00000007")
+    back = checkpoint_state("autograd").load_checkpoint(str(tmp_path / "ckpt-00000007"))
+    assert back.properties == {"step": 7} and np.array_equal(back.parameters["fc.bias"].data, BASE["fc.bias"])
