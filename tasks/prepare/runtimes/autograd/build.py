@@ -105,6 +105,20 @@ def exported_weights(model: Any, graph: Any) -> Any:
     return model
 
 
+def rnn_dropout(model: Any) -> list[str]:
+    """A warning for recurrent layers with dropout between their layers, which PyTorch's export of
+    GRU, LSTM and RNN leaves out (its decomposition never applies it): they train without it."""
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    names = [n for n, m in model.named_modules()
+             if isinstance(m, torch.nn.RNNBase) and m.dropout > 0 and m.num_layers > 1]  # fmt: skip
+    if not names:
+        return []
+    return [f"{len(names)} recurrent layer(s) ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}) drop out "
+            "between their layers: PyTorch's export of GRU/LSTM/RNN leaves that dropout out, so the autograd runtime "
+            "trains them without it"]  # fmt: skip
+
+
 def generate(recipe: Recipe, model_onnx: Path, out_dir: Path) -> dict[str, Any]:
     """Write the autograd runtime's artifacts and ``manifest.json`` for the recipe; return the manifest."""
     out_dir, art = Path(out_dir), Path(out_dir) / "artifacts"
@@ -136,6 +150,9 @@ def generate(recipe: Recipe, model_onnx: Path, out_dir: Path) -> dict[str, Any]:
     }
     (out_dir / FILES["step"]).write_text(json.dumps(spec, indent=2))
     manifest = _manifest(recipe, out_dir, graph, trainable, frozen, counts, steps, inference)
+    manifest["warnings"] += rnn_dropout(model)
+    for line in manifest["warnings"]:
+        log.warning("%s", line)
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
     log.info("autograd artifacts for %s: %d trainable tensors (%d params), %d frozen, %d decomposition uses checked",
              recipe.name, len(trainable), manifest["trainable_count"], len(frozen), len(steps.checked))  # fmt: skip
