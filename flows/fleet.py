@@ -28,10 +28,11 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import Field
 
 from tasks import stages
-from tasks.board.inventory import BOARD_NAME_PATTERN, get_group
+from tasks.board.inventory import BOARD_NAME_PATTERN, get_group, load_inventory
 from tasks.fleet.rounds import FleetRun, check_fleet
 from tasks.judge.decision import headline, verdict_message
 from tasks.judge.report import gate_md
+from tasks.prefect import boards as boards_overview
 from tasks.prefect import fleet as ft
 from tasks.prefect import tasks as pt
 from tasks.prefect.logs import quiet_user_errors
@@ -114,6 +115,9 @@ def odl_fleet(params: FleetParams | None = None) -> FleetOutcome | None:
         inp, prep, p.group, boards, run_id, warm.checkpoint if warm else None, warm.record if warm else None
     )
     for r in range(1, recipe.fleet.rounds + 1):
+        if not fleet.budget_allows(r):  # the privacy budget: the round that would cross it is not run
+            log.info("%s", fleet.stopped)
+            break
         started = time.monotonic()
         ckpt = fleet.round_checkpoint(r)
         deadline = time.time() + recipe.fleet.deadline_s
@@ -128,11 +132,15 @@ def odl_fleet(params: FleetParams | None = None) -> FleetOutcome | None:
             ft.close_round(fleet, r, results, started)
         finally:
             ft.publish_fleet(fleet.summary())
+            ft.mark_boards(fleet.summary())
     candidate = fleet.final_model()
     reference = stages.choose_reference(recipe.name, p.group)
     evaluation = pt.evaluate(recipe, prep, candidate, reference)
     last = fleet.rounds[-1]["took_part"]
-    info = {"flow_run_id": run_id, "input_key": inp.key, "fleet": fleet.summary(), "start_from": fleet.start}
+    summary = fleet.summary()
+    info = {"flow_run_id": run_id, "input_key": inp.key, "fleet": summary, "start_from": fleet.start}
+    if summary["privacy"] is not None:  # the registry entry states the ε the model was trained under
+        info["privacy"] = summary["privacy"]
     promotion = pt.promote(recipe, p.group, evaluation, candidate, prep, info)
     decision = promotion.decision
     served = ""
@@ -143,6 +151,7 @@ def odl_fleet(params: FleetParams | None = None) -> FleetOutcome | None:
         served = f"; serving on {', '.join(last)}"
     verdict = _verdict(promotion, served)
     ft.publish_fleet(fleet.summary(), verdict, gate_md(decision))
+    boards_overview.publish_overview(sorted(load_inventory()), stages.registry())  # outliers in view
     outcome = FleetOutcome(fleet.summary(), decision.promote, promotion.version, decision.reason)
     name = "Promoted" if decision.promote else "Not promoted"
     message = verdict_message(promotion.version, decision, served)

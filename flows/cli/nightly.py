@@ -29,6 +29,7 @@ from tasks.board.inventory import get_board
 from tasks.board.releases import board_models
 from tasks.board.transport import connect
 from tasks.errors import DataError, RegistryError
+from tasks.fleet.report import privacy_line
 from tasks.judge.decision import LINE_CHARS, Decision, decision_from_dict, details, headline
 from tasks.judge.registry import Registry, Version
 from tasks.paths import odl_home
@@ -56,6 +57,8 @@ def cmd_registry(args: argparse.Namespace) -> int:
         print(head + (headline(decision, width) if decision else str(v.info.get("reason", ""))[:width]))
         for line in details(decision, indent=" " * 6) if decision else []:  # why it was rejected
             print(line)
+        if isinstance(v.info.get("privacy"), dict):
+            print(f"      {privacy_line(v.info['privacy'])}")
         print(f"      run {v.info.get('flow_run_id', '-')}")
     if current is None:
         print("(no current version)")

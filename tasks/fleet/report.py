@@ -1,12 +1,17 @@
 """The fleet run's report (markdown for the Prefect UI and ``$ODL_HOME/reports``): per round, which
 boards took part (and why the others did not), each board's training loss and its own update's
-accuracy on the host test set, the aggregate's accuracy, bytes moved, and the promotion verdict."""
+accuracy on the host test set, its update's norm and cosine to the aggregate's update and whether it
+is an outlier (:mod:`tasks.fleet.outliers`), the aggregate's accuracy, the privacy spent, bytes
+moved, and the promotion verdict."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from tasks.fleet.outliers import RULE
 from tasks.judge.charts import data_url, line_chart
+
+ROBUST = {"trimmed_mean": ("trim_fraction",), "krum": ("byzantine", "krum_select"), "bulyan": ("byzantine",)}
 
 STATUS = {
     "ok": "took part",
@@ -30,18 +35,20 @@ def round_table(rec: dict[str, Any]) -> list[str]:
         f"### Round {rec['round']}: {len(rec['took_part'])} of {len(rec['boards'])} boards "
         f"(quorum {rec['min_boards']})",
         "",
-        "| board | status | samples | train loss | train acc (its own data) | its update on host test | up | down | s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| board | status | samples | train loss | train acc (its own data) | its update on host test "
+        "| update norm | cos to aggregate | outlier | up | down | s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for board, row in rec["boards"].items():
         if row["status"] != "ok":
             out.append(f"| {board} | {STATUS.get(row['status'], row['status'])}: {row.get('error', '')} "
-                       "| | | | | | | |")  # fmt: skip
+                       "| | | | | | | | | | |")  # fmt: skip
             continue
         m = row.get("metrics", {})
         out.append(
             f"| {board} | took part | {row['samples']} | {m.get('train_loss', float('nan')):.4f} | "
-            f"{_pct(m, 'train_accuracy')} | {_pct(row.get('host'))} | {_kb(row['bytes_up'])} | "
+            f"{_pct(m, 'train_accuracy')} | {_pct(row.get('host'))} | {_update_cells(row.get('update'))} | "
+            f"{_kb(row['bytes_up'])} | "
             f"{_kb(row['bytes_down'])} | {row['seconds']:.1f} |"
         )
     agg = rec.get("aggregate")
@@ -55,7 +62,51 @@ def round_table(rec: dict[str, Any]) -> list[str]:
             f"{_kb(rec['bytes_up'])} up (trained tensors only: {_kb(rec['tensor_bytes'])} per board), "
             f"{_kb(rec['bytes_down'])} down; host work {rec.get('host_seconds', 0):.1f} s.",
         ]
+        if rec.get("outliers"):
+            out += ["", f"**Outliers this round**: {', '.join(rec['outliers'])}."]
+        if rec.get("privacy"):
+            out += [
+                "",
+                f"Privacy after this round: {privacy_line(rec['privacy'])}{_noise(rec.get('noise'))}.",
+            ]
     return out + [""]
+
+
+def _update_cells(u: dict[str, Any] | None) -> str:
+    """Norm, cosine to the aggregate's update and the outlier flag with its reasons."""
+    if not u:
+        return "– | – | –"
+    cos = "–" if u.get("cos_aggregate") is None else f"{u['cos_aggregate']:.2f}"
+    flag = "**yes**: " + "; ".join(u["why"]) if u.get("outlier") else "no"
+    return f"{u['norm']:.3g} | {cos} | {flag}"
+
+
+def _noise(noise: dict[str, Any] | None) -> str:
+    if not noise:
+        return ""
+    return f"; {noise['clipped']} of {noise['updates']} updates clipped, noise std {noise['noise_std_of_mean']:.3g} on the mean"
+
+
+def privacy_line(p: dict[str, Any]) -> str:
+    """One line of a run's (or round's) privacy: ε for δ, the settings and the target."""
+    return (
+        f"ε = {p['epsilon']:.3g} for δ = {p['delta']:g} ({p['mode']} DP, clip {p['clip']:g}, noise multiplier "
+        f"{p['noise_multiplier']:g}; target ε {p['target_epsilon']:g})"
+    )
+
+
+def outlier_summary(summary: dict[str, Any]) -> list[str]:
+    """The boards flagged in any round, with the rounds and the reasons; the rule."""
+    flagged: dict[str, list[str]] = {}
+    for rec in summary["rounds"]:
+        for board, row in rec["boards"].items():
+            u = row.get("update") or {}
+            if u.get("outlier"):
+                flagged.setdefault(board, []).append(f"round {rec['round']}: {'; '.join(u['why'])}")
+    if not flagged:
+        return [f"No board's update was an outlier (rule: {RULE}).", ""]
+    lines = [f"**Outlying boards**: {', '.join(sorted(flagged))} (rule: {RULE}).", ""]
+    return lines + [f"- {b}: {' / '.join(why)}" for b, why in sorted(flagged.items())] + [""]
 
 
 def accuracy_chart(summary: dict[str, Any]) -> bytes:
@@ -70,6 +121,15 @@ def accuracy_chart(summary: dict[str, Any]) -> bytes:
     return line_chart(series, "Accuracy on the host test set", "round", "accuracy")
 
 
+def _settings(s: dict[str, Any]) -> str:
+    """The strategy's own settings: server_lr, momentum where it is used, a robust one's knobs."""
+    parts = [f"server_lr {s['server_lr']:g}"]
+    if s["strategy"] in ("fedavgm", "fedadam"):
+        parts.append(f"momentum {s['momentum']:g}")
+    parts += [f"{k} {s[k]:g}" for k in ROBUST.get(s["strategy"], ())]
+    return ", ".join(parts)
+
+
 def render_fleet_report(summary: dict[str, Any], verdict: str = "", gate: list[str] | None = None) -> str:
     """The whole report: header, chart, every round, then the verdict on the final aggregate."""
     s = summary["strategy"]
@@ -78,12 +138,18 @@ def render_fleet_report(summary: dict[str, Any], verdict: str = "", gate: list[s
     lines = [
         f"# Fleet run: {summary['recipe']} on group `{summary['group']}`",
         "",
-        f"Boards: {', '.join(summary['boards'])}. Strategy **{s['strategy']}** (server_lr {s['server_lr']:g}"
-        f"{', momentum ' + format(s['momentum'], 'g') if s['strategy'] != 'fedavg' else ''}), "
+        f"Boards: {', '.join(summary['boards'])}. Strategy **{s['strategy']}** ({_settings(s)}), "
         f"{len(rounds)} of {s['rounds']} rounds, quorum {s['min_boards']}, deadline {s['deadline_s']:g} s "
         f"per round; started from {start}.",
         "",
     ]
+    if summary.get("privacy"):
+        p = summary["privacy"]
+        lines += [f"**Differential privacy**: {privacy_line(p)} after {p['rounds']} rounds, per board.", ""]
+    if summary.get("stopped"):
+        lines += [f"**Stopped early**: {summary['stopped']}.", ""]
+    if rounds:
+        lines += outlier_summary(summary)
     if verdict:
         lines += [verdict, *(gate or []), ""]
     if rounds:

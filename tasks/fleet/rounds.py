@@ -14,6 +14,7 @@ blob after the first round), trains there on its own data, and sends back ``trai
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -22,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from tasks import stages
 from tasks.board.control import agent_json
 from tasks.board.inventory import Board
@@ -29,6 +32,15 @@ from tasks.board.jobs import job_dir
 from tasks.board.transport import connect
 from tasks.checkpoint import checkpoint_weights, write_checkpoint
 from tasks.errors import FleetError, RecipeError, Straggler
+from tasks.fleet.outliers import update_figures
+from tasks.fleet.privacy import (
+    central_center,
+    check_budget,
+    epsilon,
+    local_privacy,
+    privacy_record,
+    privacy_spent,
+)
 from tasks.fleet.strategies import Strategy, check_group, make_strategy
 from tasks.fleet.weights import Weights, nbytes, read_update
 from tasks.hashing import file_sha256
@@ -59,8 +71,9 @@ class BoardUpdate:
 
 
 def check_fleet(recipe: Any, boards: list[Board]) -> None:
-    """A fleet needs board-side data, a reachable quorum and a group its strategy can combine (Krum,
-    Bulyan: enough boards for ``fleet.byzantine``): RecipeError naming the field."""
+    """A fleet needs board-side data, a reachable quorum, a group its strategy can combine (Krum,
+    Bulyan: enough boards for ``fleet.byzantine``) and, when private, a budget for one round at
+    least: RecipeError naming the field."""
     if recipe.data.board_dataset is None:
         raise RecipeError(
             "data.board_dataset", "the folder on each board holding its own data (a fleet trains there)"
@@ -70,6 +83,8 @@ def check_fleet(recipe: Any, boards: list[Board]) -> None:
             "fleet.min_boards", f"at most the group's {len(boards)} boards", recipe.fleet.min_boards
         )
     check_group(recipe.fleet, len(boards))
+    if recipe.fleet.privacy is not None:
+        check_budget(recipe.fleet.privacy)
 
 
 def board_round(
@@ -91,6 +106,8 @@ def board_round(
     spec, files = stages.job_spec(
         inp, prep, stages.job_id(inp, run_id, extra), checkpoint=checkpoint, train_data=data.ref
     )
+    # local differential privacy: the board clips and noises its update before it leaves
+    spec = dataclasses.replace(spec, privacy=local_privacy(inp.recipe.fleet.privacy))
     deployed = stages.deploy(board, spec, files)
     try:
         training = stages.train(board, spec, files, on_event=on_event, end_orphans=True, deadline=deadline)
@@ -134,6 +151,8 @@ class FleetRun:
     strategy: Strategy = field(init=False)  # the aggregation, with its server state across rounds
     rounds: list[dict[str, Any]] = field(default_factory=list)
     start: dict[str, Any] = field(default_factory=dict)
+    rng: np.random.Generator = field(default_factory=np.random.default_rng)  # central noise: OS entropy
+    stopped: str = ""  # why the rounds ended before [fleet].rounds (the privacy budget)
 
     def __post_init__(self) -> None:
         """A fresh strategy of the kind ``[fleet] strategy`` names (RecipeError for an unknown one)."""
@@ -148,9 +167,7 @@ class FleetRun:
         check_fleet(inp.recipe, boards)
         tag = "".join(c for c in run_id if c.isalnum())[:12]
         folder = state_dir("fleet", f"{inp.recipe.name}-{group}-{tag}")
-        weights = checkpoint_weights(
-            start_checkpoint or prep.checkpoint, trainable_only=True
-        )
+        weights = checkpoint_weights(start_checkpoint or prep.checkpoint, trainable_only=True)
         fleet = cls(inp, prep, group, [b.name for b in boards], run_id, folder, weights)
         fleet.start = start or {"from": "base"}
         return fleet
@@ -203,7 +220,12 @@ class FleetRun:
                 f"{self.spec.min_boards} (fleet.min_boards); "
                 + "; ".join(f"{b}: {why}" for b, why in missing.items())
             )
-        self.weights = self.strategy.aggregate(self.weights, updates)
+        try:
+            self.weights = self._aggregate(r, record["took_part"], updates, record)
+        except FleetError as exc:  # too few updates for the strategy (Krum, Bulyan)
+            record["aggregate"] = None
+            self._save(record)
+            raise FleetError(f"round {r}: {exc}") from exc
         record["samples"] = sum(n for _, n in updates)
         record["aggregate"] = self._host_metrics(self.weights, rdir / "aggregate.ckpt")
         record["host_seconds"] = round(time.monotonic() - t0, 3)
@@ -211,6 +233,42 @@ class FleetRun:
             record["wall_s"] = round(time.monotonic() - started, 3)
         self._save(record)
         return record
+
+    def _aggregate(
+        self, r: int, names: list[str], updates: list[tuple[Weights, int]], record: dict[str, Any]
+    ) -> Weights:
+        """The strategy's (or central privacy's) next weights; each board's update figures and the
+        outliers, and the privacy spent, recorded in ``record``."""
+        old, priv = self.weights, self.spec.privacy
+        if priv is not None and priv.mode == "central":
+            center, record["noise"] = central_center(old, [w for w, _ in updates], priv, self.rng)
+            self.strategy.excluded = ()
+        else:
+            center = self.strategy.combine(old, updates)
+        new = self.strategy.apply(old, center)
+        figures = update_figures(old, [w for w, _ in updates], new, self.strategy.excluded)
+        for name, fig in zip(names, figures, strict=True):
+            record["boards"][name]["update"] = fig
+        record["outliers"] = [n for n, fig in zip(names, figures, strict=True) if fig["outlier"]]
+        if priv is not None:
+            record["privacy"] = privacy_record(priv, r)
+        return new
+
+    def budget_allows(self, r: int) -> bool:
+        """Whether round ``r`` keeps ε within ``[fleet.privacy] target_epsilon`` (always without a
+        privacy table); when not, :attr:`stopped` says why and the run ends before it."""
+        priv = self.spec.privacy
+        if priv is None:
+            return True
+        eps = epsilon(priv.noise_multiplier, r, priv.delta)
+        if eps <= priv.target_epsilon:
+            return True
+        spent = epsilon(priv.noise_multiplier, r - 1, priv.delta)
+        self.stopped = (
+            f"round {r} was not run: it would bring ε to {eps:.3g}, past target_epsilon "
+            f"{priv.target_epsilon:g} (δ {priv.delta:g}); {r - 1} rounds run, ε {spent:.3g}"
+        )
+        return False
 
     def final_model(self) -> Path:
         """The aggregate after the last round, as an inference model (the candidate): the one the
@@ -243,6 +301,8 @@ class FleetRun:
             "strategy": asdict(self.spec),
             "start": self.start,
             "rounds": self.rounds,
+            "stopped": self.stopped,
+            "privacy": privacy_spent(self.spec.privacy, len(self.rounds), self.stopped),
         }
 
 

@@ -9,9 +9,9 @@
   tagged ``kind:nightly`` within two days). They notify the block ``odl stack notify`` set
   (:mod:`tasks.stack.alerts`), else do nothing and say so in their description.
 * **The fleet overview**: a table artifact ``odl-boards`` with one row per inventory board
-  (reachable, model in service and its metric, last training, last promotion, free disk and RAM,
-  its last few events with their age and a link to the UI's event feed filtered to the board, in
-  six columns of stacked lines),
+  (reachable, model in service and its metric, last training and its last fleet round (an outlier
+  flagged), last promotion, free disk and RAM, its last few events with their age and a link to
+  the UI's event feed filtered to the board, in six columns of stacked lines),
   refreshed by every run and by ``odl board check --all`` from what they saw
   (``$ODL_HOME/boards-seen/<board>.json``), the registry and the server's events.
 """
@@ -142,7 +142,7 @@ def overview_rows(
             "board": board,
             "reachable": BREAK.join([reachable, *checked]),
             "serving": BREAK.join(serving) or NONE,
-            "trained": _when(trained),
+            "trained": BREAK.join([_when(trained), *rec.get("fleet", [])]),  # its last fleet round
             "free": f"disk {_size(rec.get('disk'))}{BREAK}RAM {_size(rec.get('ram'))}",
             "events": BREAK.join([events_cell(recent, at, BREAK)] * bool(recent) + feed) or NONE,
         })  # fmt: skip

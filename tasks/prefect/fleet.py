@@ -19,6 +19,7 @@ from tasks.fleet import rounds
 from tasks.fleet.report import render_fleet_report
 from tasks.judge.report import report_key
 from tasks.paths import state_dir
+from tasks.prefect import boards
 from tasks.prefect.limits import ensure_board_limit
 from tasks.prepare import Prepared
 from tasks.stages import nightly
@@ -80,6 +81,22 @@ def publish_fleet(summary: dict[str, Any], verdict: str = "", gate: list[str] | 
     folder = state_dir("reports", f"{summary['recipe']}-{summary['group']}")
     (folder / "fleet.md").write_text(markdown)
     return markdown
+
+
+def mark_boards(summary: dict[str, Any]) -> None:
+    """Each board's part of the last round in its record, short lines for the ``odl-boards``
+    overview ("fleet r2: OUTLIER" and its kinds, "norm, direction"; the reasons in full are in the
+    fleet report)."""
+    if not summary["rounds"]:
+        return
+    rec = summary["rounds"][-1]
+    for board, row in rec["boards"].items():
+        u = row.get("update")
+        if u and u["outlier"]:
+            lines = [f"fleet r{rec['round']}: OUTLIER", ", ".join(u["kinds"])]
+        else:
+            lines = [f"fleet r{rec['round']}: {'ok' if u else row['status']}"]
+        boards.seen(board, fleet=lines)
 
 
 @task(name="rollout", task_run_name="rollout to {board.name}")

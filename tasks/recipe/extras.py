@@ -11,6 +11,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema, mod
 
 from tasks.recipe.fields import Bool, FilePath, Int, Number, Text, Texts, recipe_table
 from tasks.recipe.messages import Expect, expected
+from tasks.recipe.privacy import PrivacySpec
 
 QuantMethod = Literal["minmax", "entropy", "percentile"]
 FleetStrategy = Literal[  # tasks.fleet.strategies.STRATEGIES' names
@@ -18,6 +19,7 @@ FleetStrategy = Literal[  # tasks.fleet.strategies.STRATEGIES' names
 ]
 QUANT_METHODS: tuple[str, ...] = get_args(QuantMethod)
 FLEET_STRATEGIES: tuple[str, ...] = get_args(FleetStrategy)
+MEAN_STRATEGIES = ("fedavg", "fedavgm", "fedadam")  # those that start from the mean of the updates
 
 MinGain = Annotated[
     Number,
@@ -149,6 +151,9 @@ class FleetSpec:
     krum_select: Int = Field(
         0, ge=0, le=10000, description="krum: updates kept and averaged (1: Krum; 0: boards - byzantine)"
     )
+    privacy: PrivacySpec | None = Field(
+        None, description="differential privacy: clipping, Gaussian noise, the ε budget ([fleet.privacy])"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -157,6 +162,22 @@ class FleetSpec:
         if isinstance(data, dict) and data.get("strategy") == "fedadam" and "server_lr" not in data:
             return {**data, "server_lr": 0.03}
         return data
+
+    @model_validator(mode="after")
+    def _central_noise_on_a_mean(self) -> FleetSpec:
+        """Central noise is calibrated to the mean of clipped updates: a mean strategy only."""
+        if (
+            self.privacy is not None
+            and self.privacy.mode == "central"
+            and self.strategy not in MEAN_STRATEGIES
+        ):
+            raise expected(
+                f"one of {', '.join(MEAN_STRATEGIES)} with central privacy (its noise is calibrated to the "
+                'mean of clipped updates), or privacy.mode = "local"',
+                "strategy",
+                self.strategy,
+            )
+        return self
 
 
 @recipe_table("promotion")
