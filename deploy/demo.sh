@@ -10,6 +10,7 @@
 #         on the board by a teacher model before each run (no label on the board).
 #   teacher-detection: the same with recipes/ssdlite_teacher.toml (a detector teacher's boxes; its data
 #         take ~8 min to make the first time: the teacher trains on the host).
+#   segmentation: the same with recipes/segmentation.toml: a U-Net fine-tuned on the board, judged on mIoU.
 #   fleet: four virtual boards lab1..lab4 (0.5 CPU each), each with its own non-IID share of the digits,
 #         group "lab", then `odl watch odl/fleet`: three FedAvg rounds, the gate, rollout.
 #   down: stops the worker, the server (by the pids under $ODL_HOME/run) and the board; keeps the data.
@@ -103,6 +104,13 @@ case "${1:-up}" in
     board_and_stack
     nights recipes/ssdlite_teacher.toml ssdlite-teacher datasets/shapes-unlabeled recipes/data/shapes-teacher/shards
     ;;
+  segmentation)  # a U-Net fine-tuned on the board on shifted shapes, promoted on a significant mIoU gain
+    board_and_stack
+    "$BIN/odl" watch odl/full --kind full \
+      --params "{\"recipe\": \"recipes/segmentation.toml\", \"board\": \"$BOARD\"}" || true
+    "$BIN/odl" registry segmentation "$BOARD"
+    echo "Prefect UI: ${PREFECT_API_URL%/api}  (Runs > the latest run > Artifacts: per-class IoU, drawn masks)"
+    ;;
   fleet)  # four boards, each with its own non-IID share of the digits, three FedAvg rounds
     "$BIN/python" -c "from tasks.recipe.load import load_recipe; from tasks import stages; \
 stages.prepare_data(load_recipe('recipes/digits_fleet.toml'))"
@@ -152,5 +160,5 @@ PY
     done
     ;;
   *)
-    echo "usage: $0 [up|nightly|teacher|teacher-detection|fleet|down]" >&2; exit 2 ;;
+    echo "usage: $0 [up|nightly|teacher|teacher-detection|segmentation|fleet|down]" >&2; exit 2 ;;
 esac

@@ -27,7 +27,7 @@ class Progress:
     history: list[dict[str, float]] = field(default_factory=list)
     loss_sum: float = 0.0  # running sums of the epoch in progress
     seen: int = 0
-    correct: int = 0
+    correct: float = 0  # correct samples (segmentation: the sum of the images' pixel accuracies)
     batches: int = 0
     train_loop_s: float = 0.0
 

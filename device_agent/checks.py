@@ -22,6 +22,7 @@ ORT_DTYPES = {
     "tensor(bool)": np.bool_,
 }
 CHUNK_ROWS = 4096
+MASK_CHUNK = 1 << 20  # mask pixels checked at once (8 MB of int64)
 
 
 def np_dtype(ort_type: str) -> np.dtype:
@@ -51,8 +52,10 @@ def model_io(eval_model: str, input_names: list[str]) -> tuple[list[InputSpec], 
     return specs, classes if isinstance(classes, int) else None
 
 
-def check_dataset(ds: Any, inputs: list[InputSpec], task: str, classes: int | None, field: str) -> None:
-    """Raise DATA_MISMATCH when shapes, dtypes, NaNs or label ranges do not fit the model."""
+def check_dataset(ds: Any, inputs: list[InputSpec], task: str, classes: int | None, field: str,
+                  ignore_index: int | None = None) -> None:  # fmt: skip
+    """Raise DATA_MISMATCH when shapes, dtypes, NaNs or label ranges do not fit the model (a
+    segmentation mask's pixels: classes or ``ignore_index``)."""
     if len(ds) == 0:
         raise AgentError(ExitCode.DATA_MISMATCH, f"{field}: the dataset is empty", field)
     arrays, n = getattr(ds, "arrays", None), len(ds)
@@ -65,6 +68,10 @@ def check_dataset(ds: Any, inputs: list[InputSpec], task: str, classes: int | No
         labels = getattr(ds, "labels", None)
         labels = arrays[inputs[1].name] if labels is None else labels
         _check_labels(labels, task, classes, f"{field}: input {inputs[1].name!r}", field)
+    if len(inputs) > 1 and task == "segmentation":
+        _check_masks(
+            arrays[inputs[1].name], classes, ignore_index, f"{field}: input {inputs[1].name!r}", field
+        )
 
 
 def _check_array(arr: Any, spec: InputSpec, n: int, field: str) -> None:
@@ -106,6 +113,25 @@ def _check_labels(labels: Any, task: str, classes: int | None, where: str, field
             raise AgentError(
                 ExitCode.DATA_MISMATCH,
                 f"{where}: labels must be in [0, {top}] (model has {classes} classes), got [{lo:g}, {hi:g}]",
+                field,
+            )
+
+
+def _check_masks(labels: Any, classes: int | None, ignore: int | None, where: str, field: str) -> None:
+    """Every pixel label a class in [0, classes) or ``ignore``, read a few MB at a time."""
+    rows = max(1, MASK_CHUNK // max(1, int(np.prod(labels.shape[1:]))))
+    for start in range(0, len(labels), rows):
+        part = np.asarray(labels[start : start + rows])
+        bad = (part < 0) | (part >= (classes if classes else np.iinfo(np.int64).max))
+        if ignore is not None:
+            bad &= part != ignore
+        if bad.any():
+            top = f"{classes - 1}" if classes else "num_classes-1"
+            first = start + int(np.argwhere(bad)[0][0])
+            raise AgentError(
+                ExitCode.DATA_MISMATCH,
+                f"{where}: mask pixels must be classes in [0, {top}] or the ignore index {ignore}, got "
+                f"{np.unique(part[bad])[:5].tolist()} (sample {first})",
                 field,
             )
 

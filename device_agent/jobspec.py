@@ -35,7 +35,7 @@ RUNTIME_ARTIFACTS = {
     "autograd": ("train_step", "eval_step", "step", "checkpoint", "inference_template"),
 }
 DEFAULT_RUNTIME = "ort-training"
-TASKS = ("classification", "binary", "regression", "embedded")
+TASKS = ("classification", "binary", "regression", "segmentation", "embedded")
 DATA_FORMATS = ("npz", "image-folder", "npz-shards")
 DATA_FILE_RE = re.compile(r"^(?!\.)[A-Za-z0-9._ -]{1,128}(/(?!\.)[A-Za-z0-9._ -]{1,128})?$")
 
@@ -167,6 +167,7 @@ class TrainParams:
 
 
 JOB_KEYS = {VERSION_KEY, "job_id", "recipe_name", "artifacts", "train_data", "eval_data", "train", "task",
+            "ignore_index",
             "output_names", "feeds", "memory_estimate_mb", "num_classes", "prefix", "teacher", "runtime",
             "privacy"}  # fmt: skip
 
@@ -188,6 +189,7 @@ class JobSpec:
     num_classes: int = 0  # classification: labels must be < num_classes (0 = take it from the model)
     prefix: PrefixSpec | None = None  # frozen-prefix caching: the artifacts train the suffix
     teacher: TeacherSpec | None = None  # labels the unlabeled shards of train_data before training
+    ignore_index: int | None = None  # segmentation: the label of pixels no loss counts (not a class)
     privacy: LocalPrivacy | None = None  # a fleet round's local DP: only a clipped, noised update leaves
     runtime: str = DEFAULT_RUNTIME  # how the trainer steps: one of RUNTIME_ARTIFACTS
     protocol_version: int = PROTOCOL_VERSION
@@ -210,6 +212,7 @@ class JobSpec:
             }
             | ({"prefix": self.prefix.to_dict()} if self.prefix else {})
             | ({"teacher": self.teacher.to_dict()} if self.teacher else {})
+            | ({"ignore_index": self.ignore_index} if self.ignore_index is not None else {})
             | ({"privacy": self.privacy.to_dict()} if self.privacy else {})
             | ({"runtime": self.runtime} if self.runtime != DEFAULT_RUNTIME else {})
         )
@@ -264,6 +267,7 @@ class JobSpec:
             num_classes=num_classes,
             prefix=PrefixSpec.from_dict(d["prefix"]) if d.get("prefix") is not None else None,
             teacher=TeacherSpec.from_dict(d["teacher"]) if d.get("teacher") is not None else None,
+            ignore_index=get_field(d, "ignore_index", int, "", None),
             privacy=LocalPrivacy.from_dict(d["privacy"]) if d.get("privacy") is not None else None,
             runtime=runtime,
             protocol_version=version,

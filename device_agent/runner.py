@@ -122,10 +122,10 @@ def open_job(job: JobDir, spec: JobSpec, events: EventLog | None = None) -> Open
     if spec.eval_data is not None:
         eval_ds = _dataset(spec.eval_data, paths["eval_data"], data_names, data_inputs, spec, "eval_data")
     for shard in getattr(train_ds, "shards", ()):  # every shard checked in full, then the whole
-        check_dataset(shard, data_inputs, spec.task, classes, shard.field)
-    check_dataset(train_ds, data_inputs, spec.task, classes, "train_data")
+        check_dataset(shard, data_inputs, spec.task, classes, shard.field, spec.ignore_index)
+    check_dataset(train_ds, data_inputs, spec.task, classes, "train_data", spec.ignore_index)
     if eval_ds is not None:
-        check_dataset(eval_ds, data_inputs, spec.task, classes, "eval_data")
+        check_dataset(eval_ds, data_inputs, spec.task, classes, "eval_data", spec.ignore_index)
     if prefix is not None:
         train_ds, eval_ds = _cached(job, spec, prefix, names, train_ds, eval_ds, events)
     progress = Progress.from_properties(state.properties) if resume else Progress()

@@ -36,6 +36,7 @@ from device_agent.schedule import lr_at
 log = logging.getLogger(__name__)
 CANCEL_POLL_S = 0.2  # how often the loop looks for cancel.request (SIGTERM is seen at once)
 STEP_DELAY_ENV = "ODL_AGENT_STEP_DELAY_S"  # slows every step down (tests and demos of live progress)
+ACCURACY_TASKS = ("classification", "binary", "segmentation")  # segmentation: pixel accuracy
 PENDING_STEPS = 64  # steps whose logits and labels are kept before their accuracy is counted
 PENDING_VALUES = 1 << 16  # ... fewer when a step's logits are large (at most ~256 KB of float32)
 CHUNK_BYTES = 1 << 20  # the rows of the next steps gathered at once, up to PENDING_STEPS steps
@@ -82,7 +83,7 @@ class Trainer:
         self._feeds = [(s.name, s.dtype) for s in sess.inputs]
         self._seeder = sess.seeder
         self._lr: float | None = None  # the rate last given to the optimizer
-        self._counts_accuracy = spec.task in ("classification", "binary")
+        self._counts_accuracy = spec.task in ACCURACY_TASKS
         self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # (logits, labels) not counted yet
         self._pending_cap = PENDING_STEPS
         self._chunk_steps, self._chunk_sized = 1, False  # steps whose rows one take gathers
@@ -185,16 +186,16 @@ class Trainer:
     def _count_pending(self, progress: Progress) -> None:
         """Add the correct predictions of the kept steps to ``progress.correct``."""
         if self._pending:
-            progress.correct += _count_correct(self.spec.task, self._pending)
+            progress.correct += _count_correct(self.spec.task, self._pending, self.spec.ignore_index)
             self._pending.clear()
 
     def _correct(self, outs: Any, batch: list[np.ndarray]) -> int:
-        if self.spec.task not in ("classification", "binary") or not isinstance(outs, tuple) or len(outs) < 2:
+        if self.spec.task not in ACCURACY_TASKS or not isinstance(outs, tuple) or len(outs) < 2:
             return 0
-        return _correct_of(self.spec.task, np.asarray(outs[1]), batch[1])
+        return _correct_of(self.spec.task, np.asarray(outs[1]), batch[1], self.spec.ignore_index)
 
     def _has_accuracy(self) -> bool:
-        return self.spec.task in ("classification", "binary") and len(self.sess.module.output_names()) > 1
+        return self.spec.task in ACCURACY_TASKS and len(self.sess.module.output_names()) > 1
 
     def _end_epoch(self, progress: Progress) -> None:
         self._count_pending(progress)
@@ -251,16 +252,26 @@ class Trainer:
         return self.cancel_flag
 
 
-def _correct_of(task: str, logits: np.ndarray, labels: np.ndarray) -> int:
-    """Correct predictions of one batch: argmax = label (classification), sign = label (binary)."""
+def _correct_of(task: str, logits: np.ndarray, labels: np.ndarray, ignore: int | None = None) -> float:
+    """Correct predictions of one batch: argmax = label (classification), sign = label (binary);
+    segmentation: each image's pixel accuracy (argmax over axis 1 = label, ignored pixels left out),
+    summed, so that ``correct / seen`` is the mean pixel accuracy of the images."""
+    if task == "segmentation":
+        kept = labels != ignore if ignore is not None else np.ones(labels.shape, bool)
+        hits = ((logits.argmax(axis=1) == labels) & kept).reshape(len(labels), -1).sum(axis=1)
+        return float((hits / np.maximum(kept.reshape(len(labels), -1).sum(axis=1), 1)).sum())
     if task == "classification":
         top = labels.argmax(axis=-1) if labels.ndim == logits.ndim == 2 else labels  # soft labels: top class
         return int((logits.argmax(axis=-1) == top.reshape(-1)).sum())
     return int(((logits.reshape(-1) > 0) == (labels.reshape(-1) > 0.5)).sum())
 
 
-def _count_correct(task: str, pending: list[tuple[np.ndarray, np.ndarray]]) -> int:
+def _count_correct(
+    task: str, pending: list[tuple[np.ndarray, np.ndarray]], ignore: int | None = None
+) -> float:
     """``_correct_of`` summed over several batches, in a few numpy calls when their shapes allow."""
+    if task == "segmentation":
+        return sum(_correct_of(task, lg, lb, ignore) for lg, lb in pending)
     logits = [lg for lg, _ in pending]
     if task == "classification" and all(lb.ndim == 2 for _, lb in pending):  # soft labels: their top class
         pending = [(lg, lb.argmax(axis=-1)) for lg, lb in pending]

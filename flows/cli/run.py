@@ -20,7 +20,7 @@ from flows.cli.progress import Bars
 from tasks import stages
 from tasks.board.inventory import get_board, valid_board_name
 from tasks.errors import RecipeError
-from tasks.judge.evaluate import evaluate
+from tasks.judge.evaluate import evaluate, judged_as
 from tasks.judge.losses import HostLoss, host_loss
 from tasks.paths import PROJECT_ROOT
 from tasks.prefect.progress import watch
@@ -98,7 +98,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         stages.generate_artifacts(inp)  # reused when the recipe is already prepared
         prep = stages.prepared(inp)
         task, loss = recipe.task, host_loss(recipe, prep)
-        if recipe.detection is not None:  # decoded with the export's priors, scored with COCO mAP
-            detector = {"detection": recipe.detection, "priors": prep.priors}
+        # a detector decoded with the export's priors (COCO mAP), a segmentation by its [segmentation] table
+        detector = judged_as(recipe, prep.priors)
     print(json.dumps(evaluate(args.model, args.test, task, loss=loss, **detector), indent=2))
     return 0

@@ -1,5 +1,5 @@
 """Small PNG charts drawn with Pillow (no matplotlib): line charts, confusion matrices and test
-images with detections drawn.
+images with detections or segmentation masks drawn.
 
 Images are returned as PNG bytes; :func:`data_url` turns them into ``data:image/png;base64,...``
 URLs that Prefect's markdown artifacts render inline.
@@ -16,6 +16,10 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"]
+# segmentation masks: class k in MASK_PALETTE[k % len], the background undrawn, ignored pixels white
+MASK_PALETTE = [(31, 119, 180), (214, 39, 40), (44, 160, 44), (255, 127, 14), (148, 103, 189),
+                (140, 86, 75), (227, 119, 194), (188, 189, 34), (23, 190, 207), (127, 127, 127)]  # fmt: skip
+MASK_ALPHA = 0.6  # a mask's weight over its image
 Series = dict[str, Sequence[tuple[float, float]]]
 
 
@@ -129,9 +133,7 @@ def detections_chart(
     model's detections (``panels[name]`` with ``boxes`` corners in [0, 1], ``labels``, ``scores``)
     coloured by class with their score. ``image`` is ``[3, H, W]`` in any range (stretched to
     0-255 for display). PNG bytes."""
-    arr = np.asarray(image, np.float64)
-    lo, hi = float(arr.min()), float(arr.max())
-    rgb = ((arr - lo) / ((hi - lo) or 1.0) * 255).astype(np.uint8).transpose(1, 2, 0)
+    rgb = _rgb(image)
     base = Image.fromarray(rgb).resize((side, side * rgb.shape[0] // rgb.shape[1]), Image.Resampling.BILINEAR)
     w, h = base.size
     pad, title = 8, 22
@@ -161,6 +163,50 @@ def detections_chart(
         draw_out = ImageDraw.Draw(out)
         draw_out.text((x0 + w // 2, 4), name, fill="black", font=_font(13), anchor="ma")
     return _png(out)
+
+
+def _rgb(image: np.ndarray) -> np.ndarray:
+    """``[C, H, W]`` (1 or 3 channels, any range) as ``[H, W, 3]`` uint8, stretched to 0-255."""
+    arr = np.asarray(image, np.float64)
+    arr = arr[:3] if arr.shape[0] >= 3 else np.repeat(arr[:1], 3, axis=0)
+    lo, hi = float(arr.min()), float(arr.max())
+    return ((arr - lo) / ((hi - lo) or 1.0) * 255).astype(np.uint8).transpose(1, 2, 0)
+
+
+def masks_chart(image: np.ndarray, panels: dict[str, np.ndarray], classes: Sequence[str], background: int,
+                ignore_index: int, side: int = 160) -> bytes:  # fmt: skip
+    """One test image (``[C, H, W]``, any range) drawn once per mask side by side, each mask
+    (``panels``: title -> ``[h, w]`` class ids at any size) blended over it in MASK_PALETTE (the
+    ``background`` class undrawn, ``ignore_index`` pixels white), the palette's legend under them. PNG bytes."""
+    base = Image.fromarray(_rgb(image)).resize((side, side), Image.Resampling.BILINEAR)
+    pad, title = 8, 22
+    out = Image.new("RGB", (len(panels) * (side + pad) + pad, side + title + 22 + pad), "white")
+    draw = ImageDraw.Draw(out)
+    for i, (name, mask) in enumerate(panels.items()):
+        ids = Image.fromarray(np.asarray(mask, np.int32)).resize((side, side), Image.Resampling.NEAREST)
+        x0 = pad + i * (side + pad)
+        out.paste(
+            _blend(np.asarray(base, np.float64), np.asarray(ids), background, ignore_index), (x0, title)
+        )
+        draw.text((x0 + side // 2, 4), name, fill="black", font=_font(13), anchor="ma")
+    x, y = pad, title + side + 6
+    for k, name in enumerate(classes):
+        if k != background:
+            draw.rectangle([x, y, x + 12, y + 12], fill=MASK_PALETTE[k % len(MASK_PALETTE)])
+            draw.text((x + 16, y), name, fill="black", font=_font(12))
+            x += 28 + int(draw.textlength(name, font=_font(12)))
+    return _png(out)
+
+
+def _blend(tile: np.ndarray, ids: np.ndarray, background: int, ignore_index: int) -> Image.Image:
+    """Each class of ``ids`` but the background blended over ``tile`` in its MASK_PALETTE colour."""
+    for cls in np.unique(ids):
+        if cls != background:
+            colour = (255, 255, 255) if cls == ignore_index else MASK_PALETTE[int(cls) % len(MASK_PALETTE)]
+            tile[ids == cls] = (1 - MASK_ALPHA) * tile[ids == cls] + MASK_ALPHA * np.asarray(
+                colour, np.float64
+            )
+    return Image.fromarray(tile.astype(np.uint8))
 
 
 def _dashed(draw: ImageDraw.ImageDraw, a: tuple[float, float], b: tuple[float, float], color: str) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from tasks.errors import RegistryError
 from tasks.judge.direction import LOWER_IS_BETTER
-from tasks.judge.gate import guardrails, significance
+from tasks.judge.gate import guardrails, objects_check, significance
 from tasks.recipe.extras import PromotionSpec
 
 Check = dict[str, Any]  # {"kind", "name", "holds", "text", "figures", "short", ...}: one check of the gate
@@ -151,6 +151,9 @@ def decide(
         checks.append({"kind": "significance", "name": "significance", "test": test["test"],
                        "holds": bool(test["significant"]), "tested": test.get("test") != "none",
                        "text": test["reason"], "short": _short_test(test), "figures": test.get("figures", "")})  # fmt: skip
+    objects = objects_check(candidate, reference, test, rule.significance)
+    if objects is not None:
+        checks.append(objects)
     cand_sets, ref_sets = sets or ({"test": candidate}, {"test": reference})
     rules = guarded_rules(rule, cand_sets, ref_sets)
     rails = guardrails(rules, cand_sets, ref_sets)

@@ -42,13 +42,16 @@ from tasks.judge.losses import (
     task_loss,
 )
 from tasks.judge.runtime import load_test_set, run_model, single_sample_latency_ms
+from tasks.judge.segmentation import segmentation_metrics
 from tasks.quiet import quiet_onnxruntime
 from tasks.recipe.extras import DetectionSpec
+from tasks.recipe.schema import Recipe
+from tasks.recipe.segmentation import SegmentationSpec
 
 log = logging.getLogger(__name__)
 
-EVAL_TASKS = ("classification", "binary", "regression", "embedded")
-EVAL_CACHE_VERSION = 6  # bump when evaluate() changes what it reports
+EVAL_TASKS = ("classification", "binary", "regression", "segmentation", "embedded")
+EVAL_CACHE_VERSION = 7  # bump when evaluate() changes what it reports
 
 
 def confusion_matrix(y_true: np.ndarray, y_pred: np.ndarray, n_classes: int) -> np.ndarray:
@@ -120,11 +123,14 @@ def evaluate(
     batch_size: int = 64,
     detection: DetectionSpec | None = None,
     priors: Path | None = None,
+    segmentation: SegmentationSpec | None = None,
 ) -> dict[str, Any]:
     """Evaluate an inference model on a test set; returns JSON-able metrics (see module docstring).
 
     A detector (``detection`` and its ``priors`` file given) is also decoded and scored with COCO
-    mAP (:mod:`tasks.judge.detection`) besides its embedded loss."""
+    mAP (:mod:`tasks.judge.detection`) besides its embedded loss; a segmentation (task
+    ``segmentation``, its ``[segmentation]`` table or the defaults) with mIoU, per-class IoU and
+    pixel accuracy (:mod:`tasks.judge.segmentation`)."""
     if task not in EVAL_TASKS:
         raise EvaluationError(f"task: host evaluation supports {', '.join(EVAL_TASKS)}, got {task!r}")
     if batch_size < 1:
@@ -141,8 +147,11 @@ def evaluate(
         out, spent = run_model(
             model_onnx, x, input_name=input_name, output_name=output_name, batch_size=batch_size
         )
-        metrics = TASK_METRICS[task](out, y)
-    metrics["per_sample"] = per_sample(task, out, y) if detection is None else {}
+        metrics = (
+            TASK_METRICS[task](out, y) if task != "segmentation" else pixel_metrics(out, y, segmentation)
+        )
+    found = metrics.pop("per_sample", {})
+    metrics["per_sample"] = {**per_sample(task, out, y), **found} if detection is None else {}
     if detection is not None:
         metrics["per_sample"]["detection"] = metrics.pop("matches")
     metrics["per_sample"]["loss"] = sample_losses(loss, model_onnx, Path(test_npz), out, y).round(8).tolist()
@@ -158,6 +167,13 @@ def evaluate(
     )
     log.info("evaluated %s on %s: %s", model_onnx.name, metrics["test_set"], summary_line(metrics))
     return metrics
+
+
+def pixel_metrics(out: np.ndarray, y: np.ndarray, spec: SegmentationSpec | None) -> dict[str, Any]:
+    """A segmentation's metrics (:func:`tasks.judge.segmentation.segmentation_metrics`) by its table."""
+    spec = spec or SegmentationSpec()
+    names = spec.classes or tuple(str(c) for c in range(out.shape[1] if out.ndim > 1 else 0))
+    return segmentation_metrics(out, y, names, spec.ignore_index, spec.background, spec.examples)
 
 
 def per_sample(task: str, out: np.ndarray, y: np.ndarray) -> dict[str, list]:
@@ -185,6 +201,7 @@ def evaluate_cached(
     detection: DetectionSpec | None = None,
     priors: Path | None = None,
     batch_size: int = 64,
+    segmentation: SegmentationSpec | None = None,
 ) -> dict[str, Any]:
     """:func:`evaluate`, reusing the stored result for the same model bytes, test set bytes, task and loss.
 
@@ -196,6 +213,8 @@ def evaluate_cached(
     if detection is not None:
         detector = json.dumps(dataclasses.asdict(detection), default=str, sort_keys=True)
         detector += file_sha256(Path(priors)) if priors is not None and Path(priors).is_file() else ""
+    if segmentation is not None:
+        detector += json.dumps(dataclasses.asdict(segmentation), sort_keys=True)
     key = hashlib.sha256(
         f"{EVAL_CACHE_VERSION}:{file_sha256(Path(model_onnx))}:{file_sha256(Path(test_npz))}:{task}:"
         f"{loss.cache_key()}:{detector}".encode()
@@ -208,9 +227,8 @@ def evaluate_cached(
             Path(test_npz).name,
         )
         return json.loads(path.read_text())
-    metrics = evaluate(
-        model_onnx, test_npz, task, loss=loss, detection=detection, priors=priors, batch_size=batch_size
-    )
+    metrics = evaluate(model_onnx, test_npz, task, loss=loss, detection=detection, priors=priors,
+                       batch_size=batch_size, segmentation=segmentation)  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp-{os.getpid()}")
     tmp.write_text(json.dumps(metrics))
@@ -220,9 +238,19 @@ def evaluate_cached(
 
 def summary_line(metrics: dict[str, Any]) -> str:
     """One line of the headline metrics, for logs."""
-    keys = ("accuracy", "map50", "map", "loss", "mse", "mae", "latency_ms_batch1")
+    keys = ("accuracy", "map50", "map", "miou", "pixel_accuracy", "loss", "mse", "mae", "latency_ms_batch1")
     line = ", ".join(f"{k}={metrics[k]:.4f}" for k in keys if k in metrics)
     return f"{line} (loss: {metrics['loss_kind']})" if "loss_kind" in metrics else line
+
+
+def judged_as(recipe: Recipe, priors: Path | None = None) -> dict[str, Any]:
+    """What :func:`evaluate` needs besides the task to judge ``recipe``'s model: a detector's table
+    and priors, or a segmentation's table."""
+    if recipe.detection is not None:
+        return {"detection": recipe.detection, "priors": priors}
+    if recipe.task == "segmentation":
+        return {"segmentation": recipe.segmentation or SegmentationSpec()}
+    return {}
 
 
 def base_inference_model(

@@ -10,7 +10,11 @@ A gain on a test set of a few hundred samples can be two samples. Before the pro
   improvement (``scipy.stats.bootstrap``, percentile method, seeded); significant when the whole
   interval lies on the better side of zero;
 * mAP, mAP@0.5, mAP@0.75 of a detector: a paired bootstrap over test images (the same resamples
-  for both models, mAP recomputed exactly from each image's matches, :mod:`tasks.judge.coco_resample`).
+  for both models, mAP recomputed exactly from each image's matches, :mod:`tasks.judge.coco_resample`);
+* mIoU and pixel accuracy of a segmentation: a paired bootstrap over test images (both models' metrics
+  recomputed from the summed confusion matrices of each resample, :mod:`tasks.judge.segmentation_resample`),
+  and on the same resamples the object classes' mIoU, whose gain must be significant too
+  (:func:`objects_check`: a model that learns only the background is never promoted).
 
 A metric without a per-sample form is not significant: the gate refuses to promote on it unless the
 recipe sets ``significance = "off"`` (then the decision says it was not tested). Guardrails then
@@ -27,6 +31,8 @@ import numpy as np
 from tasks.errors import RegistryError
 from tasks.judge.coco_resample import METRIC_THRESHOLDS, paired_map_bootstrap
 from tasks.judge.direction import LOWER_IS_BETTER
+from tasks.judge.segmentation_resample import paired_iou_bootstrap
+from tasks.recipe.segmentation import SEGMENTATION_METRICS
 
 BOOTSTRAP_RESAMPLES = 2000
 
@@ -87,14 +93,9 @@ def significance(
         out = paired_map_bootstrap(
             cand["detection"], ref["detection"], metric, 1.0 - alpha, class_names=candidate.get("classes")
         )
-        out["significant"] = out["low"] > 0
-        out["figures"] = _interval(f"{metric} gain", out["low"], out["high"], 1 - alpha)
-        out["reason"] = (
-            f"paired bootstrap over {cand['detection']['images']} test images: the {metric} gain "
-            f"{out['gain']:+.4f} lies in [{out['low']:+.4f}, {out['high']:+.4f}] ({1 - alpha:.0%})"
-            + ("" if out["significant"] else ", which includes no gain")
-        )
-        return out
+        return _over_images(out, metric, cand["detection"]["images"], alpha)
+    if metric in SEGMENTATION_METRICS and "segmentation" in cand and "segmentation" in ref:
+        return segmentation_significance(metric, candidate, reference, alpha)
     same_loss = metric != "loss" or candidate.get("loss_kind") == reference.get("loss_kind")
     if metric in cand and metric in ref and same_loss:
         out = paired_bootstrap(cand[metric], ref[metric], metric in LOWER_IS_BETTER, 1.0 - alpha)
@@ -112,6 +113,58 @@ def significance(
         "reason": f"no per-sample figures of {metric} to test its gain on, so it is not promoted on "
         '(set [promotion] significance = "off" to judge it on min_gain alone, untested)',
     }
+
+
+def segmentation_significance(
+    metric: str, candidate: dict[str, Any], reference: dict[str, Any], alpha: float
+) -> dict[str, Any]:
+    """The paired bootstrap over test images of a segmentation metric's gain (and, on the same
+    resamples, of each class's IoU and of the object classes' mIoU: ``objects``)."""
+    cand, ref = candidate["per_sample"]["segmentation"], reference["per_sample"]["segmentation"]
+    out = paired_iou_bootstrap(cand, ref, metric, 1.0 - alpha, class_names=candidate.get("classes"))
+    return _over_images(out, metric, len(cand["confusion"]), alpha)
+
+
+def _over_images(out: dict[str, Any], metric: str, images: int, alpha: float) -> dict[str, Any]:
+    """A bootstrap over test images (``low``, ``high``, ``gain``) with its verdict, cell and sentence."""
+    out["significant"] = out["low"] > 0
+    out["figures"] = _interval(f"{metric} gain", out["low"], out["high"], 1 - alpha)
+    out["reason"] = (
+        f"paired bootstrap over {images} test images: the {metric} gain {out['gain']:+.4f} "
+        f"lies in [{out['low']:+.4f}, {out['high']:+.4f}] ({1 - alpha:.0%})"
+        + ("" if out["significant"] else ", which includes no gain")
+    )
+    return out
+
+
+def objects_check(
+    candidate: dict[str, Any], reference: dict[str, Any], test: dict[str, Any] | None, alpha: float | None
+) -> dict[str, Any] | None:
+    """The gate's check that a segmentation gain reaches the object classes: their mIoU (every class
+    but the background) must rise significantly too (with ``significance = "off"`` at least rise), so a
+    model that learns only the background is never promoted; None without per-image figures."""
+    if test is None or "objects" not in test:
+        cand, ref = candidate.get("per_sample") or {}, reference.get("per_sample") or {}
+        if "segmentation" not in cand or "segmentation" not in ref:
+            return None
+        test = segmentation_significance("miou", candidate, reference, alpha or 0.05)
+    objects = test.get("objects")
+    if objects is None:
+        return None
+    holds = objects["low"] > 0 if alpha is not None else objects["gain"] > 0
+    share = (
+        f"; it predicts {objects['background']} on {objects['predicted_background']:.1%} of the test pixels"
+    )
+    return {
+        "kind": "objects", "name": "object classes", "holds": holds,
+        "short": "no gain on the object classes",
+        "figures": _interval("object mIoU gain", objects["low"], objects["high"], 1 - (alpha or 0.05)),
+        "text": f"the mIoU of the classes other than {objects['background']} goes {objects['reference']:.4f} -> "
+                f"{objects['candidate']:.4f}, gain {objects['gain']:+.4f} in [{objects['low']:+.4f}, "
+                f"{objects['high']:+.4f}] on the same resamples"
+                + ("" if holds else f": no {'significant ' if alpha else ''}gain on the object classes{share}, "
+                   f"while {test['reason']}"),
+    }  # fmt: skip
 
 
 def guardrails(

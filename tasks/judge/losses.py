@@ -21,15 +21,19 @@ import numpy as np
 from tasks.errors import EvaluationError
 from tasks.hashing import file_sha256
 from tasks.judge.runtime import npz_arrays, session
+from tasks.judge.segmentation_losses import image_losses, loss_sums, set_loss
 from tasks.prepare import graph_file
+from tasks.recipe.segmentation import segmentation_of
 
 if TYPE_CHECKING:
     from tasks.prepare import Prepared
     from tasks.recipe.schema import Recipe
 
-LOSS_KINDS = ("mse", "cross-entropy", "bce-with-logits", "l1", "custom", "embedded")
+PIXEL_LOSSES = ("pixel-cross-entropy", "dice", "pixel-cross-entropy+dice")  # a segmentation's recipe losses
+LOSS_KINDS = ("mse", "cross-entropy", "bce-with-logits", "l1", *PIXEL_LOSSES, "custom", "embedded")
 GRAPH_LOSSES = ("custom", "embedded")  # computed by the prepared eval graph
-TASK_LOSS = {"classification": "cross-entropy", "binary": "bce-with-logits", "regression": "mse"}
+TASK_LOSS = {"classification": "cross-entropy", "binary": "bce-with-logits", "regression": "mse",
+             "segmentation": "pixel-cross-entropy"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,8 @@ class HostLoss:
     kind: str
     eval_model: Path | None = None
     feeds: dict[str, str] = field(default_factory=dict)
+    ignore_index: int = 255  # PIXEL_LOSSES: the label of pixels no loss counts
+    dice_weight: float = 1.0  # pixel-cross-entropy+dice: Dice's weight
 
     def __post_init__(self) -> None:
         if self.kind not in LOSS_KINDS:
@@ -53,12 +59,16 @@ class HostLoss:
     def cache_key(self) -> str:
         """What the reported loss depends on besides the model and test set."""
         graph = file_sha256(self.eval_model) if self.eval_model else "-"
-        return f"{self.kind}:{graph}:{json.dumps(self.feeds, sort_keys=True)}"
+        pixels = f":{self.ignore_index}:{self.dice_weight}" if self.kind in PIXEL_LOSSES else ""
+        return f"{self.kind}:{graph}:{json.dumps(self.feeds, sort_keys=True)}{pixels}"
 
 
 def host_loss(recipe: Recipe, prep: Prepared) -> HostLoss:
     """The recipe's loss for host evaluation: its built-in kind, or the prepared eval graph."""
     kind = recipe.loss.kind
+    if recipe.task == "segmentation" and kind != "custom":
+        spec = segmentation_of(recipe)
+        return HostLoss(pixel_kind(kind), ignore_index=spec.ignore_index, dice_weight=spec.dice_weight)
     if kind == "distillation":  # the host's test set has true labels: the student's cross-entropy on them
         return HostLoss("cross-entropy")
     if kind not in GRAPH_LOSSES:
@@ -73,6 +83,18 @@ def task_loss(task: str) -> HostLoss:
             f"task {task!r}: its loss is the eval graph's; pass loss=host_loss(recipe, prepared)"
         )
     return HostLoss(TASK_LOSS[task])
+
+
+def pixel_kind(kind: str) -> str:
+    """A segmentation recipe's loss kind as the host names it: "cross-entropy" -> "pixel-cross-entropy"."""
+    return kind.replace("cross-entropy", "pixel-cross-entropy")
+
+
+def pixel_losses(loss: HostLoss, out: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
+    """A segmentation loss of the whole test set (as one batch) and of each image."""
+    sums = loss_sums(out, y, loss.ignore_index)
+    kind = loss.kind.replace("pixel-", "")
+    return set_loss(kind, sums, loss.dice_weight), image_losses(kind, sums, loss.dice_weight)
 
 
 def class_logits(logits: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -217,6 +239,8 @@ def loss_value(
 ) -> float:
     """``loss`` of ``model_onnx`` on a test set: from its outputs ``out`` and labels ``y`` for a
     built-in kind, else the eval graph's over the test-set arrays its feeds name."""
+    if loss.kind in PIXEL_LOSSES:
+        return pixel_losses(loss, out, y)[0]
     if loss.kind not in GRAPH_LOSSES:
         return BUILTIN_LOSSES[loss.kind](out, y)
     assert loss.eval_model is not None  # HostLoss checks it
@@ -228,6 +252,8 @@ def sample_losses(
 ) -> np.ndarray:
     """Each test sample's ``loss``: its share of a built-in kind, or the eval graph's loss of that
     sample alone for a custom or embedded one."""
+    if loss.kind in PIXEL_LOSSES:
+        return pixel_losses(loss, out, y)[1]
     if loss.kind not in GRAPH_LOSSES:
         return per_sample_loss(loss.kind, out, y)
     assert loss.eval_model is not None  # HostLoss checks it

@@ -19,6 +19,7 @@ from tasks.judge.continual import continual_md
 from tasks.judge.decision import details, headline
 from tasks.judge.registry import Decision
 from tasks.judge.report_detection import detection_md
+from tasks.judge.report_segmentation import segmentation_md
 from tasks.judge.report_teacher import teacher_md
 from tasks.judge.trend import lineage_md, trend_section
 
@@ -27,6 +28,9 @@ HEADLINE = [
     ("map50", "mAP@0.5", "{:.4f}"),
     ("map", "mAP@[.5:.95]", "{:.4f}"),
     ("map75", "mAP@0.75", "{:.4f}"),
+    ("miou", "mIoU", "{:.4f}"),
+    ("object_miou", "mIoU of the object classes", "{:.4f}"),
+    ("pixel_accuracy", "pixel accuracy", "{:.4f}"),
     ("loss", "loss", "{:.4f}"),
     ("mse", "mse", "{:.4f}"),
     ("mae", "mae", "{:.4f}"),
@@ -200,9 +204,10 @@ def gate_md(d: Decision) -> list[str]:
     out = ["", "| gate check | verdict | figures |", "|---|---|---|", *rows, ""]
     out += [f"- **{c['name']}**: {c['text']}" for c in ordered]  # the sentences, under the table
     per_class = (d.significance or {}).get("per_class")
-    if per_class:  # a detector: each class's AP gain on the same resamples of the test images
+    if per_class:  # a detector's AP or a segmentation's IoU per class, on the same resamples of the images
         cells = ", ".join(f"{name} [{lo:+.4f}, {hi:+.4f}]" for name, (lo, hi) in per_class.items())
-        out += ["", f"Per-class AP gain, same bootstrap resamples of the test images: {cells}."]
+        what = "IoU" if d.metric in ("miou", "pixel_accuracy") else "AP"
+        out += ["", f"Per-class {what} gain, same bootstrap resamples of the test images: {cells}."]
     return out
 
 
@@ -275,11 +280,13 @@ def render_report(inp: ReportInput) -> str:
         md += ["", f"### Extra test set `{name}`", compare_table(cols)]
     md += teacher_md(inp.teacher, (inp.lineage.get("board_data") or {}).get("unlabeled"))
     md += detection_md(inp.evaluations, inp.test_path)
+    md += segmentation_md(inp.evaluations, inp.test_path)
     md += _int8_md(inp)
     md += [""] + _training_md(inp)
     candidate = inp.evaluations.get("candidate", {})
     if candidate.get("confusion_matrix"):
-        png = confusion_chart(candidate["confusion_matrix"], f"confusion matrix, candidate, {inp.test_set}")
+        png = confusion_chart(candidate["confusion_matrix"], f"confusion matrix, candidate, {inp.test_set}",
+                              candidate.get("classes"))  # fmt: skip
         md += [
             "",
             "## Candidate on the test set",
@@ -303,7 +310,7 @@ def summary_text(inp: ReportInput) -> str:
     ]
     lines += [f"  warning: {line}" for line in inp.warnings]
     for col, m in inp.evaluations.items():
-        keys = ("accuracy", "map50", "map", "loss", "mse")
+        keys = ("accuracy", "map50", "map", "miou", "pixel_accuracy", "loss", "mse")
         line = f"  {col:<16} " + "  ".join(f"{k}={m[k]:.4f}" for k in keys if k in m)
         lines.append(f"{line}  (loss: {m['loss_kind']})" if "loss" in m and "loss_kind" in m else line)
     for name, cols in inp.extra_tests.items():

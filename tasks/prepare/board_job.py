@@ -25,6 +25,7 @@ from tasks.errors import ArtifactError, DataError, RecipeError
 from tasks.prepare import Prepared
 from tasks.prepare.teacher import wire_teacher
 from tasks.recipe.schema import Recipe
+from tasks.recipe.segmentation import segmentation_of
 
 __all__ = ["build_job_spec", "file_sha256", "train_params"]
 
@@ -100,7 +101,10 @@ def build_job_spec(
         feeds=dict(manifest.get("feeds") or recipe.data.feeds),
         memory_estimate_mb=_memory_estimate(prepared.validation or {}),
         recipe_name=recipe.name,
-        num_classes=(recipe.model.num_classes or 0) if recipe.task == "classification" else 0,
+        num_classes=(recipe.model.num_classes or 0)
+        if recipe.task in ("classification", "segmentation")
+        else 0,
+        ignore_index=segmentation_of(recipe).ignore_index if recipe.task == "segmentation" else None,
         prefix=prefix,
         teacher=_teacher(recipe, prepared, files),
         runtime=runtime,

@@ -25,6 +25,7 @@ from tasks.errors import DataError
 from tasks.prepare import graph_file
 from tasks.recipe.datafiles import check_dataset, data_files, load_arrays, load_npz
 from tasks.recipe.schema import Recipe
+from tasks.recipe.segmentation import segmentation_of
 
 BOARD_SETS = ("data.train", "data.eval")  # uploaded with the job and checked by the agent there
 
@@ -61,7 +62,8 @@ def check_board_data(recipe: Recipe, field: str, path: Path, manifest: dict, inp
     and dtype kind, no NaN/inf, labels in the class range; DataError naming ``field`` and ``path``."""
     try:
         data = NpzDataset(path, [i.name for i in inputs], manifest["feeds"], field)
-        board_check(data, inputs, recipe.task, classes, field)
+        ignore = segmentation_of(recipe).ignore_index if recipe.task == "segmentation" else None
+        board_check(data, inputs, recipe.task, classes, field, ignore)
     except AgentError as exc:
         raise DataError(f"{field} ({path}): {str(exc).removeprefix(f'{field}: ')}") from exc
 

@@ -22,8 +22,10 @@ from tasks.prepare.distillation import distillation_loss
 from tasks.prepare.export import quiet_stderr
 from tasks.prepare.messages import generate_failure
 from tasks.prepare.onnx_versions import MAX_IR, MAX_OPSET
+from tasks.prepare.segmentation_loss import check_scores, scores_dims, segmentation_loss
 from tasks.prepare.torch_model import load_ref
 from tasks.recipe.schema import Recipe
+from tasks.recipe.segmentation import segmentation_of
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +110,22 @@ def build_loss(recipe: Recipe, model: onnx.ModelProto) -> tuple[Any, str]:
             kind,
         )
     shape = shapes[outs[0]]
+    if recipe.task == "segmentation":
+        spec = segmentation_of(recipe)
+        dims = scores_dims(model, outs[0])
+        check_scores(dims, outs[0], recipe.model.num_classes or 0, kind)
+        block = segmentation_loss(
+            kind, recipe.model.num_classes or 0, spec.ignore_index, spec.dice_weight, dims=dims
+        )
+        return block, f"{kind} (per pixel, ignore_index {spec.ignore_index})"
+    if kind == "cross-entropy" and len(shape) > 2:
+        raise RecipeError(
+            "loss.kind",
+            f"a loss matching output '{outs[0]}' of {len(shape)} dims (per-pixel class scores [batch, "
+            f"classes, H, W] are task = \"segmentation\"; cross-entropy of task '{recipe.task}' needs "
+            f"[batch, num_classes={recipe.model.num_classes}])",
+            kind,
+        )
     if kind == "cross-entropy" and (len(shape) != 2 or shape[1] != (recipe.model.num_classes or shape[1])):
         raise RecipeError(
             "loss.kind",

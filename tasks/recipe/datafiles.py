@@ -2,7 +2,7 @@
 (generating missing ones with ``[data].make`` is :mod:`tasks.prepare.datasets`).
 
 An ``.npz`` dataset holds ``x`` (float32, ``[N, *input_shape]``) and ``y`` (labels: int64 class ids
-for classification, float32 for binary/regression); extra arrays (e.g. a second target) are allowed
+for classification, float32 for binary/regression, int64 masks ``[N, H, W]`` for segmentation); extra arrays (e.g. a second target) are allowed
 and reach the model through ``[data].feeds``.
 """
 
@@ -15,6 +15,7 @@ import numpy as np
 
 from tasks.errors import DataError
 from tasks.recipe.schema import Recipe
+from tasks.recipe.segmentation import segmentation_of
 
 
 def recipe_files(recipe: Recipe) -> dict[str, Path]:
@@ -94,7 +95,27 @@ def check_dataset(recipe: Recipe, x: np.ndarray, y: np.ndarray, *, num_classes: 
         raise DataError(f"x contains {int((~np.isfinite(x)).sum())} NaN or infinite values")
     if len(y) != len(x):
         raise DataError(f"x has {len(x)} samples but y has {len(y)}")
+    if recipe.task == "segmentation":
+        check_masks(x, y, num_classes or recipe.model.num_classes, segmentation_of(recipe).ignore_index)
     _check_labels(recipe.task, y, num_classes or recipe.model.num_classes)
+
+
+def check_masks(x: np.ndarray, y: np.ndarray, num_classes: int | None, ignore_index: int) -> None:
+    """Segmentation labels: int64 ``[N, H, W]`` (x's spatial size), each pixel a class or ``ignore_index``."""
+    if y.dtype != np.int64:
+        raise DataError(f"y has dtype {y.dtype}, expected int64 masks [N, H, W] for task 'segmentation'")
+    if y.shape[1:] != x.shape[2:]:
+        raise DataError(
+            f"y has shape {list(y.shape)}, expected masks [N, {', '.join(map(str, x.shape[2:]))}] "
+            f"(one class per pixel of x {list(x.shape)})"
+        )
+    bad = ((y < 0) | (y >= (num_classes or np.iinfo(np.int64).max))) & (y != ignore_index)
+    if bad.any():
+        top = num_classes - 1 if num_classes else "num_classes - 1"
+        raise DataError(
+            f"y has mask labels {np.unique(y[bad])[:5].tolist()}, expected classes in [0, {top}] or "
+            f"segmentation.ignore_index ({ignore_index}) (sample {int(np.argwhere(bad)[0][0])})"
+        )
 
 
 def _check_labels(task: str, y: np.ndarray, num_classes: int | None) -> None:

@@ -186,8 +186,8 @@ class PromotionSpec:
 
     metric: Annotated[Text, Expect("a metric name such as 'accuracy' or 'loss'")] = Field(
         "accuracy",
-        description="any metric the evaluator reports: accuracy | loss | map50 | map | ...; default accuracy "
-        "for classification/binary, map50 for detectors, else loss",
+        description="any metric the evaluator reports: accuracy | loss | map50 | map | miou | pixel_accuracy | "
+        "...; default accuracy for classification/binary, map50 for detectors, miou for segmentation, else loss",
     )
     min_gain: MinGain = 0.0
     significance: Annotated[

@@ -47,6 +47,7 @@ from tasks.recipe.fields import (
     recipe_table,
 )
 from tasks.recipe.messages import Expect, expected
+from tasks.recipe.segmentation import SEGMENTATION_METRICS, SegmentationSpec, segmentation_rules
 from tasks.recipe.teacher import TeacherSpec, teacher_rules
 from tasks.recipe.training import (
     LossSpec,
@@ -62,8 +63,8 @@ Task = Literal[TASKS]  # type: ignore[valid-type]  # the board's task names (dev
 
 ACCURACY_TASKS = ("classification", "binary")
 DETECTION_METRICS = ("map50", "map", "map75")
-TESTED_METRICS = ("accuracy", "loss", "mse", "mae", *DETECTION_METRICS)  # a per-sample significance test
-OPTIONAL_TABLES = ("head", "quantize", "detection", "teacher")  # an empty table is the same as none
+TESTED_METRICS = ("accuracy", "loss", "mse", "mae", *DETECTION_METRICS, *SEGMENTATION_METRICS)  # paired tests
+OPTIONAL_TABLES = ("head", "quantize", "detection", "teacher", "segmentation")  # an empty table: none
 
 
 @recipe_table("model")
@@ -209,7 +210,8 @@ class Recipe:
     )
     task: Task = Field(
         "classification",
-        description="classification | binary | regression | embedded (the loss is in the model)",
+        description="classification | binary | regression | segmentation (class scores [N, C, H, W], "
+        "labels [N, H, W]) | embedded (the loss is in the model)",
     )
     model: ModelSpec = Field()  # Field(): required, though after a field with a default
     trainable: TrainableSpec = Field()
@@ -220,6 +222,7 @@ class Recipe:
     training: TrainingSpec = dataclasses.field(default_factory=TrainingSpec)
     promotion: PromotionSpec = dataclasses.field(default_factory=PromotionSpec)
     detection: DetectionSpec | None = None
+    segmentation: SegmentationSpec | None = None
     head: HeadSpec | None = None
     quantize: QuantizeSpec | None = None
     teacher: TeacherSpec | None = None
@@ -237,7 +240,8 @@ class Recipe:
     @classmethod
     def _file_defaults(cls, data: Any) -> Any:
         """Defaults that depend on other tables: the promotion metric the task's evaluation reports
-        (loss for regression and embedded losses, map50 for detectors); an empty optional table is none."""
+        (loss for regression and embedded losses, map50 for detectors, miou for segmentation); an empty
+        optional table is none."""
         if not isinstance(data, dict):
             return data
         data = {k: v for k, v in data.items() if not (k in OPTIONAL_TABLES and v == {})}
@@ -245,6 +249,7 @@ class Recipe:
         if isinstance(promotion, dict) and "metric" not in promotion:
             task, detector = data.get("task", "classification"), "detection" in data
             metric = "accuracy" if task in ACCURACY_TASKS else "map50" if detector else "loss"
+            metric = "miou" if task == "segmentation" else metric
             data["promotion"] = {**promotion, "metric": metric}
         return data
 
@@ -286,8 +291,9 @@ class Recipe:
         if metric == "accuracy" and task not in ACCURACY_TASKS:
             yield (
                 "promotion.metric",
-                f"a metric the host evaluation reports for task '{task}' ('loss'; "
-                "accuracy needs a classification or binary task)",
+                f"a metric the host evaluation reports for task '{task}' ("
+                + ("'miou', 'pixel_accuracy' or 'loss'" if task == "segmentation" else "'loss'")
+                + "; accuracy needs a classification or binary task)",
                 metric,
             )
         if self.promotion.significance is not None and metric not in TESTED_METRICS:
@@ -297,7 +303,12 @@ class Recipe:
                 f"(tested: {', '.join(TESTED_METRICS)}); with 'off' it is judged on min_gain alone, untested",
                 self.promotion.significance,
             )
-        if kind == "cross-entropy" and task != "classification":
-            yield "loss.kind", f"a loss for task '{task}' (cross-entropy needs classification)", kind
+        if kind == "cross-entropy" and task not in ("classification", "segmentation"):
+            yield (
+                "loss.kind",
+                f"a loss for task '{task}' (cross-entropy needs classification or segmentation)",
+                kind,
+            )
+        yield from segmentation_rules(self)
         yield from runtime_rules(self)
         yield from teacher_rules(self)

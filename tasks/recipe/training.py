@@ -16,6 +16,7 @@ from tasks.recipe.fields import REF_PATTERN, Int, Number, Ref, Text, Texts, pres
 from tasks.recipe.messages import Expect, expected
 
 BUILTIN_LOSSES = ("mse", "cross-entropy", "bce-with-logits", "l1")
+PIXEL_LOSSES = ("dice", "cross-entropy+dice")  # task segmentation (tasks.recipe.segmentation)
 Strategy = Literal["classifier", "last-conv+classifier", "suffix", "all", "freeze_net", "freeze_basenet"]
 BatchNorm = Literal["frozen", "batch-stats"]
 Optimizer = Literal["adamw", "sgd"]
@@ -34,11 +35,14 @@ LearningRate = Annotated[Number, Field(gt=0, le=10, description="the optimizer's
 
 
 def _loss_kind(kind: str) -> str:
-    if kind in (*BUILTIN_LOSSES, "embedded", "custom", "distillation") or re.match(CUSTOM_LOSS, kind):
+    if kind in (*BUILTIN_LOSSES, *PIXEL_LOSSES, "embedded", "custom", "distillation"):
+        return kind
+    if re.match(CUSTOM_LOSS, kind):
         return kind
     if kind.startswith("custom:"):
         raise expected("custom:module:factory (a 'module:callable' reference after 'custom:')", got=kind)
-    raise expected(", ".join(BUILTIN_LOSSES) + ", distillation, custom:module:factory or embedded", got=kind)
+    known = ", ".join((*BUILTIN_LOSSES, *PIXEL_LOSSES))
+    raise expected(known + ", distillation, custom:module:factory or embedded", got=kind)
 
 
 @recipe_table("trainable")
@@ -110,13 +114,14 @@ class LossSpec:
         WithJsonSchema(
             {
                 "anyOf": [
-                    {"enum": [*BUILTIN_LOSSES, "distillation", "embedded"]},
+                    {"enum": [*BUILTIN_LOSSES, *PIXEL_LOSSES, "distillation", "embedded"]},
                     {"type": "string", "pattern": CUSTOM_LOSS},
                 ]
             }
         ),
     ] = Field(
-        description="mse | cross-entropy | bce-with-logits | l1 | distillation (soft labels of a [teacher] "
+        description="mse | cross-entropy | bce-with-logits | l1 | dice | cross-entropy+dice (segmentation) | "
+        "distillation (soft labels of a [teacher] "
         "at its temperature) | custom:module:factory (an onnxblock loss) | embedded (the model's first "
         "output is the loss)"
     )

@@ -15,7 +15,7 @@ from typing import Any
 from tasks.judge.continual import heldout_sets
 from tasks.judge.decision import with_check
 from tasks.judge.detection import teacher_box_metrics
-from tasks.judge.evaluate import base_inference_model, evaluate_cached
+from tasks.judge.evaluate import base_inference_model, evaluate_cached, judged_as
 from tasks.judge.losses import GRAPH_LOSSES, host_loss, task_loss
 from tasks.judge.quantize import int8_verdict, quantize_int8
 from tasks.judge.registry import Decision, Registry, decide
@@ -115,7 +115,7 @@ def evaluate(
     heldout = heldout_sets(recipe.data.heldout, learnt)
     sets = {"test": recipe.data.test, **recipe.data.extra_tests, **heldout}
     cache, loss = state_dir("cache", "evaluations"), host_loss(recipe, prep)
-    detector = {"detection": recipe.detection, "priors": prep.priors} if recipe.detection else {}
+    detector = judged_as(recipe, prep.priors)
     int8 = quantize(recipe, Path(candidate)) if recipe.quantize else None
     if int8 is not None:
         models[INT8] = Path(int8["path"])
@@ -151,9 +151,11 @@ INT8 = "candidate int8"  # the quantized candidate's column
 
 
 def recorded_metrics(metrics: Metrics) -> Metrics:
-    """The candidate's metrics as the registry keeps them: a detector's per-image matches (the
-    gate's bootstrap input, megabytes on a large test set) stay in the evaluation cache."""
-    per_sample = {k: v for k, v in (metrics.get("per_sample") or {}).items() if k != "detection"}
+    """The candidate's metrics as the registry keeps them: a detector's per-image matches and a
+    segmentation's per-image confusion matrices (the gate's bootstrap input, megabytes on a large test
+    set) stay in the evaluation cache."""
+    bulky = ("detection", "segmentation")  # per image: the bootstrap's input, kept in the evaluation cache
+    per_sample = {k: v for k, v in (metrics.get("per_sample") or {}).items() if k not in bulky}
     return {**metrics, "per_sample": per_sample}
 
 

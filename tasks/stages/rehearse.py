@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from tasks.errors import PipelineError, ValidationFailed, ort_message
-from tasks.judge.evaluate import evaluate
+from tasks.judge.evaluate import evaluate, judged_as
 from tasks.judge.losses import HostLoss, host_loss
 from tasks.judge.quantize import quantize_int8
 from tasks.prepare import Prepared
@@ -72,7 +72,7 @@ def rehearse_judging(recipe: Recipe, prep: Prepared) -> dict[str, Any]:
     ``host_evaluation`` / ``int8_quantization`` naming the set or the step."""
     model = prep.out_dir / "validation_inference.onnx"
     loss = host_loss(recipe, prep)
-    detector = {"detection": recipe.detection, "priors": prep.priors} if recipe.detection else {}
+    detector = judged_as(recipe, prep.priors)
     sets = {"test": recipe.data.test, **recipe.data.extra_tests}
     report: dict[str, Any] = {"samples": SAMPLES}
     with tempfile.TemporaryDirectory(prefix=".rehearse-", dir=prep.out_dir) as tmp:

@@ -24,6 +24,11 @@ from tests.flow.test_foreign_models import (  # noqa: F401
 from tests.flow.test_nightly import (  # noqa: F401
     test_nightly_cycles_promote_reject_rollout_and_rollback,
 )
+from tests.flow.test_segmentation import (  # noqa: F401
+    segmentation_run,
+    test_a_background_only_candidate_is_rejected_with_its_miou_interval,
+    test_segmentation_is_promoted_on_a_significant_miou_gain,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.board]
 
