@@ -30,16 +30,29 @@ ATTEMPTS = 8  # fresh markers when one happened to occur twice in the serialised
 
 def export_inference(model: Any, inputs: tuple[Any, ...], input_names: list[str], output_names: list[str],
                      path: Path) -> None:  # fmt: skip
-    """The TorchScript export of ``model`` in eval mode, parameters unfolded, batch dynamic."""
+    """The TorchScript export of ``model`` in eval mode, every parameter and buffer an initializer of
+    its own name, batch dynamic.
+
+    PRESERVE: no eval peephole, which would fold each BatchNorm into its convolution. Initializers
+    as inputs: no deduplication, which makes a tensor equal to another at export (a fresh
+    BatchNorm's running variance and its weight, all ones) an Identity of it, so training one would
+    change the other; they are taken out of the inputs again afterwards.
+    """
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
     axes = {n: {0: "batch"} for n in [*input_names, *output_names]}
     with restored(model):
-        model.eval()  # PRESERVE below: no eval peephole, which would fold each BatchNorm into its convolution
+        model.eval()
         exporting("the inference model", lambda: torch.onnx.export(
             model, inputs, str(path), dynamo=False, training=torch.onnx.TrainingMode.PRESERVE,
             do_constant_folding=False, export_params=True, opset_version=OPSET, input_names=input_names,
-            output_names=output_names, dynamic_axes=axes))  # fmt: skip
+            output_names=output_names, dynamic_axes=axes, keep_initializers_as_inputs=True))  # fmt: skip
+    proto = onnx.load(str(path))
+    inits = {i.name for i in proto.graph.initializer}
+    kept = [i for i in proto.graph.input if i.name not in inits]
+    del proto.graph.input[:]
+    proto.graph.input.extend(kept)
+    onnx.save(proto, str(path))
 
 
 def keep_outputs(model: onnx.ModelProto, outputs: list[str]) -> None:
