@@ -7,7 +7,8 @@
 #         the board's dataset folder (odl data push) and runs odl/full (warm start, new + replayed data,
 #         the gate, rollout to the board).
 #   teacher: the same with recipes/digits_teacher.toml: two nights of unlabeled shifted digits, labelled
-#         on the board by a teacher model before each run (no label on the board).
+#         on the board by a teacher model before each run (the board's only labels: the 100 clean
+#         digits it was delivered with, its replay).
 #   teacher-detection: the same with recipes/ssdlite_teacher.toml (a detector teacher's boxes; its data
 #         take ~8 min to make the first time: the teacher trains on the host).
 #   segmentation: the same with recipes/segmentation.toml: a U-Net fine-tuned on the board, judged on mIoU.
@@ -52,7 +53,7 @@ board_and_stack() {  # the virtual board and this home's Prefect stack, two line
   echo "Prefect server ${PREFECT_API_URL%/api} (SQLite under $PREFECT_HOME)"
 }
 
-nights() {  # RECIPE NAME DATASET SHARDS: per shard, append it on the board, then run odl/full
+nights() {  # RECIPE NAME DATASET SHARDS: delivered-*.npz on the board, then per shard: append it, run odl/full
   local recipe=$1 name=$2 dataset=$3 shards=$4
   "$BIN/python" -c "from tasks.recipe.load import load_recipe; from tasks import stages; \
 stages.prepare_data(load_recipe('$recipe'))"
@@ -73,6 +74,9 @@ PY
   for shard in "$shards"/shard-000*.npz; do
     echo "== the board application appends $(basename "$shard") =="
     "$BIN/odl" data push "$BOARD" "$shard" --to "$dataset"
+  for shard in "$shards"/delivered-*.npz; do  # labelled data the board holds before the first night
+    if [ -e "$shard" ]; then "$BIN/odl" data push "$BOARD" "$shard" --to "$dataset"; fi
+  done
     "$BIN/odl" watch odl/full --kind nightly \
       --params "{\"recipe\": \"$recipe\", \"board\": \"$BOARD\"}" || true
   done

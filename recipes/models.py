@@ -10,6 +10,7 @@ torch and onnxruntime.training.onnxblock are fine here.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -44,30 +45,36 @@ def digits_cnn(num_classes: int = 10) -> nn.Module:
     return DigitsCNN(num_classes)
 
 
-def fit(
-    model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int, lr: float, seed: int = 0
-) -> nn.Module:
-    """Train ``model`` with Adam and cross-entropy on (x, y), batches shuffled by ``seed``; returns it
-    in eval mode."""
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-    gen = torch.Generator().manual_seed(seed)
-    model.train()
-    for _ in range(epochs):
-        for idx in torch.randperm(len(xt), generator=gen).split(64):
-            opt.zero_grad()
-            F.cross_entropy(model(xt[idx]), yt[idx]).backward()
-            opt.step()
-    return model.eval()
+def pretrain_digits(
+    x: np.ndarray, y: np.ndarray, heldout: tuple[np.ndarray, np.ndarray], out: Path, *, seed: int = 0
+) -> Path:
+    """Pretrain :class:`DigitsCNN` on clean digits until it classifies ``heldout`` (clean digits it
+    does not train on) at DIGITS_BASE_TARGET, save its state_dict to ``out`` and what it reached
+    beside it (``.fit.json``)."""
+    from targets import fit_classifier  # recipes/targets.py: the recipe folder is on the path
 
-
-def pretrain_digits(x: np.ndarray, y: np.ndarray, out: Path, *, epochs: int = 15, seed: int = 0) -> Path:
-    """Pretrain :class:`DigitsCNN` on clean digits with torch and save its state_dict to ``out``."""
     torch.manual_seed(seed)
-    model = fit(DigitsCNN(10), x, y, epochs=epochs, lr=3e-3, seed=seed)
+    model = DigitsCNN(10)
+    target = digits_target("the digits student's pretraining", "clean", DIGITS_BASE_TARGET, heldout, 12)
+    fit = fit_classifier(model, lambda _: (x, y), heldout, target, lr=3e-3, decay=0.85, seed=seed)
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), out)
+    print(fit.line(), f"({fit.save(out).name})", flush=True)
     return out
+
+
+DIGITS_BASE_TARGET = 0.96  # the student's held-out clean accuracy (it settles at ~0.99)
+DIGITS_TEACHER_TARGET = 0.88  # the teacher's held-out shifted accuracy (it settles at ~0.91)
+
+
+def digits_target(
+    what: str, kind: str, value: float, heldout: tuple[np.ndarray, np.ndarray], min_epochs: int
+):
+    """A digits model's :class:`targets.Target`: ``value`` accuracy on the ``heldout`` digits of
+    ``kind``, after at least ``min_epochs`` (its rate has decayed to a seventh or less), at most 30."""
+    from targets import Target
+
+    return Target(what, f"accuracy on {len(heldout[1])} {kind} digits", value, 30, min_epochs)
 
 
 class DigitsTeacher(nn.Module):
@@ -86,16 +93,29 @@ class DigitsTeacher(nn.Module):
         return self.body(x)
 
 
-def train_digits_teacher(x: np.ndarray, y: np.ndarray, out: Path, *, epochs: int = 12, seed: int = 0) -> Path:
-    """Train :class:`DigitsTeacher` on (augmented) digits and export it to ONNX (opset 17, dynamic batch)."""
+def train_digits_teacher(
+    data: Callable[[int], tuple[np.ndarray, np.ndarray]],
+    heldout: tuple[np.ndarray, np.ndarray],
+    out: Path,
+    *,
+    seed: int = 0,
+) -> Path:
+    """Train :class:`DigitsTeacher` on ``data(epoch)`` (fresh augmentations each epoch) until it
+    classifies ``heldout`` (shifted digits) at DIGITS_TEACHER_TARGET, export it to ONNX (opset 17,
+    dynamic batch) and save what it reached beside it (``.fit.json``)."""
+    from targets import fit_classifier  # recipes/targets.py: the recipe folder is on the path
+
     torch.manual_seed(seed)
-    model = fit(DigitsTeacher(10), x, y, epochs=epochs, lr=2e-3, seed=seed)
-    xt = torch.from_numpy(x[:2])
+    model = DigitsTeacher(10)
+    target = digits_target("the digits teacher", "shifted", DIGITS_TEACHER_TARGET, heldout, 12)
+    fit = fit_classifier(model, data, heldout, target, lr=2e-3, decay=0.85, seed=seed)
+    xt = torch.from_numpy(heldout[0][:2])
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp.onnx")
     torch.onnx.export(model, (xt,), str(tmp), input_names=["input"], output_names=["logits"],
                       dynamic_axes={"input": {0: "N"}, "logits": {0: "N"}}, opset_version=17, dynamo=False)  # fmt: skip
     tmp.replace(out)
+    print(fit.line(), f"({fit.save(out).name})", flush=True)
     return out
 
 

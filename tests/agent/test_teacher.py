@@ -89,14 +89,17 @@ def test_the_teacher_labels_unlabeled_shards_and_the_student_trains_on_them(
     assert t["unlabeled_shards"] == 1 and t["labeled_shards"] == 1 and t["shards_labelled"] == 1
     assert t["teacher_samples"] == 250 and t["kept"] + t["dropped_threshold"] == 250 and t["dropped_cap"] == 0
     assert sum(t["confidence_histogram"]["counts"]) == 250 and sum(t["class_counts"].values()) == t["kept"]
-    assert 0.7 < t["kept"] / 250 < 1.0 and t["samples_per_s"] > 0 and t["teacher_peak_rss_mb"] > 0
+    assert 0.5 < t["kept"] / 250 < 1.0 and t["samples_per_s"] > 0 and t["teacher_peak_rss_mb"] > 0
     # the labels stay on the board, beside the shards: measured against the withheld truth here only
     ((name, logp),) = stored(agent_board, spec).items()
     assert name.endswith("-shard-0001.npz") and logp.shape == (250, 10)
     conf, pred = np.exp(logp.max(axis=1)), logp.argmax(axis=1)
     kept = conf >= spec.teacher.threshold
     assert int(kept.sum()) == t["kept"]
-    assert (pred[kept] == truth(1)[kept]).mean() > 0.9  # pseudo-labels the threshold keeps are right
+    # the labels the threshold keeps are right, more often than the teacher's labels of all samples
+    # (its held-out accuracy target is 0.88, the kept ones' precision ~0.98 on any CPU's rounding)
+    right = pred == truth(1)
+    assert right[kept].mean() > max(0.9, right.mean()), (right[kept].mean(), right.mean())
     assert res.last["status"] == "finished" and res.last["history"]
     # a second job over the same shard reuses the stored labels: the teacher does not run again
     before = {p: p.stat().st_mtime_ns for p in (agent_board.root / DS / LABELS_DIR).rglob("*.npz")}
