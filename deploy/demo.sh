@@ -71,12 +71,12 @@ if not stages.registry().versions(name, board.name):
     conn.close()
     print(f"board {board.name}: a fresh demo, {dataset} emptied")
 PY
-  for shard in "$shards"/shard-000*.npz; do
-    echo "== the board application appends $(basename "$shard") =="
-    "$BIN/odl" data push "$BOARD" "$shard" --to "$dataset"
   for shard in "$shards"/delivered-*.npz; do  # labelled data the board holds before the first night
     if [ -e "$shard" ]; then "$BIN/odl" data push "$BOARD" "$shard" --to "$dataset"; fi
   done
+  for shard in "$shards"/shard-000*.npz; do
+    echo "== the board application appends $(basename "$shard") =="
+    "$BIN/odl" data push "$BOARD" "$shard" --to "$dataset"
     "$BIN/odl" watch odl/full --kind nightly \
       --params "{\"recipe\": \"$recipe\", \"board\": \"$BOARD\"}" || true
   done
