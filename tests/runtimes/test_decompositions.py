@@ -127,6 +127,33 @@ def test_adaptive_avg_pool_backward_equals_pytorch(nd, size, out):
     _close([dec.adaptive_avg_pool_backward(gy, x, nd)], [backward(gy, x)])
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    st.sampled_from([2, 3]),
+    st.lists(st.integers(1, 8), min_size=3, max_size=3),
+    st.lists(st.integers(1, 4), min_size=3, max_size=3),
+)
+def test_adaptive_max_pool_backward_equals_pytorch(nd, size, out):
+    x = torch.randn(2, 3, *size[:nd])
+    forward = aten.adaptive_max_pool2d if nd == 2 else aten.adaptive_max_pool3d
+    backward = aten.adaptive_max_pool2d_backward if nd == 2 else aten.adaptive_max_pool3d_backward
+    y, indices = forward(x, out[:nd])
+    gy = torch.randn_like(y)
+    _close([dec.scatter_pool_backward(gy, x, indices, nd)], [backward(gy, x, indices)])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(3, 6), min_size=3, max_size=3), st.lists(st.integers(1, 3), min_size=3, max_size=3),
+       st.lists(st.integers(1, 2), min_size=3, max_size=3), st.booleans())  # fmt: skip
+def test_max_pool3d_backward_equals_pytorch(size, kernel, stride, ceil):
+    x = torch.randn(2, 2, *size)
+    padding = [k // 2 for k in kernel]
+    y, indices = aten.max_pool3d_with_indices(x, kernel, stride, padding, [1, 1, 1], ceil)
+    gy = torch.randn_like(y)
+    want = aten.max_pool3d_with_indices_backward(gy, x, kernel, stride, padding, [1, 1, 1], ceil, indices)
+    _close([dec.scatter_pool_backward(gy, x, indices, 3)], [want])
+
+
 def _conv_grads(model: torch.nn.Module, x: torch.Tensor) -> list[Use]:
     """The uses a make_fx trace of the model's weight gradient records."""
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -169,3 +196,17 @@ def test_a_wrong_decomposition_is_refused_in_one_line(monkeypatch):
     with pytest.raises(ArtifactError) as info:
         check_use(use)
     assert "aten.convolution_backward" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_max_pool_s_use_is_checked_with_the_indices_of_its_forward():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def grad(x):
+        return torch.func.grad(lambda t: torch.nn.functional.adaptive_max_pool2d(t, 2).pow(2).sum())(x)
+
+    with recording() as uses:
+        make_fx(grad, decomposition_table=op_checks.recorded_table(), tracing_mode="symbolic")(
+            torch.randn(7, 3, 5, 5)
+        )
+    assert [u.op for u in uses] == [aten.adaptive_max_pool2d_backward.default]
+    assert max(check_recorded(uses).values()) < TOL

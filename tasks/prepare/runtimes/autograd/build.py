@@ -30,7 +30,7 @@ from onnx import numpy_helper
 from tasks.errors import RecipeError
 from tasks.prepare.artifacts import trainable_layers
 from tasks.prepare.export import check_onnx, load_onnx
-from tasks.prepare.feeds import feed_keys
+from tasks.prepare.feeds import data_file, feed_keys
 from tasks.prepare.ort_training import check_board_loadable, file_entry, onnx_opset
 from tasks.prepare.priors import PRIORS_FILE, write_priors
 from tasks.prepare.runtimes.autograd.steps import (
@@ -42,7 +42,9 @@ from tasks.prepare.runtimes.autograd.steps import (
 )
 from tasks.prepare.runtimes.autograd.template import export_inference, write_template
 from tasks.prepare.torch_model import build_model
+from tasks.prepare.tracing import restored
 from tasks.prepare.trainable import bn_statistics, resolve_trainable
+from tasks.prepare.user_code import forward_error
 from tasks.recipe.load import recipe_hash
 from tasks.recipe.schema import Recipe
 
@@ -65,6 +67,7 @@ def export_model(recipe: Recipe, out_dir: Path) -> Path:
     target = out_dir / "model.onnx"
     module = build_model(recipe)
     inputs = model_inputs(recipe, example_batch(module, [tuple(recipe.model.input_shape)]))
+    forward_once(recipe, module, inputs)
     export_inference(module, inputs, list(recipe.model.input_names), list(recipe.model.output_names), target)
     check_onnx(target)
     write_priors(recipe, module, target, out_dir / PRIORS_FILE)
@@ -72,6 +75,19 @@ def export_model(recipe: Recipe, out_dir: Path) -> Path:
         "exported %s to %s in eval mode (%.1f KB)", recipe.model.ref, target, target.stat().st_size / 1024
     )
     return target
+
+
+def forward_once(recipe: Recipe, model: Any, inputs: tuple[Any, ...]) -> None:
+    """Run the model once in eval mode on ``inputs``: a forward that raises is one line naming the
+    user's code (:func:`tasks.prepare.user_code.forward_error`), before any exporter runs."""
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    try:
+        with restored(model), torch.no_grad():
+            model.eval()(*inputs)
+    except Exception as exc:  # noqa: BLE001 - the user's code may raise anything
+        raise forward_error(exc, recipe.base_dir, f"{len(inputs[0])} samples of {data_file(recipe)[0]}",
+                            list(recipe.model.input_shape)) from exc  # fmt: skip
 
 
 def optimizer(recipe: Recipe) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 ``torch._decomp.core_aten_decompositions()`` turns most backward operators into plain ones, but not
 ``convolution_backward`` (every kind: 1d/2d/3d, stride, dilation, padding, groups and depthwise,
-transposed with output padding), ``avg_pool{2,3}d_backward`` or ``_adaptive_avg_pool{2,3}d_backward``.
+transposed with output padding), ``avg_pool{2,3}d_backward``, ``_adaptive_avg_pool{2,3}d_backward``,
+``adaptive_max_pool{2,3}d_backward`` or ``max_pool3d_with_indices_backward``.
 Each is built here from operators the ONNX exporter writes (Conv, ConvTranspose, MatMul, ReduceSum):
 
 * a convolution's input gradient is the transposed convolution of the output gradient with the same
@@ -11,7 +12,8 @@ Each is built here from operators the ONNX exporter writes (Conv, ConvTranspose,
   swap); its bias gradient a sum;
 * an average pool's input gradient is the depthwise transposed convolution of the output gradient,
   divided by each window's divisor, with a kernel of ones; an adaptive one's, products with the
-  constant window matrices of each spatial axis.
+  constant window matrices of each spatial axis;
+* a max pool's (adaptive, and 3d) adds the output gradient at the positions its indices name.
 
 :func:`table` gives them with PyTorch's core decompositions; :mod:`.op_checks` compares each one
 with PyTorch's own kernel on the configurations a model uses.
@@ -175,6 +177,28 @@ def _adaptive3d(grad_out: Any, inp: Any) -> Any:
     return adaptive_avg_pool_backward(grad_out, inp, 3)
 
 
+def scatter_pool_backward(grad_out: Any, inp: Any, indices: Any, nd: int) -> Any:
+    """A max pool's input gradient from its indices (flat positions in each channel's plane of
+    ``nd`` axes): the output gradient added at those positions (ScatterElements, reduction add)."""
+    lead = list(inp.shape[:-nd])
+    zeros = inp.new_zeros([*lead, math.prod(inp.shape[-nd:])])
+    flat = grad_out.reshape(*lead, -1)
+    return zeros.scatter_add(-1, indices.reshape(*lead, -1), flat).reshape(inp.shape)
+
+
+def _adaptive_max2d(grad_out: Any, inp: Any, indices: Any) -> Any:
+    return scatter_pool_backward(grad_out, inp, indices, 2)
+
+
+def _adaptive_max3d(grad_out: Any, inp: Any, indices: Any) -> Any:
+    return scatter_pool_backward(grad_out, inp, indices, 3)
+
+
+def _max_pool3d_backward(grad_out: Any, inp: Any, kernel: Any, stride: Any, padding: Any, dilation: Any,
+                         ceil_mode: bool, indices: Any) -> Any:  # fmt: skip
+    return scatter_pool_backward(grad_out, inp, indices, 3)
+
+
 def table() -> dict[Any, Callable[..., Any]]:
     """PyTorch's core decompositions, its max-pool backward and dropout ones, and the ones of this module."""
     from torch._decomp import core_aten_decompositions, decomposition_table  # torch's own tables
@@ -199,4 +223,7 @@ def own_table() -> dict[Any, Callable[..., Any]]:
         aten.avg_pool3d_backward.default: avg_pool_backward,
         aten._adaptive_avg_pool2d_backward.default: adaptive_avg_pool_backward,
         aten._adaptive_avg_pool3d_backward.default: _adaptive3d,
+        aten.adaptive_max_pool2d_backward.default: _adaptive_max2d,
+        aten.adaptive_max_pool3d_backward.default: _adaptive_max3d,
+        aten.max_pool3d_with_indices_backward.default: _max_pool3d_backward,
     }

@@ -10,6 +10,7 @@ opset) and run once here against the traced graph itself.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from tasks.prepare.runtimes.autograd.noise import NoiseInput
 from tasks.prepare.runtimes.autograd.trace import MAX_BATCH
 
 log = logging.getLogger(__name__)
+NO_CONVERSION = re.compile(r"No ONNX function found for <OpOverload\(op='([^']+)', overload='([^']+)'\)>")
 RTOL = 1e-4  # of the largest |value| of each result: the graph and ORT fuse float32 ops differently
 
 
@@ -71,6 +73,11 @@ def exporting(what: str, call: Callable[[], Any]) -> Any:
             return call()
         except Exception as exc:  # the exporter raises many types; all mean "cannot export"
             failure = exc
+    missing = NO_CONVERSION.search(str(failure))
+    if missing:
+        raise ArtifactError(f"{what} cannot be exported to ONNX: the exporter has no conversion for {missing[1]}."
+                            f"{missing[2]}, which this model needs (train fewer layers, or use training.runtime = "
+                            "'ort-training')") from failure  # fmt: skip
     line = (str(failure).strip().splitlines() or [""])[0][:300]
     raise ArtifactError(f"{what} cannot be exported to ONNX: {type(failure).__name__}: {line}") from failure
 

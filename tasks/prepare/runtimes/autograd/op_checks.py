@@ -100,6 +100,8 @@ def recorded_table() -> dict[Any, Callable[..., Any]]:
 def _materialised(value: Any, gen: Any) -> Any:
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
+    if isinstance(value, TensorArg) and not value.dtype.is_floating_point:  # indices: see _indexed
+        return torch.zeros(value.shape, dtype=value.dtype)
     if isinstance(value, TensorArg):
         return torch.randn(value.shape, generator=gen, dtype=value.dtype)
     if isinstance(value, tuple):
@@ -112,7 +114,8 @@ def check_use(use: Use, seed: int = 0) -> float:
     relative to the kernel's largest value (ArtifactError when beyond :data:`RTOL`)."""
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
-    args = [_materialised(a, torch.Generator().manual_seed(seed)) for a in use.args]
+    gen = torch.Generator().manual_seed(seed)
+    args = _indexed(use.op, [_materialised(a, gen) for a in use.args])
     want, got = use.op(*args), own_table()[use.op](*args)
     pairs = [(w, g) for w, g in zip(_tuple(want), _tuple(got), strict=True) if w is not None]
     worst = 0.0
@@ -129,6 +132,28 @@ def check_use(use: Use, seed: int = 0) -> float:
             "training.runtime = 'autograd' yet"
         )
     return worst
+
+
+def _indexed(op: Any, args: list[Any]) -> list[Any]:
+    """A max pool's backward takes its forward's indices (its last argument): they come from running
+    that forward on the random input, as random integers would not be positions of maxima."""
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    aten = torch.ops.aten
+    forwards = {
+        aten.adaptive_max_pool2d_backward.default: lambda x, g: aten.adaptive_max_pool2d(
+            x, list(g.shape[-2:])
+        ),
+        aten.adaptive_max_pool3d_backward.default: lambda x, g: aten.adaptive_max_pool3d(
+            x, list(g.shape[-3:])
+        ),
+        aten.max_pool3d_with_indices_backward.default: lambda x, g: aten.max_pool3d_with_indices(
+            x, *args[2:7]
+        ),
+    }
+    if op in forwards:
+        args[-1] = forwards[op](args[1], args[0])[1]
+    return args
 
 
 def check_recorded(uses: list[Use]) -> dict[str, float]:
