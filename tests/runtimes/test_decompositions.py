@@ -113,33 +113,24 @@ def test_avg_pool_backward_equals_pytorch(config, seed):
     _close([dec.avg_pool_backward(gy, x, kernel, stride, padding, ceil, include_pad, divisor)], [want])
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
+    st.sampled_from(["avg", "max"]),
     st.sampled_from([2, 3]),
     st.lists(st.integers(1, 9), min_size=3, max_size=3),
     st.lists(st.integers(1, 5), min_size=3, max_size=3),
 )
-def test_adaptive_avg_pool_backward_equals_pytorch(nd, size, out):
+def test_adaptive_pool_backward_equals_pytorch(kind, nd, size, out):
     x = torch.randn(2, 3, *size[:nd])
-    forward = aten._adaptive_avg_pool2d if nd == 2 else aten._adaptive_avg_pool3d
-    backward = aten._adaptive_avg_pool2d_backward if nd == 2 else aten._adaptive_avg_pool3d_backward
-    gy = torch.randn_like(forward(x, out[:nd]))
-    _close([dec.adaptive_avg_pool_backward(gy, x, nd)], [backward(gy, x)])
-
-
-@settings(max_examples=80, deadline=None)
-@given(
-    st.sampled_from([2, 3]),
-    st.lists(st.integers(1, 8), min_size=3, max_size=3),
-    st.lists(st.integers(1, 4), min_size=3, max_size=3),
-)
-def test_adaptive_max_pool_backward_equals_pytorch(nd, size, out):
-    x = torch.randn(2, 3, *size[:nd])
-    forward = aten.adaptive_max_pool2d if nd == 2 else aten.adaptive_max_pool3d
-    backward = aten.adaptive_max_pool2d_backward if nd == 2 else aten.adaptive_max_pool3d_backward
-    y, indices = forward(x, out[:nd])
-    gy = torch.randn_like(y)
-    _close([dec.scatter_pool_backward(gy, x, indices, nd)], [backward(gy, x, indices)])
+    forward = getattr(aten, f"{'_' if kind == 'avg' else ''}adaptive_{kind}_pool{nd}d")
+    backward = getattr(aten, f"{'_' if kind == 'avg' else ''}adaptive_{kind}_pool{nd}d_backward")
+    y = forward(x, out[:nd])
+    if kind == "avg":
+        gy = torch.randn_like(y)
+        _close([dec.adaptive_avg_pool_backward(gy, x, nd)], [backward(gy, x)])
+    else:  # its backward takes the forward's indices
+        gy = torch.randn_like(y[0])
+        _close([dec.scatter_pool_backward(gy, x, y[1], nd)], [backward(gy, x, y[1])])
 
 
 @settings(max_examples=60, deadline=None)
