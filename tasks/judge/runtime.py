@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from device_agent.checks import np_dtype
 from tasks.errors import EvaluationError
 from tasks.quiet import ort_session
 
@@ -50,6 +51,13 @@ def session(model_onnx: Path, model_bytes: bytes | None = None) -> Any:
         raise EvaluationError(f"model {model_onnx}: ONNX Runtime cannot load it: {exc}") from exc
 
 
+def input_dtype(sess: Any, name: str) -> np.dtype:
+    """The numpy dtype the session's input ``name`` declares (float32 for images, int64 for token
+    ids, ...), as the board's agent reads it."""
+    arg = next(i for i in sess.get_inputs() if i.name == name)
+    return np_dtype(arg.type)
+
+
 def _pick(names: list[str], wanted: str | None, what: str, model: Path) -> str:
     if wanted is None:
         return names[0]
@@ -70,7 +78,7 @@ def run_model(
     sess = session(model_onnx)
     inp = _pick([i.name for i in sess.get_inputs()], input_name, "input", model_onnx)
     out = _pick([o.name for o in sess.get_outputs()], output_name, "output", model_onnx)
-    x = np.asarray(x, dtype=np.float32)
+    x = np.asarray(x, dtype=input_dtype(sess, inp))
     chunks, spent = [], 0.0
     for start in range(0, len(x), batch_size):
         t0 = time.perf_counter()
@@ -83,7 +91,7 @@ def single_sample_latency_ms(model_onnx: Path, x: np.ndarray, input_name: str | 
     """Median latency of one-sample inference over the first samples of ``x``, in milliseconds."""
     sess = session(model_onnx)
     inp = _pick([i.name for i in sess.get_inputs()], input_name, "input", model_onnx)
-    x = np.asarray(x[:LATENCY_SAMPLES], dtype=np.float32)
+    x = np.asarray(x[:LATENCY_SAMPLES], dtype=input_dtype(sess, inp))
     sess.run(None, {inp: x[:1]})  # warm-up
     times = []
     for i in range(len(x)):

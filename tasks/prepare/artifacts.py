@@ -25,7 +25,7 @@ from tasks.prepare.messages import layer_of
 from tasks.prepare.ort_training import build_loss, check_board_loadable, file_entry, onnx_opset, run_generate
 from tasks.prepare.selection import layer_params, weight_sources
 from tasks.prepare.split_artifacts import generate_split
-from tasks.prepare.trainable import bn_statistics, float_params, resolve_trainable
+from tasks.prepare.trainable import float_params, model_parameter_count, resolve_trainable
 from tasks.recipe.load import recipe_hash
 from tasks.recipe.schema import Recipe
 
@@ -63,7 +63,7 @@ def generate(recipe: Recipe, model_onnx: Path, out_dir: Path, *, bn_fix: bool = 
         fix_batchnorm(model)
     trainable, _, all_counts = resolve_trainable(recipe, model)
     layers = trainable_layers(model, trainable, all_counts)
-    model_params = sum(v for k, v in all_counts.items() if k not in bn_statistics(model))
+    model_params = model_parameter_count(model)
     fixed = apply_all(model, trainable, batchnorm=recipe.trainable.batchnorm)
     annotate_shapes(model)  # gradient kernels size their results from the graph's shapes
     counts = float_params(model)

@@ -42,13 +42,14 @@ def model_classes(out_dir: Path, manifest: dict) -> int | None:
 
 def board_inputs(out_dir: Path, manifest: dict) -> list[InputSpec]:
     """The inputs the board's data must fill, as the agent reads them from the eval graph: the
-    training inputs of ``manifest["feeds"]`` with their shapes (None for a symbolic dimension)
-    and numpy dtypes."""
+    training inputs of ``manifest["feeds"]`` in the graph's order (the data input before the labels,
+    whatever their names: the manifest's keys are sorted) with their shapes (None for a symbolic
+    dimension) and numpy dtypes."""
     rel = graph_file(manifest, "eval")
     graph = onnx.load(str(Path(out_dir) / rel), load_external_data=False).graph
     by_name = {i.name: i.type.tensor_type for i in graph.input}
     specs = []
-    for name in manifest["feeds"]:
+    for name in [i.name for i in graph.input if i.name in manifest["feeds"]]:  # the board's order
         tensor = by_name[name]
         shape = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
         specs.append(InputSpec(name, shape, np.dtype(tensor_dtype_to_np_dtype(tensor.elem_type))))

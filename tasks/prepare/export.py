@@ -27,12 +27,14 @@ import numpy as np
 import onnx
 
 from tasks.errors import ModelError, RecipeError
+from tasks.prepare.buffers import record_torch_state
 from tasks.prepare.feeds import data_file, example_arrays
 from tasks.prepare.messages import export_failure, layer_of
 from tasks.prepare.onnx_in import adapt_onnx
 from tasks.prepare.onnx_versions import OPSET
 from tasks.prepare.prefix import RANDOM_OPS
 from tasks.prepare.priors import PRIORS_FILE, write_priors
+from tasks.prepare.recurrent import recurrent_dropout_modules
 from tasks.prepare.supervise import supervised
 from tasks.prepare.torch_model import build_model
 from tasks.prepare.tracing import has_auxiliary_outputs, restored
@@ -132,7 +134,13 @@ def export_torch(recipe: Recipe, model: Any, path: Path) -> Path:
         else:
             for m in model.modules():
                 m.training = True
-        _run_exporter(recipe, model, inputs, axes, path, preserve=aux)
+        recurrent = recurrent_dropout_modules(model)  # the exporter has no dropout inside an RNN node
+        for name, m in recurrent:
+            m.training = False
+            log.info(
+                "%s: no dropout between its stacked layers while fine-tuning (exported in eval mode)", name
+            )
+        _run_exporter(recipe, model, inputs, axes, path, preserve=aux or bool(recurrent))
         # a random layer drop (torchvision's StochasticDepth, timm's DropPath, a hand-written mask)
         # traces as RandomUniformLike & co., which ORT's eval graph and the exported inference model
         # keep: the board's model would answer at random. The modules those nodes come from trace
@@ -145,6 +153,7 @@ def export_torch(recipe: Recipe, model: Any, path: Path) -> Path:
                 "%d layers with random ops exported in eval mode (no random layer drop)", len(random_layers)
             )
             _run_exporter(recipe, model, inputs, axes, path, preserve=True)
+    record_torch_state(model, path)
     return path
 
 

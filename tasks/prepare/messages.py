@@ -13,7 +13,7 @@ from tasks.errors import RecipeError, ort_message
 from tasks.prepare.graph import downstream
 from tasks.prepare.node_names import layer_of
 from tasks.prepare.onnx_versions import OPSET
-from tasks.prepare.trainable import bn_statistics, find_classifier, float_params
+from tasks.prepare.trainable import find_classifier, parameters
 from tasks.recipe.schema import Recipe
 
 __all__ = ["export_failure", "generate_failure", "layer_of", "no_gradient_message"]
@@ -40,8 +40,7 @@ def no_gradient_message(error: str, model: onnx.ModelProto, trainable: list[str]
 
 def _what_works(model: onnx.ModelProto, node: onnx.NodeProto | None) -> str:
     """Whether the 'classifier' strategy avoids ``node``'s gradient, said as advice."""
-    stats = bn_statistics(model)
-    params = {k: v for k, v in float_params(model).items() if k not in stats}
+    params = parameters(model)
     try:
         names, _ = find_classifier(model, params)
     except RecipeError:
@@ -103,9 +102,14 @@ def _scope_in_dump(kind: str, dump: str) -> str:
 
 
 def _module_of(scope: str) -> str:
-    """``avgpool (AdaptiveAvgPool2d)`` from a scope ``...AlexNet::/...AdaptiveAvgPool2d::avgpool``."""
-    cls, _, name = scope.rpartition("/")[2].partition("::")
-    return f"{name or 'the forward of the model'} ({cls.rpartition('.')[2]})"
+    """The full module path and class from a TorchScript scope: ``stage2.blocks.1.rnn (GRU)`` from
+    ``...Net::/...Stage::stage2/...Sequential::blocks/...Unit::blocks.1/...GRU::rnn`` (a name such as
+    ``rnn`` alone is ambiguous when several stages have one)."""
+    parts = [p.partition("::") for p in scope.split("/") if p]
+    names = [name for _, _, name in parts if name]
+    path = layer_of("/" + "/".join(names) + "/op") if names else ""
+    cls = parts[-1][0] if parts else ""
+    return f"{path or 'the forward of the model'} ({cls.rpartition('.')[2]})"
 
 
 def _reason(exc: BaseException) -> str:

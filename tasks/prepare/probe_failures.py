@@ -28,6 +28,10 @@ from tasks.prepare.supervise import death, first_dying_node, node_words, prefix
 _NO_KERNEL = re.compile(r"Could not find an implementation for (\w+)\(\d+\) node with name '([^']*)'")
 _STAGE = re.compile(r"^odl-probe-stage (\w+)$", re.M)
 _ROWS = re.compile(r"^odl-probe-rows (\d+)$", re.M)  # the first row of the batch the probe runs
+UNNAMED_HINT = (  # no node of the model's own graph dies alone on that batch: no layer to name
+    "train fewer layers, nearer the outputs (trainable.strategy = 'classifier', or trainable.train_from "
+    "a later node)"
+)
 FREEZE_HINT = (
     "make only parameters after that layer trainable (trainable.train_from, or trainable.strategy = "
     "'classifier') or freeze the layer"
@@ -133,7 +137,7 @@ def crash_check(returncode: int, stderr: str, where: str = "") -> ValidationFail
     last = next((r for r in reversed(readable) if r), "")
     detail = f" (last message: {last[:200]})" if last else ""
     advice = where or (
-        f"the board's runtime would crash the same way: {FREEZE_HINT}, or try trainable.batchnorm = 'batch-stats'"
+        f"the board's runtime would crash the same way: {UNNAMED_HINT}, or try trainable.batchnorm = 'batch-stats'"
     )
     return ValidationFailed(
         stage,

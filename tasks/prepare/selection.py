@@ -8,11 +8,13 @@ the other is computed from: the gate is not the features. Every other node is fo
 residual Add, every part of a dense Concat, both operands of attention's MatMul).
 
 ``last-conv+classifier`` trains the classifier and the *last feature layer* before it: the weighted
-layer (Conv, ConvTranspose, Gemm or MatMul with a parameter) on the main path, deepest from the
-inputs (shapes measured by running the graph once), whose output still has more than one position per sample (pixels or tokens: a rank of 3 or
-more). In a CNN that is the last convolution of the last block; in a transformer stage the last
-linear layer over its tokens; never a squeeze-excitation gate, a stem far from the head or a
-flattened ``Linear`` of a multi-layer classifier.
+layer (Conv, ConvTranspose, Gemm or MatMul with a parameter, or a recurrent LSTM, GRU or RNN) on the
+main path, deepest from the inputs (shapes measured by running the graph once), whose output still
+has more than one position per sample (pixels, tokens or time steps: a rank of 3 or more). In a CNN
+that is the last convolution of the last block; in a transformer stage the last linear layer over
+its tokens; in a sequence model the last recurrent layer (uni- or bidirectional, its last stacked
+layer); never a squeeze-excitation gate, a stem far from the head or a flattened ``Linear`` of a
+multi-layer classifier.
 
 ``suffix`` trains everything after one cut: the earliest tensor on the main path that alone
 separates the inputs from the outputs and leaves at most the budget (``max_params`` or
@@ -29,7 +31,8 @@ import onnx
 from tasks.errors import RecipeError
 from tasks.prepare.graph import observed_shapes
 
-WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+RECURRENT = ("LSTM", "GRU", "RNN")  # a recurrent layer's output Y is [seq, directions, batch, hidden]
+WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul", *RECURRENT)
 ELEMENTWISE = ("Mul", "Add", "Sub", "Div", "Where", "Pow")
 
 

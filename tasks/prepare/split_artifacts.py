@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 
 from tasks.prepare.ort_training import build_loss, check_board_loadable, file_entry, run_generate
+from tasks.prepare.param_chains import FLOAT_TYPES
 from tasks.prepare.prefix import SPLIT_DIR, find_cut, split
 from tasks.prepare.trainable import float_params
 from tasks.recipe.schema import Recipe
@@ -40,6 +41,11 @@ def generate_split(
         log.info("frozen-prefix caching off for %s: %s", recipe.name, cut.reason)
         return {"enabled": False, "reason": cut.reason}
     prefix, suffix = split(model, cut)
+    kind = prefix.graph.output[0].type.tensor_type.elem_type
+    if kind not in FLOAT_TYPES:  # the board keeps the prefix's outputs as float32 or float16
+        reason = f"the cut tensor {cut.tensor} is {onnx.TensorProto.DataType.Name(kind).lower()}, not float"
+        log.info("frozen-prefix caching off for %s: %s", recipe.name, reason)
+        return {"enabled": False, "reason": reason}
     counts = float_params(suffix)
     frozen = [n for n in counts if n not in set(trainable)]
     loss, _ = build_loss(recipe, suffix)

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 
 from device_agent import detection as det
+from device_agent.checks import np_dtype
 from device_agent.errors import AgentError
 from device_agent.protocol import BlobRef
 from device_agent.teacher import log_probs, make_labels, select_rows
@@ -56,7 +57,8 @@ sess = ort.InferenceSession(cfg["model"], providers=["CPUExecutionProvider"])
 arg = sess.get_inputs()[0]
 x = np.load(cfg["data"])[cfg["input"]][: cfg["batch"]]
 reps = -(-cfg["batch"] // max(1, len(x)))
-x = np.concatenate([x] * reps)[: cfg["batch"]].astype(np.float16 if "float16" in arg.type else np.float32)
+inner = arg.type[len("tensor("):-1]  # float, double, float16, int64 (token ids), ...
+x = np.concatenate([x] * reps)[: cfg["batch"]].astype({"float": "float32", "double": "float64"}.get(inner, inner))
 sess.run(None, {arg.name: x})
 print(json.dumps({"base_mb": base, "peak_mb": rss("VmHWM:")}))
 """
@@ -121,7 +123,7 @@ def teacher_outputs(path: Path, x: np.ndarray, output: str, extra: tuple[str, ..
         ):
             raise fail(f"teacher.model: its input {arg!r} is {shape}, the shards' samples are "
                        f"{list(x.shape[1:])}")  # fmt: skip
-        dtype = np.float16 if "float16" in kind else np.float32
+        dtype = np_dtype(kind)  # the input's own: float32 for images, int64 for token ids, ...
         try:
             parts = [run_graph(path, Feeds({arg: x[i : i + 64].astype(dtype)}, f"test samples {i}-{i + 63}"),
                                "running the teacher", names) for i in range(0, len(x), 64)]  # fmt: skip

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.errors import ModelError, RecipeError
+from tasks.prepare.bn_calibration import calibrated
 from tasks.prepare.user_code import user_code_error
 from tasks.recipe.schema import Recipe
 
@@ -192,7 +193,8 @@ def load_weights(model: Any, path: Path, *, replaced_head: bool = False) -> None
 
 
 def build_model(recipe: Recipe) -> Any:
-    """Build the recipe's ``torch.nn.Module`` in eval mode with its weights loaded."""
+    """Build the recipe's ``torch.nn.Module`` in eval mode with its weights loaded (and its BatchNorm
+    statistics measured on the recipe's data when ``trainable.batchnorm_calibration`` asks)."""
     spec = recipe.model
     if spec.kind == "onnx":
         raise ModelError("model.onnx recipes have no PyTorch model (they start from an ONNX file)")
@@ -202,5 +204,6 @@ def build_model(recipe: Recipe) -> Any:
         model = _callable_model(recipe)
     if spec.weights is not None:
         load_weights(model, spec.weights, replaced_head=spec.kind == "torchvision")
+    calibrated(recipe, model)  # trainable.batchnorm_calibration: statistics of the recipe's data
     log.debug("built %s model %s", spec.kind, spec.ref)
     return model.eval()

@@ -4,7 +4,7 @@ Strategies walk the graph back from its outputs through producers (breadth first
 exporter-generated names: ``classifier`` is the first Gemm, MatMul(+Add) or Conv with weights
 reached (a convolutional classifier such as SqueezeNet's ends in a Conv), and
 ``last-conv+classifier`` adds the last feature layer on the main path before the classifier (in a
-CNN its last convolution; :mod:`tasks.prepare.selection`) together with the scale and bias of a
+CNN its last convolution, in a sequence model its last LSTM/GRU; :mod:`tasks.prepare.selection`) together with the scale and bias of a
 BatchNormalization that directly follows it (an exporter that folds BN into the conv gives that
 conv a bias: the same parameters, as the wiki's ``onnx::Conv_691/692``); ``suffix`` everything
 after the earliest single cut that leaves at most ``max_params`` (or ``max_fraction``) to train.
@@ -20,7 +20,9 @@ from math import prod
 import onnx
 
 from tasks.errors import RecipeError
+from tasks.prepare.buffers import torch_buffers, torch_parameter_count
 from tasks.prepare.param_chains import FLOAT_TYPES, check_partition
+from tasks.prepare.recurrent import check_recurrent
 from tasks.prepare.selection import last_feature_layer, layer_params, params_after, suffix_cut, weight_sources
 from tasks.recipe.schema import Recipe
 from tasks.recipe.training import TrainableSpec
@@ -34,6 +36,20 @@ def float_params(model: onnx.ModelProto) -> dict[str, int]:
 def bn_statistics(model: onnx.ModelProto) -> set[str]:
     """Names of BatchNormalization running means and variances (never trainable)."""
     return {name for n in model.graph.node if n.op_type == "BatchNormalization" for name in n.input[3:5]}
+
+
+def parameters(model: onnx.ModelProto) -> dict[str, int]:
+    """The float initializers a strategy may train, with their element counts: neither BatchNorm
+    running statistics nor a PyTorch model's registered buffers (:mod:`tasks.prepare.buffers`)."""
+    frozen = bn_statistics(model) | torch_buffers(model)
+    return {k: v for k, v in float_params(model).items() if k not in frozen}
+
+
+def model_parameter_count(model: onnx.ModelProto) -> int:
+    """The model's parameter count as its PyTorch model states it (buffers excluded), else the
+    elements of :func:`parameters`."""
+    count = torch_parameter_count(model)
+    return count if count is not None else sum(parameters(model).values())
 
 
 def _walk_back(model: onnx.ModelProto, start: list[str]) -> Iterator[onnx.NodeProto]:
@@ -80,7 +96,8 @@ def find_last_conv(model: onnx.ModelProto, params: dict[str, int], start: onnx.N
     if node is None:
         raise RecipeError(
             "trainable.strategy",
-            "a model with a convolution (or a linear layer over tokens) before its classifier "
+            "a model with a convolution, a recurrent layer (LSTM, GRU) or a linear layer over tokens "
+            "before its classifier "
             "(strategy 'last-conv+classifier')",
             "none on the path to the classifier",
         )
@@ -111,19 +128,40 @@ def _by_strategy(model: onnx.ModelProto, spec: TrainableSpec, params: dict[str, 
 
 
 def _by_patterns(
-    patterns: tuple[str, ...], params: dict[str, int], field: str = "trainable.patterns"
+    patterns: tuple[str, ...],
+    params: dict[str, int],
+    field: str = "trainable.patterns",
+    buffers: frozenset[str] | set[str] = frozenset(),
 ) -> list[str]:
     out = []
     for pattern in patterns:
         hits = fnmatch.filter(params, pattern)
         if not hits:
+            held = fnmatch.filter(sorted(buffers), pattern)
+            why = (
+                f"it matches only registered buffers ({', '.join(held[:3])}), which never train; "
+                if held
+                else ""
+            )
             raise RecipeError(
                 field,
-                f"a pattern matching at least one parameter (some are: {list(params)[:6]})",
+                f"a pattern matching at least one parameter ({why}some are: {list(params)[:6]})",
                 pattern,
             )
         out += hits
     return out
+
+
+def _not_a_parameter(name: str, stats: set[str], buffers: set[str]) -> str:
+    """Why ``name`` of ``trainable.names`` cannot train, said to the user."""
+    if name in stats:
+        return "BatchNorm running statistics cannot be trained"
+    if name in buffers:
+        return (
+            f"'{name}' is a registered buffer of the model (torch's named_buffers: a constant such as a "
+            "filterbank or a table), not a parameter: buffers never train"
+        )
+    return "no such parameter"
 
 
 def after(model: onnx.ModelProto, start: str, params: dict[str, int]) -> list[str]:
@@ -146,15 +184,14 @@ def after(model: onnx.ModelProto, start: str, params: dict[str, int]) -> list[st
 
 def resolve_trainable(recipe: Recipe, model: onnx.ModelProto) -> tuple[list[str], list[str], dict[str, int]]:
     """(trainable names, frozen names, element counts of every float parameter) for the recipe."""
-    stats = bn_statistics(model)
-    counts = float_params(model)
-    params = {k: v for k, v in counts.items() if k not in stats}
+    stats, buffers = bn_statistics(model), torch_buffers(model)
+    counts, params = float_params(model), parameters(model)
     spec = recipe.trainable
     chosen = _by_strategy(model, spec, params) if spec.strategy else []
-    chosen += _by_patterns(spec.patterns, params)
+    chosen += _by_patterns(spec.patterns, params, buffers=buffers)
     for name in spec.names:
         if name not in params:
-            why = "BatchNorm running statistics cannot be trained" if name in stats else "no such parameter"
+            why = _not_a_parameter(name, stats, buffers)
             raise RecipeError(
                 "trainable.names",
                 f"parameter names of the exported model ({why}; some are: {list(params)[:6]})",
@@ -174,4 +211,5 @@ def resolve_trainable(recipe: Recipe, model: onnx.ModelProto) -> tuple[list[str]
     trainable = list(dict.fromkeys(chosen))
     frozen = [n for n in counts if n not in set(trainable)]
     check_partition(model, trainable, frozen)
+    check_recurrent(model, trainable, params)
     return trainable, frozen, counts

@@ -1,7 +1,8 @@
 """Datasets of a recipe: the host files it names, ``.npz`` loading, and checks that they fit the model
 (generating missing ones with ``[data].make`` is :mod:`tasks.prepare.datasets`).
 
-An ``.npz`` dataset holds ``x`` (float32, ``[N, *input_shape]``) and ``y`` (labels: int64 class ids
+An ``.npz`` dataset holds ``x`` (``[N, *input_shape]`` of ``model.input_dtype``: float32 unless the
+model takes, say, int64 token ids) and ``y`` (labels: int64 class ids
 for classification, float32 for binary/regression, int64 masks ``[N, H, W]`` for segmentation); extra arrays (e.g. a second target) are allowed
 and reach the model through ``[data].feeds``.
 """
@@ -89,9 +90,10 @@ def check_dataset(recipe: Recipe, x: np.ndarray, y: np.ndarray, *, num_classes: 
     want = tuple(recipe.model.input_shape)
     if tuple(x.shape[1:]) != want:
         raise DataError(f"x has sample shape {tuple(x.shape[1:])} but model.input_shape is {list(want)}")
-    if x.dtype != np.float32:
-        raise DataError(f"x has dtype {x.dtype}, expected float32")
-    if not np.isfinite(x).all():
+    want_dtype = np.dtype(recipe.model.input_dtype)
+    if x.dtype != want_dtype:
+        raise DataError(f"x has dtype {x.dtype}, expected {want_dtype} (model.input_dtype)")
+    if x.dtype.kind == "f" and not np.isfinite(x).all():
         raise DataError(f"x contains {int((~np.isfinite(x)).sum())} NaN or infinite values")
     if len(y) != len(x):
         raise DataError(f"x has {len(x)} samples but y has {len(y)}")

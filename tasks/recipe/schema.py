@@ -59,6 +59,7 @@ from tasks.recipe.training import (
 )
 
 BoardFormat = Literal["npz-shards", "image-folder"]
+InputDtype = Literal["float32", "float64", "int64", "int32", "int8", "uint8", "bool"]
 Task = Literal[TASKS]  # type: ignore[valid-type]  # the board's task names (device_agent.protocol)
 
 ACCURACY_TASKS = ("classification", "binary")
@@ -92,6 +93,11 @@ class ModelSpec:
         default_factory=dict, description="keyword arguments of the callable / torchvision builder"
     )
     input_names: Texts = Field(("input",), description="the model's input names")
+    input_dtype: InputDtype = Field(
+        "float32",
+        description="dtype of the model's first input, the data's x: float32 (images, signals) | int64 or "
+        "int32 (token ids of an embedding) | float64, int8, uint8, bool",
+    )
     output_names: Texts = Field(
         ("output",), description="the model's outputs (task embedded: the loss first)"
     )

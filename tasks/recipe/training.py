@@ -69,6 +69,13 @@ class TrainableSpec:
         "inference (scale and bias stay trainable when chosen) | batch-stats: ORT's training graph "
         "normalises with batch statistics",
     )
+    batchnorm_calibration: Int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description="re-measure every BatchNorm's running statistics on up to this many samples of "
+        "data.train in PyTorch before export (0: keep the model's own; a PyTorch model only)",
+    )
     backbone: Texts = Field((), description="fnmatch globs: the backbone's parameters (freeze_basenet)")
     heads: Texts = Field((), description="fnmatch globs: the heads' parameters (freeze_net)")
     train_from: Annotated[Text, Expect("a node or tensor name")] | None = Field(
@@ -204,8 +211,15 @@ class TrainingSpec:
 
 
 def runtime_rules(recipe: Any) -> Iterator[tuple[str, str, object]]:
-    """What ``training.runtime`` needs of the other tables: (field, what was expected, what it holds)."""
+    """What ``training.runtime`` and ``trainable.batchnorm_calibration`` need of the other tables:
+    (field, what was expected, what it holds)."""
     autograd, loss = recipe.training.runtime == "autograd", recipe.loss
+    if recipe.trainable.batchnorm_calibration and recipe.model.kind == "onnx":
+        yield (
+            "trainable.batchnorm_calibration",
+            "0 for an ONNX model (statistics are measured in PyTorch, before export)",
+            recipe.trainable.batchnorm_calibration,
+        )
     if autograd and recipe.model.kind == "onnx":
         yield (
             "training.runtime",

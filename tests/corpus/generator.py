@@ -1,4 +1,5 @@
-"""A property-based generator of small classifiers (Hypothesis) and the classification of what
+"""A property-based generator of small classifiers (Hypothesis: images here, sequence, audio and
+token models in tests/corpus/families.py) and the classification of what
 ``prepare`` does with each: ``pass``, ``specific`` (stopped with one line that names the cause) or
 ``raw`` (ONNX Runtime's or Python's own text, an empty reason, a crash).
 
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 from tasks.errors import PipelineError
 from tasks.prepare.pipeline import prepare
 from tasks.recipe.load import load_recipe
+from tests.corpus.families import model_fields, trainable_fields
 from tests.prepare.kit import merge, toml_value
 
 ACTS = ["relu", "relu6", "silu", "gelu", "hardswish", "leaky", "elu", "mish", "prelu", "sigmoid", "tanh"]
@@ -30,27 +32,20 @@ UNSPECIFIC = re.compile(
     re.M,
 )
 
-MODULE = '''"""A generated classifier (tests/corpus/generator.py): its spec is the JSON below."""
+MODULE = '''"""A generated model (tests/corpus/generator.py): its spec is the JSON below."""
 import json
 
-import numpy as np
-
-from tests.corpus.blocks import Generated
+from tests.corpus.families import build, make_data
 
 SPEC = json.loads({spec!r})
 
 
 def net(num_classes=4):
-    return Generated(SPEC, num_classes)
+    return build(SPEC, num_classes)
 
 
 def make(out_dir):
-    rng = np.random.default_rng(0)
-    size = SPEC["size"]
-    for name, n in (("train", 48), ("test", 24)):
-        x = rng.standard_normal((n, 3, size, size)).astype(np.float32)
-        y = (x[:, 0].mean((1, 2)) > 0).astype(np.int64) * 2 + (x[:, 1].mean((1, 2)) > 0)
-        np.savez(out_dir / f"{{name}}.npz", x=x, y=y)
+    make_data(SPEC, out_dir)
 '''
 
 
@@ -102,17 +97,15 @@ def recipe_dict(spec: dict) -> dict:
     base = {
         "name": "generated",
         "task": "classification",
-        "model": {
-            "callable": "gen_model:net",
-            "num_classes": 4,
-            "input_shape": [3, spec["size"], spec["size"]],
-        },
+        "model": {"callable": "gen_model:net", "num_classes": 4, **model_fields(spec)},
         "trainable": {"strategy": spec["strategy"], "batchnorm": spec.get("batchnorm", "frozen")},
         "loss": {"kind": "cross-entropy"},
         "optimizer": {"kind": "adamw", "lr": 0.01},
         "training": {"batch_size": 8, "epochs": 1},
         "data": {"make": "gen_model:make", "train": "data/train.npz", "test": "data/test.npz"},
     }
+    if "family" in spec:
+        base["trainable"] = trainable_fields(spec)
     if spec["loss"] == "embedded":
         base = merge(base, {"task": "embedded", "loss": {"kind": "embedded"},
                             "model": {"input_names": ["input", "labels"], "output_names": ["loss", "logits"]},

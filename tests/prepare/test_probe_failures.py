@@ -65,6 +65,8 @@ def test_a_probe_killed_by_a_signal_says_which_and_where():
         "during the train step check" in str(failure)
     )
     assert not str(failure).rstrip().endswith(":") and "\n" not in str(failure)
+    text = str(failure)  # no layer is known here: the advice names none
+    assert "that layer" not in text and "trainable.strategy = 'classifier'" in text
 
 
 def test_gradient_nodes_map_to_their_forward_node():

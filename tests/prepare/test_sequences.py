@@ -1,0 +1,97 @@
+"""Recurrent models (issue 37, item 4): the last LSTM/GRU is the "last layer" of
+``last-conv+classifier``; a frozen recurrent layer a gradient flows through is refused by its full
+module path, with advice that works; recurrent dropout in training mode exports."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.errors import RecipeError
+from tasks.prepare.trainable import resolve_trainable
+from tests.prepare.kit import merge
+from tests.prepare.seq_kit import ConvGRU, TokenNet, export_module, signals, token_ids
+
+
+def _trainable(recipe, model, trainable: dict) -> set[str]:
+    changed = merge(recipe.raw, {"trainable": {"strategy": None, **trainable}})  # only what the test says
+    from tasks.recipe.load import parse_recipe
+
+    return set(resolve_trainable(parse_recipe(changed, recipe.source), model)[0])
+
+
+def _rnn(layer: int, reverse: bool = False, prefix: str = "rnn") -> set[str]:
+    tail = "_reverse" if reverse else ""
+    return {f"{prefix}.{k}_l{layer}{tail}" for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"rnn": "gru"}, _rnn(0)),
+        ({"rnn": "lstm"}, _rnn(0)),
+        ({"rnn": "lstm", "bidirectional": True, "layers": 2}, _rnn(1) | _rnn(1, reverse=True)),
+        ({"rnn": "gru", "layers": 2, "dropout": 0.3}, _rnn(1)),
+    ],
+    ids=["gru", "lstm", "bidirectional-stacked-lstm", "stacked-gru-with-dropout"],
+)
+def test_last_recurrent_layer_is_the_last_layer_of_the_default_strategy(tmp_path, kwargs, expected):
+    module = TokenNet(**kwargs)
+    flags = [m.training for m in module.modules()]
+    recipe, model = export_module(module, tmp_path, token_ids())  # dropout between layers: exported
+    assert [m.training for m in module.modules()] == flags  # the module is left as it was
+    chosen = _trainable(recipe, model, {"strategy": "last-conv+classifier"})
+    assert chosen == expected | {"fc.weight", "fc.bias"}
+
+
+@pytest.mark.parametrize("rnn", ["gru", "lstm"])
+def test_conv_then_recurrent_trains_the_recurrent_layer_not_the_conv(tmp_path, rnn):
+    recipe, model = export_module(ConvGRU(rnn), tmp_path, signals())
+    chosen = _trainable(recipe, model, {"strategy": "last-conv+classifier"})
+    assert chosen == _rnn(0, prefix="encoder.gru") | {"fc.weight", "fc.bias"}
+    # a frozen recurrent layer no gradient reaches is fine: the classifier alone
+    assert _trainable(recipe, model, {"strategy": "classifier"}) == {"fc.weight", "fc.bias"}
+
+
+@pytest.mark.parametrize("rnn", ["gru", "lstm"])
+def test_frozen_recurrent_layer_between_trainable_ones_is_refused_by_name_with_advice_that_works(
+    tmp_path, rnn
+):
+    recipe, model = export_module(ConvGRU(rnn), tmp_path, signals())
+    op, node = rnn.upper(), f"/encoder/gru/{rnn.upper()}"
+    with pytest.raises(RecipeError) as caught:
+        _trainable(recipe, model, {"patterns": ["encoder.conv.*", "fc.*"]})
+    text = str(caught.value)
+    assert "\n" not in text and f"the {op} layer 'encoder.gru' (ONNX node '{node}')" in text
+    assert "(here encoder.conv)" in text and "(got 'encoder.gru frozen')" in text
+    assert "trainable.patterns = ['encoder.gru.*']" in text and f"trainable.train_from = '{node}'" in text
+    # the two ways out, as the line spells them
+    everything = _trainable(recipe, model, {"patterns": ["encoder.conv.*", "fc.*", "encoder.gru.*"]})
+    assert _rnn(0, prefix="encoder.gru") <= everything
+    after = _trainable(recipe, model, {"patterns": ["encoder.conv.*", "fc.*"], "train_from": node})
+    assert after == {"fc.weight", "fc.bias"}
+
+
+def test_partly_frozen_recurrent_layer_is_refused_naming_the_frozen_weights_and_a_frozen_bias_is_not(
+    tmp_path,
+):
+    recipe, model = export_module(ConvGRU("gru"), tmp_path, signals())
+    names = ["encoder.conv.weight", "encoder.gru.weight_ih_l0", "fc.weight"]
+    with pytest.raises(RecipeError, match=r"encoder.gru partly frozen: \['encoder.gru.weight_hh_l0'\]"):
+        _trainable(recipe, model, {"names": names})
+    both = [*names, "encoder.gru.weight_hh_l0"]  # W and R train, the biases stay frozen: ORT trains that
+    assert _trainable(recipe, model, {"names": both}) == set(both)
+
+
+def test_exporter_failure_names_the_full_module_path(tmp_path):
+    """A layer called ``unit1`` in three stages is named by its whole path, not by ``unit1``."""
+    from torch.onnx.errors import UnsupportedOperatorError
+
+    from tasks.prepare.messages import export_failure
+    from tests.prepare.kit import tiny_recipe
+
+    scope = (
+        "m.Net::/m.Stage::stage2/torch.nn.modules.container.Sequential::blocks/m.Unit::blocks.1/m.Scan::unit1"
+    )
+    dump = f"  %7 : Float(2, 4), %8 : Long(2, 4) = aten::cummax(%3, %5), scope: {scope} # m.py:3:0\n"
+    message = export_failure(tiny_recipe(tmp_path), UnsupportedOperatorError("aten::cummax", 17, None), dump)
+    assert "operator cummax in stage2.blocks.1.unit1 (Scan): " in message and "\n" not in message
