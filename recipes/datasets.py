@@ -235,17 +235,18 @@ def textures_and_features(out_dir: Path) -> None:
     """:func:`two_textures` and the MobileNetV2 weights the STM32 wiki recipe starts from
     (``models.mobilenet_v2_features``: ImageNet's from torchvision's hub cache when present, else a
     short pretraining on generated textures of another task on this host): a model with random
-    features keeps its loss at ln 2 on the board."""
+    features keeps its loss at ln 2 on the board. The recipe measures their BatchNorm statistics on
+    its own images (``[trainable] batchnorm_calibration``)."""
     start = time.perf_counter()
     two_textures(out_dir)
     with np.load(Path(out_dir) / "train.npz") as train, np.load(Path(out_dir) / "test.npz") as test:
-        images, tests = train["x"], len(test["y"])  # BatchNorm statistics of the recipe's images
+        images, tests = train["x"], len(test["y"])
     took = time.perf_counter() - start
     print(
         f"  textures: {len(images)} train, {tests} test images of {images.shape[-1]} px ({took:.1f} s)",
         flush=True,
     )
-    origin = _sibling_models().mobilenet_v2_features(Path(out_dir) / "mobilenet_v2_features.pt", images)
+    origin = _sibling_models().mobilenet_v2_features(Path(out_dir) / "mobilenet_v2_features.pt")
     print(f"mobilenet_v2 weights: {origin} ({time.perf_counter() - start:.1f} s in all)", flush=True)
 
 

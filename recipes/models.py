@@ -183,13 +183,11 @@ def embedded_loss_net(num_classes: int = 10) -> nn.Module:
 
 def mobilenet_v2_features(
     out: Path,
-    calibration: np.ndarray | None = None,
     *,
     size: int = 64,
     max_steps: int = 240,
     target: float = 0.9,
     batch: int = 32,
-    calibration_images: int = 64,
     seed: int = 0,
 ) -> str:
     """Weights for the STM32 wiki recipe's MobileNetV2 that are not random: ImageNet's from
@@ -198,9 +196,9 @@ def mobilenet_v2_features(
     (four classes: stripes at 45 and 135 degrees, checkerboards, dots) at ``size`` px, until it
     classifies ``target`` of a held-out batch of them (checked every PRETEXT_CHECK_EVERY steps, at
     most ``max_steps``), so the backbone's filters respond to oriented edges before the board
-    fine-tunes a new 2-class head; then its BatchNorm statistics are measured on the first
-    ``calibration_images`` of ``calibration`` (the recipe's own images, at their size: statistics
-    of 64 px textures would misnormalise 224 px images). Prints one line per phase with its seconds.
+    fine-tunes a new 2-class head. Its BatchNorm statistics are measured on the recipe's own images
+    by the recipe (``[trainable] batchnorm_calibration``: statistics of 64 px textures would
+    misnormalise 224 px images). Prints one line with its seconds.
     Saves a state_dict (classifier included; its shape differs and is replaced) and returns where
     the weights came from, for the log."""
     import glob
@@ -218,12 +216,6 @@ def mobilenet_v2_features(
         model, steps, accuracy = pretrain_pretext(size, max_steps, target, batch, seed)
         print(f"  pretraining on generated textures: {steps} steps at {size} px, held-out accuracy "
               f"{accuracy:.2f} ({time.perf_counter() - start:.1f} s, {torch.get_num_threads()} threads)", flush=True)  # fmt: skip
-        if calibration is not None:
-            start = time.perf_counter()
-            calibrate(model, calibration[:calibration_images])
-            shown = len(calibration[:calibration_images])
-            print(f"  BatchNorm statistics on {shown} of the recipe's images ({time.perf_counter() - start:.1f} s)",
-                  flush=True)  # fmt: skip
     finally:
         torch.set_num_threads(threads)
     torch.save(model.eval().state_dict(), out)
@@ -271,20 +263,6 @@ def free_cores(most: int) -> int:
 
     cores = len(os.sched_getaffinity(0))
     return max(1, min(most, round(cores - os.getloadavg()[0])))
-
-
-def calibrate(model: nn.Module, x: np.ndarray, batch: int = 16) -> None:
-    """Set every BatchNorm's running statistics to its input's mean and variance over ``x``
-    (forward passes only: no weight changes)."""
-    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    for m in norms:
-        m.reset_running_stats()
-        m.momentum = None  # a cumulative average over the batches
-    model.train()
-    with torch.no_grad():
-        for start in range(0, len(x), batch):
-            model(torch.from_numpy(np.ascontiguousarray(x[start : start + batch])))
-    model.eval()
 
 
 def pretext_textures(rng: np.random.Generator, n: int, size: int) -> tuple[np.ndarray, np.ndarray]:
