@@ -75,3 +75,18 @@ def test_the_manifest_counts_torchs_parameters(mel, tmp_path):
     assert manifest["model_params"] == sum(p.numel() for p in module.parameters())
     assert manifest["trainable_count"] == 73 - 6  # all but the unused layer
     assert not BUFFERS & set(json.loads((tmp_path / "manifest.json").read_text())["trainable"])
+
+
+def test_the_autograd_runtimes_export_records_the_buffers_too(mel, tmp_path):
+    from tasks.prepare.runtimes.autograd.build import export_model
+
+    _, recipe, _ = mel
+    (recipe.base_dir / "melnet.py").write_text(
+        "from tests.prepare.seq_kit import MelNet\n\n\ndef net(num_classes=3):\n    return MelNet(classes=num_classes)\n"
+    )
+    changes = {"model": {"callable": "melnet:net"}, "training": {"runtime": "autograd"}}
+    recipe = parse_recipe(merge(recipe.raw, changes), recipe.source)
+    model = onnx.load(str(export_model(recipe, tmp_path)))
+    assert torch_buffers(model) == BUFFERS and model_parameter_count(model) == 73
+    chosen, _, _ = _resolve(recipe, model, {"strategy": "all"})
+    assert not BUFFERS & set(chosen)

@@ -29,6 +29,7 @@ from onnx import numpy_helper
 
 from tasks.errors import RecipeError
 from tasks.prepare.artifacts import trainable_layers
+from tasks.prepare.buffers import record_torch_state
 from tasks.prepare.export import check_onnx, load_onnx
 from tasks.prepare.feeds import data_file, feed_keys
 from tasks.prepare.ort_training import check_board_loadable, file_entry, onnx_opset
@@ -43,7 +44,7 @@ from tasks.prepare.runtimes.autograd.steps import (
 from tasks.prepare.runtimes.autograd.template import export_inference, write_template
 from tasks.prepare.torch_model import build_model
 from tasks.prepare.tracing import restored
-from tasks.prepare.trainable import bn_statistics, resolve_trainable
+from tasks.prepare.trainable import model_parameter_count, resolve_trainable
 from tasks.prepare.user_code import forward_error
 from tasks.recipe.load import recipe_hash
 from tasks.recipe.schema import Recipe
@@ -69,6 +70,7 @@ def export_model(recipe: Recipe, out_dir: Path) -> Path:
     inputs = model_inputs(recipe, example_batch(module, [tuple(recipe.model.input_shape)]))
     forward_once(recipe, module, inputs)
     export_inference(module, inputs, list(recipe.model.input_names), list(recipe.model.output_names), target)
+    record_torch_state(module, target)  # its registered buffers are not parameters
     check_onnx(target)
     write_priors(recipe, module, target, out_dir / PRIORS_FILE)
     log.info(
@@ -181,7 +183,6 @@ def _manifest(recipe: Recipe, out_dir: Path, graph: Any, trainable: list[str], f
 
     files = {k: file_entry(out_dir / rel, rel) for k, rel in FILES.items()}
     files["model"] = file_entry(out_dir / "model.onnx", "model.onnx")
-    stats = bn_statistics(graph)
     return {
         "runtime": RUNTIME,
         "files": files,
@@ -189,7 +190,7 @@ def _manifest(recipe: Recipe, out_dir: Path, graph: Any, trainable: list[str], f
         "frozen": frozen,
         "trainable_count": sum(counts[n] for n in trainable),
         "frozen_count": sum(counts[n] for n in frozen),
-        "model_params": sum(v for k, v in counts.items() if k not in stats),
+        "model_params": model_parameter_count(graph),
         "opset": onnx_opset(graph),
         "ir_version": graph.ir_version,
         "ort_version": onnxruntime.__version__,
