@@ -48,12 +48,13 @@ def data_file(recipe: Recipe) -> tuple[str, Path]:
 
 
 def example_arrays(recipe: Recipe, input_names: tuple[str, ...], n: int = EXAMPLE_BATCH) -> list[np.ndarray]:
-    """The first ``n`` samples of the recipe's data for each input (random x if no data file exists)."""
+    """The first ``n`` samples of the recipe's data for each input (made-up x of ``model.input_dtype``
+    if no data file exists)."""
     _, path = data_file(recipe)
     if not path.exists():
         if len(input_names) > 1:
             raise ModelError(f"a model with inputs {list(input_names)} needs its data file {path} to export")
-        return [np.random.default_rng(0).standard_normal((n, *recipe.model.input_shape), dtype=np.float32)]
+        return [_made_up(recipe, n)]
     arrays = load_arrays(path)
     out = []
     for name, key in feed_keys(recipe, input_names).items():
@@ -67,6 +68,16 @@ def example_arrays(recipe: Recipe, input_names: tuple[str, ...], n: int = EXAMPL
             list(recipe.model.input_shape),
         )
     return out
+
+
+def _made_up(recipe: Recipe, n: int) -> np.ndarray:
+    """``n`` samples of ``model.input_shape`` without a data file: standard normal floats, or zeros
+    of an integer ``model.input_dtype`` (id 0 is a valid token id of any embedding)."""
+    dtype = np.dtype(recipe.model.input_dtype)
+    shape = (n, *recipe.model.input_shape)
+    if dtype.kind == "f":
+        return np.random.default_rng(0).standard_normal(shape).astype(dtype)
+    return np.zeros(shape, dtype)
 
 
 @dataclass(frozen=True)

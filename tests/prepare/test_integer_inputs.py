@@ -118,3 +118,14 @@ def test_host_teacher_checks_run_a_token_id_teacher(tmp_path):
     assert logits.shape == (10, CLASSES) and np.isfinite(logits).all()
     np.savez(tmp_path / "test.npz", x=_ids())
     assert measure_memory(tmp_path / "teacher.onnx", tmp_path / "test.npz", "x", 4) >= 0
+
+
+@pytest.mark.parametrize(("dtype", "kind"), [("int64", "i"), ("float32", "f"), ("uint8", "u")])
+def test_export_without_data_makes_up_inputs_of_the_declared_dtype(tmp_path, dtype, kind):
+    from tasks.prepare.feeds import example_arrays
+
+    recipe = tiny_recipe(tmp_path, {"model": {"input_shape": [5], "input_dtype": dtype}})  # no data made
+    (x,) = example_arrays(recipe, ("input",))
+    assert x.shape == (2, 5) and x.dtype == np.dtype(dtype) and x.dtype.kind == kind
+    if kind != "f":
+        assert not x.any()  # id 0: valid for any embedding
