@@ -23,6 +23,7 @@ from device_agent.data import InputSpec, NpzDataset
 from device_agent.errors import AgentError
 from tasks.errors import DataError
 from tasks.prepare import graph_file
+from tasks.prepare.feeds import feed_keys
 from tasks.recipe.datafiles import check_dataset, data_files, load_arrays, load_npz
 from tasks.recipe.schema import Recipe
 from tasks.recipe.segmentation import segmentation_of
@@ -79,11 +80,15 @@ def check_data(recipe: Recipe, manifest: dict, out_dir: Path | None = None) -> d
     if classes is None and recipe.task == "classification" and out_dir is not None:
         classes = model_classes(out_dir, manifest)
     inputs = board_inputs(out_dir, manifest) if out_dir is not None else None
+    tables = embedding_tables(Path(out_dir) / "model.onnx") if out_dir is not None else {}
     summary = {}
     for field, path in data_files(recipe).items():
         try:
             x, y = load_npz(path)
             check_dataset(recipe, x, y, num_classes=classes)
+            check_token_ids(
+                tables, feed_keys(recipe, recipe.model.input_names), load_arrays(path) if tables else {}
+            )
         except DataError as exc:
             raise DataError(f"{field} ({path}): {exc}") from exc
         if inputs is not None and field in BOARD_SETS:
@@ -92,6 +97,35 @@ def check_data(recipe: Recipe, manifest: dict, out_dir: Path | None = None) -> d
             _check_feeds_present(field, path, manifest["feeds"])
         summary[field.removeprefix("data.")] = {"samples": len(x), "x_shape": list(x.shape[1:])}
     return summary
+
+
+def embedding_tables(model_path: Path) -> dict[str, tuple[str, int]]:
+    """Model inputs that index an embedding directly (``Gather(table, input)`` on axis 0 of an
+    initializer, as ``nn.Embedding`` exports): input name -> (table, its rows)."""
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    dims = {i.name: list(i.dims) for i in graph.initializer}
+    inputs = {i.name for i in graph.input} - set(dims)
+    out: dict[str, tuple[str, int]] = {}
+    for node in graph.node:
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if node.op_type == "Gather" and node.input[1] in inputs and dims.get(node.input[0]) and axis == 0:
+            out.setdefault(node.input[1], (node.input[0], dims[node.input[0]][0]))
+    return out
+
+
+def check_token_ids(tables: dict[str, tuple[str, int]], keys: dict[str, str], arrays: dict[str, Any]) -> None:
+    """DataError when the ids fed to an embedding fall outside its rows (ONNX Runtime's Gather would
+    stop on the board, PyTorch's embedding on the host)."""
+    for name, (table, rows) in tables.items():
+        ids = arrays.get(keys.get(name, name))
+        if ids is None or ids.dtype.kind not in "iu" or not len(ids):
+            continue
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= rows:
+            raise DataError(
+                f"{keys.get(name, name)} holds token ids in [{lo}, {hi}] for input {name!r}, but the embedding "
+                f"{table!r} it indexes has {rows} rows (ids 0 to {rows - 1})"
+            )
 
 
 def _check_feeds_present(field: str, path: Path, feeds: dict[str, str]) -> None:

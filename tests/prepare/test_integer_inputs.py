@@ -129,3 +129,20 @@ def test_export_without_data_makes_up_inputs_of_the_declared_dtype(tmp_path, dty
     assert x.shape == (2, 5) and x.dtype == np.dtype(dtype) and x.dtype.kind == kind
     if kind != "f":
         assert not x.any()  # id 0: valid for any embedding
+
+
+def test_token_ids_beyond_the_embedding_are_one_line_naming_the_table(tmp_path):
+    from tasks.prepare.data_checks import check_token_ids, embedding_tables
+    from tests.prepare.seq_kit import TokenNet, export_module, token_ids
+
+    export_module(TokenNet(vocab=20), tmp_path, token_ids(vocab=20))
+    tables = embedding_tables(tmp_path / "model.onnx")
+    assert tables == {"input": ("emb.weight", 20)}
+    check_token_ids(tables, {"input": "x"}, {"x": token_ids(vocab=20)})
+    for bad, got in ((token_ids(vocab=30), "[0, 29]"), (token_ids(vocab=20) - 1, "[-1, 18]")):
+        with pytest.raises(DataError) as caught:
+            check_token_ids(tables, {"input": "x"}, {"x": bad})
+        assert str(caught.value) == (
+            f"x holds token ids in {got} for input 'input', but the embedding 'emb.weight' it indexes has 20 "
+            "rows (ids 0 to 19)"
+        )
