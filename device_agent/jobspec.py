@@ -12,7 +12,7 @@ from typing import Any
 
 from device_agent.names import valid_job_id
 from device_agent.prefix_spec import PrefixSpec
-from device_agent.privacy import LocalPrivacy
+from device_agent.privacy_spec import LocalPrivacy
 from device_agent.teacher_spec import TeacherSpec
 from device_agent.wire import (
     PROTOCOL_VERSION,
