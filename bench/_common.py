@@ -90,6 +90,19 @@ def json_run(argv: list[str], env: dict[str, str] | None = None, timeout: float 
     return json.loads(lines[-1])
 
 
+def child_json(argv: list[str], timeout: float) -> tuple[dict[str, Any] | None, str]:
+    """Run a benchmark's child process: (its last stdout line as JSON, "") or (None, why not: its
+    exit code and last stderr line, or the timeout)."""
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, f"crash: no result in {timeout:g} s"
+    lines = proc.stdout.strip().splitlines()
+    if lines and lines[-1].startswith("{"):
+        return json.loads(lines[-1]), ""
+    return None, f"crash (exit {proc.returncode}): {(proc.stderr.strip().splitlines() or ['no output'])[-1]}"
+
+
 def board_env() -> dict[str, str]:
     """The environment of a local agent run: no ODL_AGENT_* test switches, the project on the path."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ODL_AGENT_")}

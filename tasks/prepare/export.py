@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 import sys
 import tempfile
 import warnings
@@ -37,7 +38,7 @@ from tasks.prepare.priors import PRIORS_FILE, write_priors
 from tasks.prepare.recurrent import recurrent_dropout_modules
 from tasks.prepare.supervise import supervised
 from tasks.prepare.torch_model import build_model
-from tasks.prepare.tracing import has_auxiliary_outputs, restored
+from tasks.prepare.tracing import channel_dropout_modules, has_auxiliary_outputs, model_outputs, restored
 from tasks.prepare.user_code import forward_error, user_code_error
 from tasks.recipe.schema import Recipe
 
@@ -98,7 +99,7 @@ def _outputs_of(model: Any, inputs: tuple[Any, ...], recipe: Recipe) -> list[Any
 
     with torch.no_grad():
         out = model(*inputs)
-    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    outs = model_outputs(out)
     if len(outs) != len(recipe.model.output_names):
         raise RecipeError(
             "model.output_names",
@@ -134,13 +135,17 @@ def export_torch(recipe: Recipe, model: Any, path: Path) -> Path:
         else:
             for m in model.modules():
                 m.training = True
+        channel = channel_dropout_modules(model)  # the exporter has no channel dropout in training mode
+        for name, m in channel:
+            m.training = False
+            log.info("%s: no %s while fine-tuning (exported in eval mode)", name, type(m).__name__)
         recurrent = recurrent_dropout_modules(model)  # the exporter has no dropout inside an RNN node
         for name, m in recurrent:
             m.training = False
             log.info(
                 "%s: no dropout between its stacked layers while fine-tuning (exported in eval mode)", name
             )
-        _run_exporter(recipe, model, inputs, axes, path, preserve=aux or bool(recurrent))
+        _run_exporter(recipe, model, inputs, axes, path, preserve=aux or bool(recurrent) or bool(channel))
         # a random layer drop (torchvision's StochasticDepth, timm's DropPath, a hand-written mask)
         # traces as RandomUniformLike & co., which ORT's eval graph and the exported inference model
         # keep: the board's model would answer at random. The modules those nodes come from trace
@@ -163,7 +168,8 @@ def _random_modules(model: Any, path: Path) -> list[Any]:
     graph = onnx.load(str(path), load_external_data=False).graph
     names = {layer_of(n.name) for n in graph.node if n.op_type in RANDOM_OPS and n.name}
     modules = dict(model.named_modules())
-    found = [modules.get(name) for name in sorted(names)]
+    # a module called twice in one forward names its second call's nodes "<module>_1" (SegFormer's drop_path)
+    found = [modules.get(name, modules.get(re.sub(r"_\d+$", "", name))) for name in sorted(names)]
     return [] if not found or any(m is None or m is model for m in found) else found
 
 

@@ -4,7 +4,8 @@ A ``Resize`` of an ``[N, C, H, W]`` map in nearest, linear or cubic mode is sepa
 ``y = A_h @ x @ A_w^T`` for two fixed matrices ``A_h`` (``Ho x H``) and ``A_w`` (``Wo x W``). Each
 matrix is measured by running the node's own Resize (same mode, coordinate transformation, rounding
 and scale along that axis) on one-hot inputs, so the rewrite means what the runtime means; it is
-then two MatMuls, whose gradients ORT has, and is checked against the original node on random data.
+then two MatMuls, whose gradients ORT has, and is checked against the original node on random data
+(a node whose output size the graph computes from other tensors' shapes at that measured size).
 """
 
 from __future__ import annotations
@@ -91,7 +92,25 @@ def _rewrite(model: onnx.ModelProto, node: onnx.NodeProto, shapes: dict[str, lis
         return None
     rows = b.op("MatMul", [b.const("rows", a_h), node.input[0]])
     b.op("MatMul", [rows, b.const("columns_T", a_w.T.copy())], node.output[0])
+    if scales is None and sizes is None:  # sizes from other tensors' shapes: checked at the measured size
+        return b if same_values(*_measured_sizes(model, node, out), b, shapes) else None
     return b if same_values(model, node, b, shapes) else None
+
+
+def _measured_sizes(
+    model: onnx.ModelProto, node: onnx.NodeProto, out: list[int]
+) -> tuple[onnx.ModelProto, onnx.NodeProto]:
+    """``node`` reading its measured output size (at batch 2) from a constant, in a model that holds
+    only that constant: the original a rewrite is checked against when the graph computes the size
+    from other tensors' shapes (``F.interpolate(x, size=skip.shape[2:])``, as smp's U-Net decoder does;
+    the recipe's input shape fixes them)."""
+    name = f"{node.output[0]}__measured_sizes"
+    held = onnx.ModelProto(ir_version=model.ir_version, opset_import=list(model.opset_import))
+    held.graph.initializer.append(onnx.numpy_helper.from_array(np.array([2, *out[1:]], np.int64), name))
+    fixed = onnx.NodeProto()
+    fixed.CopyFrom(node)
+    fixed.input[3] = name
+    return held, fixed
 
 
 def resizes_as_matmuls(model: onnx.ModelProto, trainable: list[str]) -> int:

@@ -126,7 +126,10 @@ def _load_file(path: Path) -> Any:
 
 
 def _torchvision_model(name: str, num_classes: int, kwargs: dict[str, Any]) -> Any:
-    """Build a torchvision classification model with random init and a new ``num_classes`` head."""
+    """Build a torchvision classification or segmentation model with random init (no backbone
+    weights are downloaded either) and a new ``num_classes`` head."""
+    import inspect
+
     from torchvision import models  # torchvision (heavy) only for its models
 
     try:
@@ -134,6 +137,8 @@ def _torchvision_model(name: str, num_classes: int, kwargs: dict[str, Any]) -> A
     except ValueError as exc:
         raise RecipeError("model.torchvision", "a torchvision classification model name", name) from exc
     try:
+        if "weights_backbone" in inspect.signature(builder).parameters:  # segmentation heads
+            kwargs.setdefault("weights_backbone", None)
         return builder(weights=None, num_classes=num_classes, **kwargs)
     except TypeError as exc:
         raise RecipeError(

@@ -69,3 +69,20 @@ def _put_back(store: Any, saved: dict[str, Any]) -> None:
 def _attrs(module: Any) -> dict[str, Any]:
     """The plain attributes export changes: ``training`` and (BatchNorm's) ``momentum``."""
     return {k: module.__dict__[k] for k in ("training", "momentum") if k in module.__dict__}
+
+
+def channel_dropout_modules(model: Any) -> list[tuple[str, Any]]:
+    """(module path, module) of the submodules that drop whole channels (``Dropout1d/2d/3d``,
+    ``FeatureAlphaDropout``): the exporter has no ``feature_dropout`` in training mode, even at p = 0,
+    so they are exported in eval mode (no channel dropout while fine-tuning)."""
+    import torch  # torch (heavy) only when a PyTorch model is exported
+
+    kinds = (torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d, torch.nn.FeatureAlphaDropout)
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, kinds)]
+
+
+def model_outputs(out: Any) -> list[Any]:
+    """A forward's outputs as the exporter flattens them: a tuple's or list's items, a dict's values
+    (torchvision's segmentation models return ``{"out": ...}``), or the one tensor."""
+    out = tuple(out.values()) if isinstance(out, dict) else out
+    return list(out) if isinstance(out, (tuple, list)) else [out]

@@ -35,6 +35,7 @@ from tasks.prepare.rehearse import check_join, inference_paths
 from tasks.prepare.supervise import RunFailed, graph_io, run_graph, stop_if_interrupted, supervised
 from tasks.prepare.teacher import check_budget, rehearse_teacher
 from tasks.prepare.torch_model import build_model
+from tasks.prepare.tracing import model_outputs
 from tasks.recipe.load import recipe_hash
 from tasks.recipe.schema import Recipe
 
@@ -186,7 +187,7 @@ def compare_with_torch(recipe: Recipe, inference_path: Path, manifest: dict) -> 
         raise ValidationFailed("inference_matches_torch", _random_nodes(inference_path))
     with torch.no_grad():
         out = model(*[torch.from_numpy(np.ascontiguousarray(a)) for a in inputs])
-    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    outs = model_outputs(out)
     outs = outs[1:] if recipe.loss.kind == "embedded" else outs
     diff = max(float(np.abs(o.numpy() - r).max()) for o, r in zip(outs, ort_out, strict=True))
     # float32 rounding grows with the outputs' magnitude and with depth: the tolerance does too

@@ -35,6 +35,8 @@ TAILS = {
         "Resize",
     ),
     "bicubic": (lambda m, x: F.interpolate(x, scale_factor=3, mode="bicubic"), "Resize"),
+    # the size read from another tensor's shape, as smp's U-Net decoder upsamples to its skip's size
+    "size_of_another": (lambda m, x: F.interpolate(F.max_pool2d(x, 2), size=x.shape[2:]), "Resize"),
 }
 
 

@@ -52,3 +52,17 @@ def test_random_path_drops_export_deterministic_whatever_their_name(tmp_path):
     ops = {n.op_type for n in onnx.load(str(done.model_onnx)).graph.node}
     assert not ops & {"RandomUniformLike", "RandomUniform", "RandomNormalLike", "Bernoulli"}
     assert done.validation["passed"]
+
+
+def test_a_random_layer_called_twice_exports_deterministic(tmp_path):
+    """SegFormer's blocks call one drop_path module twice: the exporter names the second call's
+    nodes ``skip_1``, which is still that module."""
+    twice = MODULE.replace("y + self.skip(y)", "y + self.skip(y) + self.skip(2 * y)")
+    recipe = tiny_recipe(
+        tmp_path, merge({"model": {"callable": "droptwice:net"}}, {"trainable": {"strategy": "all"}})
+    )
+    (tmp_path / "droptwice.py").write_text(twice)
+    done = prepare(recipe, tmp_path / "out")
+    ops = {n.op_type for n in onnx.load(str(done.model_onnx)).graph.node}
+    assert not ops & {"RandomUniformLike", "RandomUniform", "RandomNormalLike", "Bernoulli"}
+    assert done.validation["passed"]
