@@ -108,5 +108,11 @@ def segmentation_rules(recipe: Any) -> Iterator[tuple[str, str, object]]:
         )
     if spec.background >= classes:
         yield "segmentation.background", f"a class in [0, {classes - 1}], or -1 for none", spec.background
+    if recipe.data.board_dataset is not None and recipe.data.board_format != "npz-shards":
+        yield (
+            "data.board_format",
+            "'npz-shards' for task 'segmentation' (an image folder's labels are classes, not masks)",
+            recipe.data.board_format,
+        )
     if recipe.training.runtime != "ort-training":
         yield "training.runtime", "'ort-training' for task 'segmentation'", recipe.training.runtime

@@ -23,6 +23,11 @@ BAD = [  # (change to the segmentation recipe, field named in the error, words o
     ({"loss": {"kind": "mse"}}, "loss.kind", "cross-entropy, dice, cross-entropy+dice"),
     ({"promotion": {"metric": "accuracy"}}, "promotion.metric", "'miou', 'pixel_accuracy' or 'loss'"),
     ({"training": {"runtime": "autograd"}}, "training.runtime", "'ort-training' for task 'segmentation'"),
+    (
+        {"data": {"train": None, "board_dataset": "datasets/masks", "board_format": "image-folder"}},
+        "data.board_format",
+        "an image folder's labels are classes, not masks",
+    ),
 ]
 NOT_SEGMENTATION = [
     ({"segmentation": {"background": 0}}, "segmentation", "only with task = 'segmentation'"),
