@@ -54,7 +54,7 @@ SPEC_CASES = [  # (path in job.json, new value or KeyError to delete, code, text
     ("train.final_lr_ratio", 2.0, ExitCode.INVALID_SPEC, "train.final_lr_ratio"),
     ("train.log_every", 0, ExitCode.INVALID_SPEC, "train.log_every"),
     ("train.momentum", 0.9, ExitCode.INVALID_SPEC, "field 'train.momentum': expected no such field"),
-    ("task", "segmentation", ExitCode.INVALID_SPEC, "field 'task'"),
+    ("task", "captioning", ExitCode.INVALID_SPEC, "field 'task'"),
     ("output_names", [], ExitCode.INVALID_SPEC, "field 'output_names'"),
     ("feeds", {"input": 3}, ExitCode.INVALID_SPEC, "field 'feeds'"),
     ("train_data.format", "csv", ExitCode.INVALID_SPEC, "field 'train_data.format'"),
