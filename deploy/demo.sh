@@ -14,6 +14,8 @@
 #   segmentation: the same with recipes/segmentation.toml: a U-Net fine-tuned on the board, judged on mIoU.
 #   fleet: four virtual boards lab1..lab4 (0.5 CPU each), each with its own non-IID share of the digits,
 #         group "lab", then `odl watch odl/fleet`: three FedAvg rounds, the gate, rollout.
+#         ODL_FLEET_RECIPE=recipes/digits_fleet_private.toml (`make fleet ODL_FLEET_RECIPE=...`): the
+#         same fleet with central differential privacy: ε per round, the budget's stop.
 #   down: stops the worker, the server (by the pids under $ODL_HOME/run) and the board; keeps the data.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +25,7 @@ PORT_ARGS=()  # the stack picks this home's port (4200 when free) unless ODL_PRE
 if [ -n "${ODL_PREFECT_PORT:-}" ]; then PORT_ARGS=(--port "$ODL_PREFECT_PORT"); fi
 BOARD=${ODL_BOARD:-vboard}
 FLEET_PREFIX=${ODL_FLEET_PREFIX:-lab}   # the fleet demo's boards: lab1 .. lab4
+FLEET_RECIPE=${ODL_FLEET_RECIPE:-recipes/digits_fleet.toml}   # or recipes/digits_fleet_private.toml
 
 stack_env() {  # the environment tasks.stack.server gives every process of the stack
   eval "$("$BIN/python" - <<'PY'
@@ -117,7 +120,7 @@ case "${1:-up}" in
     ;;
   fleet)  # four boards, each with its own non-IID share of the digits, three FedAvg rounds
     "$BIN/python" -c "from tasks.recipe.load import load_recipe; from tasks import stages; \
-stages.prepare_data(load_recipe('recipes/digits_fleet.toml'))"
+stages.prepare_data(load_recipe('$FLEET_RECIPE'))"
     for i in 0 1 2 3; do
       b="${FLEET_PREFIX}$((i + 1))"
       # an STM32MP25 each (4 GB RAM cap, 2 CPUs) but 0.5 CPU (a kernel quota) instead of the profile's
@@ -140,21 +143,26 @@ PY
     stack_env
     echo "Prefect server ${PREFECT_API_URL%/api}"
     "$BIN/odl" watch odl/fleet --kind fleet \
-      --params '{"recipe": "recipes/digits_fleet.toml", "group": "lab"}' || true
+      --params "{\"recipe\": \"$FLEET_RECIPE\", \"group\": \"lab\"}" || true
     echo
-    "$BIN/python" - <<'PY'
-import json, os
+    name=$("$BIN/python" -c "import sys, tomllib; print(tomllib.load(open(sys.argv[1], 'rb'))['name'])" "$FLEET_RECIPE")
+    "$BIN/python" - "$name" <<'PY'
+import json, os, sys
 from pathlib import Path
-runs = sorted(Path(os.environ["ODL_HOME"], "fleet").glob("digits_fleet-lab-*/rounds.json"), key=os.path.getmtime)
-for rec in json.loads(runs[-1].read_text())["rounds"]:
+runs = sorted(Path(os.environ["ODL_HOME"], "fleet").glob(f"{sys.argv[1]}-lab-*/rounds.json"), key=os.path.getmtime)
+summary = json.loads(runs[-1].read_text())
+for rec in summary["rounds"]:
     boards = ", ".join(f"{b} {r['host']['accuracy']:.3f}" if r["status"] == "ok" else f"{b} {r['status']}"
                        for b, r in rec["boards"].items())
     agg = rec["aggregate"]["accuracy"] if rec["aggregate"] else float("nan")
+    eps = f" | ε {rec['privacy']['epsilon']:.3g} (δ {rec['privacy']['delta']:g})" if rec.get("privacy") else ""
     print(f"round {rec['round']}: aggregate {agg:.4f} | each board's own update: {boards} | "
-          f"{rec['bytes_up']} B up, {rec['bytes_down']} B down")
+          f"{rec['bytes_up']} B up, {rec['bytes_down']} B down{eps}")
+if summary.get("stopped"):
+    print(f"stopped: {summary['stopped']}")
 PY
-    "$BIN/odl" registry digits_fleet lab
-    echo "Prefect UI: ${PREFECT_API_URL%/api}  (Runs > the latest digits_fleet@lab run > Artifacts: the fleet report)"
+    "$BIN/odl" registry "$name" lab
+    echo "Prefect UI: ${PREFECT_API_URL%/api}  (Runs > the latest $name@lab run > Artifacts: the fleet report)"
     ;;
   down)
     "$BIN/odl" stack down

@@ -7,18 +7,15 @@
         fleet.close_round(r, results)                    # quorum, aggregate, host evaluation, record
     fleet.final_model()                                  # the last aggregate's inference model
 
-A board's part of a round lists its dataset folder, deploys (the round's checkpoint is the only new
-blob after the first round), trains there on its own data, and sends back ``trainable.npz`` only.
+A board's part of a round and the checks before any board is asked are :mod:`tasks.fleet.board_round`
+(re-exported here for the flow and its Prefect tasks).
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,115 +23,23 @@ from typing import Any
 import numpy as np
 
 from tasks import stages
-from tasks.board.control import agent_json
 from tasks.board.inventory import Board
-from tasks.board.jobs import job_dir
-from tasks.board.transport import connect
 from tasks.checkpoint import checkpoint_weights, write_checkpoint
-from tasks.errors import FleetError, RecipeError, Straggler
+from tasks.errors import FleetError, Straggler
+from tasks.fleet.board_round import BoardUpdate, board_round, check_fleet
 from tasks.fleet.outliers import update_figures
-from tasks.fleet.privacy import (
-    central_center,
-    check_budget,
-    epsilon,
-    local_privacy,
-    privacy_record,
-    privacy_spent,
-)
-from tasks.fleet.strategies import Strategy, check_group, make_strategy
+from tasks.fleet.privacy import central_center, epsilon, privacy_record, privacy_spent
+from tasks.fleet.strategies import Strategy, make_strategy
 from tasks.fleet.weights import Weights, nbytes, read_update
-from tasks.hashing import file_sha256
 from tasks.judge.evaluate import evaluate_cached
 from tasks.judge.losses import host_loss
 from tasks.paths import state_dir
 from tasks.prepare import Prepared
-from tasks.stages import nightly
 from tasks.stages.judge import inference_of
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class BoardUpdate:
-    """One board's part of a round: what it trained on and the tensors it sent back."""
-
-    board: str
-    job_id: str
-    samples: int
-    update: Path  # trainable.npz on the host
-    metrics: dict[str, float]  # the job's final metrics (train_loss, eval_loss, eval_accuracy ...)
-    bytes_down: int  # blobs uploaded to the board for this round
-    bytes_up: int  # trainable.npz
-    seconds: float  # the whole part: list, deploy, train, fetch
-    train_s: float  # the job's own time on the board (result.json duration_s)
-    files: int  # dataset files trained on
-
-
-def check_fleet(recipe: Any, boards: list[Board]) -> None:
-    """A fleet needs board-side data, a reachable quorum, a group its strategy can combine (Krum,
-    Bulyan: enough boards for ``fleet.byzantine``) and, when private, a budget for one round at
-    least: RecipeError naming the field."""
-    if recipe.data.board_dataset is None:
-        raise RecipeError(
-            "data.board_dataset", "the folder on each board holding its own data (a fleet trains there)"
-        )
-    if recipe.fleet.min_boards > len(boards):
-        raise RecipeError(
-            "fleet.min_boards", f"at most the group's {len(boards)} boards", recipe.fleet.min_boards
-        )
-    check_group(recipe.fleet, len(boards))
-    if recipe.fleet.privacy is not None:
-        check_budget(recipe.fleet.privacy)
-
-
-def board_round(
-    board: Board,
-    inp: stages.Inputs,
-    prep: Prepared,
-    checkpoint: Path,
-    run_id: str,
-    deadline: float,
-    out_dir: Path,
-    on_event: Callable[[Any], None] | None = None,
-) -> BoardUpdate:
-    """Train one round on ``board`` from ``checkpoint`` on the board's own data; fetch only its
-    trained tensors. Past ``deadline`` (monotonic) it raises Straggler and cancels the job there."""
-    t0 = time.monotonic()
-    data = nightly.board_data(inp.recipe, board)
-    assert data is not None  # check_fleet: the recipe names a board dataset
-    extra = file_sha256(checkpoint) + "".join(f["sha256"] for f in data.record["files"])
-    spec, files = stages.job_spec(
-        inp, prep, stages.job_id(inp, run_id, extra), checkpoint=checkpoint, train_data=data.ref
-    )
-    # local differential privacy: the board clips and noises its update before it leaves
-    spec = dataclasses.replace(spec, privacy=local_privacy(inp.recipe.fleet.privacy))
-    deployed = stages.deploy(board, spec, files)
-    try:
-        training = stages.train(board, spec, files, on_event=on_event, end_orphans=True, deadline=deadline)
-    except Straggler:
-        _cancel(board, spec.job_id)
-        raise
-    got = stages.retrieve(board, training, out_dir, only=("trainable",))
-    update = got.files["trainable"]
-    return BoardUpdate(
-        board=board.name,
-        job_id=spec.job_id,
-        samples=int(data.record["samples"]),
-        update=update,
-        metrics=dict(training.result.metrics),
-        bytes_down=deployed.bytes_sent,
-        bytes_up=update.stat().st_size,
-        seconds=round(time.monotonic() - t0, 3),
-        train_s=float(training.result.duration_s),
-        files=len(data.record["files"]),
-    )
-
-
-def _cancel(board: Board, job_id: str) -> None:
-    """Ask the board to stop a straggler's job (best effort: the board may be unreachable; the
-    next round's job ends it anyway, as an orphan)."""
-    with contextlib.suppress(Exception), connect(board) as conn:
-        agent_json(conn, board, "cancel", job_dir(board, job_id))
+__all__ = ["BoardUpdate", "FleetRun", "board_round", "check_fleet"]
 
 
 @dataclass
@@ -268,6 +173,7 @@ class FleetRun:
             f"round {r} was not run: it would bring ε to {eps:.3g}, past target_epsilon "
             f"{priv.target_epsilon:g} (δ {priv.delta:g}); {r - 1} rounds run, ε {spent:.3g}"
         )
+        self._save()
         return False
 
     def final_model(self) -> Path:
@@ -287,8 +193,10 @@ class FleetRun:
         m = evaluate_cached(model, recipe.data.test, recipe.task, cache, host_loss(recipe, self.prep))
         return {k: m[k] for k in ("accuracy", "loss", "loss_kind", "samples") if k in m}
 
-    def _save(self, record: dict[str, Any]) -> None:
-        self.rounds.append(record)
+    def _save(self, record: dict[str, Any] | None = None) -> None:
+        """Append ``record`` (if any) and write the run's ``rounds.json``."""
+        if record is not None:
+            self.rounds.append(record)
         (self.folder / "rounds.json").write_text(json.dumps(self.summary(), indent=2, default=str))
 
     def summary(self) -> dict[str, Any]:

@@ -75,6 +75,10 @@ def test_the_budget_stops_the_rounds_before_epsilon_passes_the_target(prefect_ha
     eps = [r["privacy"]["epsilon"] for r in rounds]
     assert eps == sorted(eps) and eps[-1] <= target
     assert f"round {k + 1} was not run" in out.summary["stopped"]
+    assert (
+        json.loads((_run_dir(out.summary["run_id"]) / "rounds.json").read_text())["stopped"]
+        == out.summary["stopped"]
+    )
     assert rounds[0]["noise"]["updates"] == 2 and rounds[0]["noise"]["noise_std_of_mean"] == pytest.approx(
         0.25
     )
