@@ -182,8 +182,12 @@ def after(model: onnx.ModelProto, start: str, params: dict[str, int]) -> list[st
     return params_after(model, seeds, sources, first[0].name if first else None)
 
 
-def resolve_trainable(recipe: Recipe, model: onnx.ModelProto) -> tuple[list[str], list[str], dict[str, int]]:
-    """(trainable names, frozen names, element counts of every float parameter) for the recipe."""
+def resolve_trainable(
+    recipe: Recipe, model: onnx.ModelProto, *, ort_limits: bool = True
+) -> tuple[list[str], list[str], dict[str, int]]:
+    """(trainable names, frozen names, element counts of every float parameter) for the recipe;
+    ``ort_limits``: also refuse what ONNX Runtime 1.19.2's gradients cannot do (the autograd runtime
+    differentiates with PyTorch and passes False)."""
     stats, buffers = bn_statistics(model), torch_buffers(model)
     counts, params = float_params(model), parameters(model)
     spec = recipe.trainable
@@ -211,5 +215,6 @@ def resolve_trainable(recipe: Recipe, model: onnx.ModelProto) -> tuple[list[str]
     trainable = list(dict.fromkeys(chosen))
     frozen = [n for n in counts if n not in set(trainable)]
     check_partition(model, trainable, frozen)
-    check_recurrent(model, trainable, params)
+    if ort_limits:
+        check_recurrent(model, trainable, params)
     return trainable, frozen, counts

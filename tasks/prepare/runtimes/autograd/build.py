@@ -142,7 +142,7 @@ def generate(recipe: Recipe, model_onnx: Path, out_dir: Path) -> dict[str, Any]:
     out_dir, art = Path(out_dir), Path(out_dir) / "artifacts"
     graph = load_onnx(Path(model_onnx))
     check_board_loadable(graph, str(model_onnx))
-    trainable, frozen, counts = resolve_trainable(recipe, graph)
+    trainable, frozen, counts = resolve_trainable(recipe, graph, ort_limits=False)
     model = exported_weights(build_model(recipe), graph)
     torch_names(trainable, model)
     art.mkdir(parents=True, exist_ok=True)

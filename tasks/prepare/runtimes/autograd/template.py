@@ -25,19 +25,37 @@ from tasks.prepare.onnx_versions import OPSET
 from tasks.prepare.runtimes.autograd.onnx_step import exporting
 from tasks.prepare.tracing import restored
 
+# the eval-mode export's opsets: the ORT path's first; the next only for an operator that needs it
+# (aten::col2im, F.fold, needs 18); the board's ONNX Runtime loads up to 21
+OPSETS = (OPSET, 18)
 ATTEMPTS = 8  # fresh markers when one happened to occur twice in the serialised model
 
 
 def export_inference(model: Any, inputs: tuple[Any, ...], input_names: list[str], output_names: list[str],
                      path: Path) -> None:  # fmt: skip
     """The TorchScript export of ``model`` in eval mode, every parameter and buffer an initializer of
-    its own name, batch dynamic.
+    its own name, batch dynamic, at the first opset of :data:`OPSETS` that has its operators."""
+    for opset in OPSETS:
+        try:
+            _export(model, inputs, input_names, output_names, path, opset)
+            break
+        except ArtifactError as exc:
+            if opset == OPSETS[-1] or "opset version" not in str(exc):
+                raise
+    proto = onnx.load(str(path))  # the initializers out of the inputs again (see _export)
+    inits = {i.name for i in proto.graph.initializer}
+    kept = [i for i in proto.graph.input if i.name not in inits]
+    del proto.graph.input[:]
+    proto.graph.input.extend(kept)
+    onnx.save(proto, str(path))
 
-    PRESERVE: no eval peephole, which would fold each BatchNorm into its convolution. Initializers
-    as inputs: no deduplication, which makes a tensor equal to another at export (a fresh
-    BatchNorm's running variance and its weight, all ones) an Identity of it, so training one would
-    change the other; they are taken out of the inputs again afterwards.
-    """
+
+def _export(model: Any, inputs: tuple[Any, ...], input_names: list[str], output_names: list[str], path: Path,
+            opset: int) -> None:  # fmt: skip
+    """One export. PRESERVE: no eval peephole, which would fold each BatchNorm into its convolution.
+    Initializers as inputs: no deduplication, which makes a tensor equal to another at export (a
+    fresh BatchNorm's running variance and its weight, all ones) an Identity of it, so training one
+    would change the other."""
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
     axes = {n: {0: "batch"} for n in [*input_names, *output_names]}
@@ -45,14 +63,8 @@ def export_inference(model: Any, inputs: tuple[Any, ...], input_names: list[str]
         model.eval()
         exporting("the inference model", lambda: torch.onnx.export(
             model, inputs, str(path), dynamo=False, training=torch.onnx.TrainingMode.PRESERVE,
-            do_constant_folding=False, export_params=True, opset_version=OPSET, input_names=input_names,
+            do_constant_folding=False, export_params=True, opset_version=opset, input_names=input_names,
             output_names=output_names, dynamic_axes=axes, keep_initializers_as_inputs=True))  # fmt: skip
-    proto = onnx.load(str(path))
-    inits = {i.name for i in proto.graph.initializer}
-    kept = [i for i in proto.graph.input if i.name not in inits]
-    del proto.graph.input[:]
-    proto.graph.input.extend(kept)
-    onnx.save(proto, str(path))
 
 
 def keep_outputs(model: onnx.ModelProto, outputs: list[str]) -> None:
