@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tasks.errors import RecipeError
-from tasks.recipe.load import load_recipe
+from tasks.recipe.load import load_recipe, parse_recipe
 from tests.fixtures_prepare import RECIPES
 
 AUTOGRAD = {"training.runtime": "autograd"}
@@ -20,12 +20,6 @@ def test_the_default_runtime_is_ort_training():
     ("recipe", "overrides", "field", "words"),
     [
         ("digits_onnx.toml", AUTOGRAD, "training.runtime", "'ort-training' for an ONNX model"),
-        (
-            "two_head_custom_loss.toml",
-            AUTOGRAD,
-            "loss.torch",
-            "a PyTorch twin of the custom loss models:two_head_loss",
-        ),
         (
             "digits.toml",
             {"loss.torch": "models:twin"},
@@ -57,3 +51,15 @@ def test_a_custom_loss_with_its_twin_loads():
         "models:two_head_loss",
         "models:two_head_loss_torch",
     )
+
+
+def test_a_custom_loss_without_its_twin_is_refused_for_autograd():
+    recipe = load_recipe(RECIPES / "two_head_custom_loss.toml")
+    raw = {**recipe.raw, "loss": {"kind": recipe.raw["loss"]["kind"]}, "training": {"runtime": "autograd"}}
+    with pytest.raises(RecipeError) as info:
+        parse_recipe(raw, recipe.source)
+    line = str(info.value)
+    assert "'loss.torch'" in line and "a PyTorch twin of the custom loss models:two_head_loss" in line
+    assert (
+        parse_recipe({**raw, "training": {}}, recipe.source).loss.torch is None
+    )  # the ORT runtime needs none
