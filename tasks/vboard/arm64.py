@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from tasks.errors import BoardError
+from tasks.vboard.owner import open_to_board_user
 from tasks.vboard.sshd import ensure_installed
 from tasks.vboard.venv import make_readable, run_step
 
@@ -62,6 +63,7 @@ def arm64_stamp(numpy_pin: str, ort_version: str) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
+@open_to_board_user()
 def ensure_arm64_env(dest: Path, numpy_pin: str, ort_version: str) -> Path:
     """Build (once; concurrent callers wait for one) the arm64 environment at ``dest``; returns its
     ``bin/python3`` wrapper. A second call with the same pins returns at once."""

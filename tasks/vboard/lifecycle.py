@@ -30,7 +30,7 @@ from tasks.paths import state_dir
 from tasks.vboard import cgroup
 from tasks.vboard import link as shaped
 from tasks.vboard.boardenv import BoardEnv, choose, ensure_env
-from tasks.vboard.owner import unix_user
+from tasks.vboard.owner import open_to_board_user, unix_user
 from tasks.vboard.profiles import resolve
 from tasks.vboard.sshd import (
     ensure_sshd_installed,
@@ -53,6 +53,7 @@ def board_dir(name: str) -> Path:
     return state_dir("boards", valid_board_name(name))
 
 
+@open_to_board_user()
 def board_up(
     name: str,
     *,
@@ -146,6 +147,7 @@ def board_down(name: str, *, purge: bool = False) -> dict[str, Any]:
     return {"name": name, "stopped_sshd": stopped, "purged": purge}
 
 
+@open_to_board_user()
 def start_board_sshd(name: str, bdir: Path, state: dict[str, Any]) -> None:
     """Start the board's sshd and put it under the board's kernel limits (RAM cap, CPU quota)."""
     start_sshd(bdir, state)

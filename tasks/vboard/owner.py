@@ -10,7 +10,10 @@ touches another's."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from tasks.paths import odl_home
@@ -31,3 +34,15 @@ def machine_name(name: str, home: Path | None = None) -> str:
 def unix_user(name: str, home: Path | None = None) -> str:
     """The board's Unix user: ``odl-vboard-1a2b3c``."""
     return f"odl-{machine_name(name, home)}"
+
+
+@contextlib.contextmanager
+def open_to_board_user() -> Iterator[None]:
+    """Run the block under umask 022: what it makes (venvs, cgroups, the sshd's files) is read by the
+    board's own Unix user, which a caller's umask 077 (a CI runner's, a hardened root's) would shut
+    out (the venv's ``bin/`` 0700: ``Permission denied``, exit 126). Also a decorator."""
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tasks.errors import BoardError
 from tasks.paths import PROJECT_ROOT
+from tasks.vboard.owner import open_to_board_user
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ def base_python() -> str:
     return sys.executable
 
 
+@open_to_board_user()
 def ensure_board_venv(dest: Path, requirements: tuple[str, ...] | None = None) -> Path:
     """Create (idempotently) a venv at ``dest`` with only numpy + onnxruntime-training-cpu, or with
     exactly the pinned ``requirements`` (``("numpy==2.4.6", "onnxruntime==1.19.2")``).

@@ -24,6 +24,7 @@ from tasks.board import agent, jobs, run
 from tasks.board.inventory import Board
 from tasks.board.transport import LocalTransport, connect
 from tasks.errors import DataError, DeviceIncompatible, HostExit, TrainingFailed
+from tasks.vboard.venv import make_readable
 from tests.agent.test_bad_inputs import DATA_CASES
 
 
@@ -90,7 +91,7 @@ def _numpy_only_python(board_python: Path, where: Path) -> str:
     for name in os.listdir(src):
         if name.startswith("numpy"):
             os.symlink(src / name, site / name)
-    os.chmod(where, 0o755)
+    make_readable(where)  # whatever this run's umask (CI's is 077)
     return str(where / "bin" / "python")
 
 
