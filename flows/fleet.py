@@ -72,6 +72,10 @@ class FleetParams(StrictParams):
         return {**self.overrides, **{k: v for k, v in named.items() if v is not None}}
 
 
+# the flow's default (a run without parameters); never changed in place
+DEFAULT_PARAMS = FleetParams()
+
+
 @dataclass(frozen=True)
 class FleetOutcome:
     """What a fleet run did: the round records, the verdict and the registry version."""
@@ -97,9 +101,11 @@ def _run_name() -> str:
     log_prints=False,
     task_runner=ThreadPoolTaskRunner(max_workers=16),
 )
-def odl_fleet(params: FleetParams | None = None) -> FleetOutcome | None:
+def odl_fleet(params: FleetParams = DEFAULT_PARAMS) -> FleetOutcome | None:
     """Federated rounds over a board group; the final aggregate goes through the promotion gate."""
-    p = params or FleetParams()
+    # not Optional: a None branch makes the deployment's stored schema an anyOf, whose refusal of a
+    # mistyped key names neither the key nor the known ones
+    p = params
     run_id = str(flow_run.get_id() or f"local-{int(time.time())}")
     recipe = load_recipe(Path(p.recipe).expanduser().resolve(), p.recipe_overrides())
     boards = get_group(p.group)

@@ -71,6 +71,10 @@ class OdlParams(StrictParams):
         return Path(self.recipe).expanduser().resolve()
 
 
+# the flow's default (a run without parameters); never changed in place
+DEFAULT_PARAMS = OdlParams()
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What one run of the flow did."""
@@ -94,9 +98,11 @@ def _run_name() -> str:
 
 
 @flow(name="odl", flow_run_name=_run_name, log_prints=False)
-def odl(params: OdlParams | None = None) -> Outcome | None:
+def odl(params: OdlParams = DEFAULT_PARAMS) -> Outcome | None:
     """Retrain a recipe's model on a board and promote it in the local registry if it is better."""
-    p = params or OdlParams()
+    # not Optional: a None branch makes the deployment's stored schema an anyOf, whose refusal of a
+    # mistyped key names neither the key nor the known ones
+    p = params
     run_id = str(flow_run.get_id() or f"local-{int(time.time())}")
     t: dict[str, float] = {}
     recipe = load_recipe(p.recipe_path(), p.recipe_overrides())
