@@ -23,6 +23,7 @@ from tasks.prepare.fixups import apply_all
 from tasks.prepare.graph import annotate_shapes
 from tasks.prepare.messages import layer_of
 from tasks.prepare.ort_training import build_loss, check_board_loadable, file_entry, onnx_opset, run_generate
+from tasks.prepare.param_chains import split_shared_initializers
 from tasks.prepare.selection import layer_params, weight_sources
 from tasks.prepare.split_artifacts import generate_split
 from tasks.prepare.trainable import float_params, model_parameter_count, resolve_trainable
@@ -57,7 +58,10 @@ def generate(recipe: Recipe, model_onnx: Path, out_dir: Path, *, bn_fix: bool = 
     check_onnx(Path(model_onnx), model)
     out_dir.mkdir(parents=True, exist_ok=True)
     local = out_dir / "model.onnx"
-    if Path(model_onnx).resolve() != local.resolve():
+    if split_shared_initializers(model):  # parameters the exporter merged train apart, as in PyTorch
+        onnx.save(model, str(local.with_suffix(".split.tmp")))
+        local.with_suffix(".split.tmp").replace(local)
+    elif Path(model_onnx).resolve() != local.resolve():
         shutil.copyfile(model_onnx, local)
     if bn_fix:
         fix_batchnorm(model)

@@ -10,8 +10,11 @@ its weight; this module makes what it finds trainable on the board:
 - :func:`fold_parameter_chains` (ONNX-in, before anything else reads the graph) turns a float
   ``Constant`` feeding a layer's weight or bias into an initializer of the same name; converts a
   float16/bfloat16/float64 initializer to float32 when every use of it casts it to float (ORT
-  1.19.2's training checkpoint cannot load float16 or bfloat16); and drops every ``Identity`` (and
-  then no-op ``Cast``) of a constant tensor, its readers reading the tensor itself. What stays
+  1.19.2's training checkpoint cannot load float16 or bfloat16); gives each ``Identity`` of an
+  initializer (parameters an exporter merged because their values were equal) an initializer of
+  its own (:func:`split_shared_initializers`, also run on every exported model before selection);
+  and drops every other ``Identity`` (and then no-op ``Cast``) of a constant tensor, its readers
+  reading the tensor itself. What stays
   (views with ORT gradients: Reshape, Transpose, Squeeze, Unsqueeze, Flatten) trains as it is.
 - :func:`check_checkpoint_dtypes` refuses in one line a float initializer the board could not load.
 - :func:`check_partition` holds the trainable/frozen split to its promise: every float initializer
@@ -150,6 +153,44 @@ def _subgraph_reads(model: onnx.ModelProto) -> set[str]:
     return reads
 
 
+def split_shared_initializers(model: onnx.ModelProto) -> int:
+    """Each ``Identity`` of an initializer becomes an initializer of its own, named as its output
+    and holding a copy of the values. The TorchScript exporter merges parameters that are equal
+    when it exports (every fresh BatchNorm's weight of ones, bias of zeros) into one initializer
+    read through an Identity per parameter, named as that parameter; training the merged one would
+    tie layers PyTorch trains apart (and ORT 1.19.2 then defines one gradient twice: "Duplicate
+    definition of name (conv2.bn.weight_grad)"). An initializer with one reader stays as it is.
+    Returns how many initializers were made."""
+    inits = {i.name: i for i in model.graph.initializer}
+    outputs, keep = {o.name for o in model.graph.output}, _subgraph_reads(model)
+    readers: dict[str, int] = {}
+    for node in model.graph.node:
+        for name in set(node.input):
+            readers[name] = readers.get(name, 0) + 1
+    made: list[onnx.TensorProto] = []
+    kept = []
+    for node in model.graph.node:
+        name = node.output[0] if node.op_type == "Identity" and len(node.output) == 1 else ""
+        source = node.input[0] if node.op_type == "Identity" else ""
+        shared = source in inits and readers[source] > 1  # one reader: a view, not a merge
+        if shared and name not in outputs | keep | set(inits):
+            copy = onnx.TensorProto()
+            copy.CopyFrom(inits[node.input[0]])
+            copy.name = name
+            made.append(copy)
+            continue
+        kept.append(node)
+    if made:
+        del model.graph.node[:]
+        model.graph.node.extend(kept)
+        model.graph.initializer.extend(made)
+        used = {i for n in model.graph.node for i in n.input} | keep | outputs
+        unused = [i for i in model.graph.initializer if i.name not in used]
+        for init in unused:  # a merged initializer read only through the Identities now split
+            model.graph.initializer.remove(init)
+    return len(made)
+
+
 def fold_identities(model: onnx.ModelProto) -> int:
     """Drop Identity nodes of constant tensors: their readers read the tensor itself."""
     static = set(weight_sources(model, set()))
@@ -164,6 +205,7 @@ def fold_parameter_chains(model: onnx.ModelProto) -> dict[str, int]:
     counts = {
         "constants_promoted": promote_constants(model),
         "params_cast_to_float32": cast_params_to_float32(model),
+        "shared_initializers_split": split_shared_initializers(model),
         "identities_folded": fold_identities(model),
     }
     return {k: v for k, v in counts.items() if v}

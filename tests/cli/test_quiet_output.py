@@ -273,7 +273,10 @@ def test_odl_flow_of_a_thousand_steps_prints_its_summary_once(here_home: Path, t
     text = out.read_text()
     lines = text.splitlines()
     assert text.count("digits on here: ") == 1 and text.count("  stages: ") == 1, text
-    assert len(lines) < 60, text
+    # a line per epoch, not per step: 1000 steps print 11 progress lines; the rest (stages, uploads on
+    # a timer, warnings, the summary) is bounded too: 60 lines here, whatever the machine's speed
+    assert sum(line.startswith("train step ") for line in lines) <= 11, text
+    assert len(lines) < 80, text
     assert _library_lines(lines) == []
 
 

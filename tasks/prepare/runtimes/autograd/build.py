@@ -33,6 +33,7 @@ from tasks.prepare.buffers import record_torch_state
 from tasks.prepare.export import check_onnx, load_onnx
 from tasks.prepare.feeds import data_file, feed_keys
 from tasks.prepare.ort_training import check_board_loadable, file_entry, onnx_opset
+from tasks.prepare.param_chains import split_shared_initializers
 from tasks.prepare.priors import PRIORS_FILE, write_priors
 from tasks.prepare.runtimes.autograd.steps import (
     EVAL_FILE,
@@ -142,6 +143,7 @@ def generate(recipe: Recipe, model_onnx: Path, out_dir: Path) -> dict[str, Any]:
     out_dir, art = Path(out_dir), Path(out_dir) / "artifacts"
     graph = load_onnx(Path(model_onnx))
     check_board_loadable(graph, str(model_onnx))
+    split_shared_initializers(graph)  # parameters the exporter merged are PyTorch's own again
     trainable, frozen, counts = resolve_trainable(recipe, graph, ort_limits=False)
     model = exported_weights(build_model(recipe), graph)
     torch_names(trainable, model)
