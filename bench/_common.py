@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from tasks.paths import PROJECT_ROOT
+from tasks.vboard.venv import shared_board_venv
 
 RESULTS_DIR = PROJECT_ROOT / "bench" / "results"
-# The board venv (numpy + onnxruntime-training-cpu) shared with the tests: rebuilt only when
-# deploy/board-requirements.txt or constraints.txt change (tasks.vboard.venv's stamp).
-BOARD_VENV = Path(os.environ.get("ODL_TEST_BOARD_VENV", "/var/tmp/odl-test-board-venv"))
+# The board venv (numpy + onnxruntime-training-cpu) shared with the tests, one per content of the
+# board requirements (tasks.vboard.venv.shared_board_venv)
+BOARD_VENV = shared_board_venv()
 
 
 def timed(fn: Callable[[], Any]) -> float:

@@ -154,11 +154,11 @@ def main() -> int:
 def run_on_virtual_board(tmp: Path, src: Path, args: argparse.Namespace) -> dict:
     """Bring up a throw-away virtual board in its own ODL_HOME, measure, purge it."""
     from tasks.vboard.lifecycle import board_down, board_up
+    from tasks.vboard.venv import shared_board_venv
 
     os.environ["ODL_HOME"] = str(tmp / "home")
     name = f"bench{os.getpid() % 100000}"
-    venv = Path(os.environ.get("ODL_TEST_BOARD_VENV", "/var/tmp/odl-test-board-venv"))
-    board = board_up(name, venv=venv, link=args.link)
+    board = board_up(name, venv=shared_board_venv(), link=args.link)
     try:
         return run(board, src, args) | {"board": "virtual (netns sshd)", "link": args.link or "none"}
     finally:

@@ -22,14 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from tasks.vboard.venv import board_requirements_stamp
+from tasks.vboard.venv import shared_board_venv
 
 # The board venv (numpy + onnxruntime-training-cpu) is kept between sessions, one per content of
-# deploy/board-requirements.txt and constraints.txt (tasks.vboard.venv's stamp names its folder):
-# two checkouts whose pins differ never rebuild the venv the other's running tests use.
-BOARD_VENV = Path(
-    os.environ.get("ODL_TEST_BOARD_VENV") or f"/var/tmp/odl-test-board-venv-{board_requirements_stamp()[:12]}"
-)
+# deploy/board-requirements.txt and constraints.txt (shared with bench/: tasks.vboard.venv)
+BOARD_VENV = shared_board_venv()
 # The other board environments (plain onnxruntime on x86_64, the arm64 userlands): tasks.vboard.boardenv
 BOARD_ENVS = Path(os.environ.get("ODL_TEST_BOARD_ENVS", "/var/tmp/odl-test-board-envs"))
 

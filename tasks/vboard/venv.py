@@ -48,6 +48,14 @@ def base_python() -> str:
     return sys.executable
 
 
+def shared_board_venv() -> Path:
+    """The board venv the tests and benchmarks share, kept between sessions: ``$ODL_TEST_BOARD_VENV``,
+    else one folder per content of the requirements (``/var/tmp/odl-test-board-venv-<stamp>``), so two
+    checkouts whose pins differ never rebuild the venv the other's running tests use."""
+    named = os.environ.get("ODL_TEST_BOARD_VENV")
+    return Path(named) if named else Path(f"/var/tmp/odl-test-board-venv-{board_requirements_stamp()[:12]}")
+
+
 @open_to_board_user()
 def ensure_board_venv(dest: Path, requirements: tuple[str, ...] | None = None) -> Path:
     """Create (idempotently) a venv at ``dest`` with only numpy + onnxruntime-training-cpu, or with
