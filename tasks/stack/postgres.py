@@ -96,6 +96,7 @@ def cluster_dir(home: Path, create: bool = False) -> Path | None:
         link.mkdir(mode=0o700)
     else:
         ROOT_CLUSTERS.mkdir(mode=0o755, parents=True, exist_ok=True)
+        ROOT_CLUSTERS.chmod(0o755)  # whatever the caller's umask (077 on CI): postgres must pass through
         real = ROOT_CLUSTERS / hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:16]
         real.mkdir(mode=0o700, exist_ok=True)
         link.symlink_to(real)
