@@ -144,3 +144,15 @@ def test_teacher_bench_measures_labelling_beside_training(tmp_path: Path) -> Non
     assert taught["peak_rss_mb"] <= taught["estimate_mb"]  # the job stays inside validation's estimate
     ratio = figures["ratios"]["peak_with_teacher_over_without"]
     assert ratio == pytest.approx(taught["peak_rss_mb"] / plain["peak_rss_mb"], rel=0.01)
+
+
+def test_runtimes_bench_compares_ort_and_autograd(tmp_path: Path) -> None:
+    figures = run_bench("runtimes", tmp_path)
+    (row,) = figures["rows"]
+    assert row["recipe"] == "digits" and row["steps"] == 50 and figures["pairs"] == row["pairs"] == 1
+    assert row["dropout"] == "none" and row["repeatable"]
+    assert row["loss_rel"] < 1e-4 and row["weight_abs"] < 1e-4  # the runtimes' equivalence bounds
+    for name in ("ort", "autograd"):
+        for figure in (row[f"{name}_samples_per_s"], row[f"{name}_peak_rss_mb"]):
+            positive(figure, "median", "min", "max")
+            assert figure["n"] == 1
