@@ -169,34 +169,75 @@ FLEET_SIZES = (1, 2, 4, 8)
 FLEET_ALPHA = 0.5  # Dirichlet concentration of the label split: small = each board sees few classes
 
 
-def noniid_split(y: np.ndarray, boards: int, alpha: float = FLEET_ALPHA, seed: int = 0) -> list[np.ndarray]:
+def fleet_min_samples(samples: int, boards: int) -> int:
+    """The fewest samples :func:`noniid_split` leaves a board: 10, or half a board's even share when
+    that is less (700 samples: 10 up to 35 boards, 5 for 64 boards)."""
+    return max(1, min(10, samples // (2 * boards)))
+
+
+def noniid_split(
+    y: np.ndarray, boards: int, alpha: float = FLEET_ALPHA, seed: int = 0, min_samples: int | None = None
+) -> list[np.ndarray]:
     """Indices of ``y`` per board: each class is shared out by Dirichlet(``alpha``) proportions
-    (Hsu et al., 2019), the usual label-skewed federated split; every board gets >= 10 samples."""
+    (Hsu et al., 2019), the usual label-skewed federated split. A board left with fewer than
+    ``min_samples`` (default :func:`fleet_min_samples`) is then topped up one sample at a time from
+    the largest board, preferring the classes it already holds (so a small board stays skewed).
+    One draw: for 1-32 boards of the 700 fleet digits at alpha 0.5 no board needs a top-up."""
+    if min_samples is None:
+        min_samples = fleet_min_samples(len(y), boards)
+    if min_samples * boards > len(y):
+        raise ValueError(f"{len(y)} samples cannot give {boards} boards {min_samples} each")
     rng = np.random.default_rng(seed)
-    while True:
-        parts: list[list[int]] = [[] for _ in range(boards)]
-        for c in np.unique(y):
-            idx = rng.permutation(np.flatnonzero(y == c))
-            cuts = (np.cumsum(rng.dirichlet([alpha] * boards)) * len(idx)).astype(int)[:-1]
-            for b, chunk in enumerate(np.split(idx, cuts)):
-                parts[b].extend(chunk.tolist())
-        if min(len(p) for p in parts) >= 10:
-            return [np.sort(np.array(p, dtype=np.int64)) for p in parts]
+    parts: list[list[int]] = [[] for _ in range(boards)]
+    for c in np.unique(y):
+        idx = rng.permutation(np.flatnonzero(y == c))
+        cuts = (np.cumsum(rng.dirichlet([alpha] * boards)) * len(idx)).astype(int)[:-1]
+        for b, chunk in enumerate(np.split(idx, cuts)):
+            parts[b].extend(chunk.tolist())
+    while min(len(p) for p in parts) < min_samples:
+        small = min(range(boards), key=lambda b: len(parts[b]))
+        large = max(range(boards), key=lambda b: len(parts[b]))
+        held = set(y[parts[small]].tolist())
+        same = [i for i in parts[large] if y[i] in held]
+        pick = int(rng.choice(same or parts[large]))
+        parts[large].remove(pick)
+        parts[small].append(pick)
+    return [np.sort(np.array(p, dtype=np.int64)) for p in parts]
+
+
+def fleet_pool() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The fleet's shifted digits: (pool x, pool y) of 700 samples the boards share, (test x, test y)
+    of 197 for the host."""
+    x, y = _digits()
+    xs, ys = shift_domain(x[900:], seed=11), y[900:]
+    return xs[:700], ys[:700], xs[700:], ys[700:]
+
+
+def fleet_split(
+    folder: Path, boards: int, alpha: float = FLEET_ALPHA, seed: int | None = None, pool: tuple | None = None
+) -> list[int]:
+    """Write ``folder/board-I.npz`` for a fleet of ``boards`` (:func:`noniid_split` of
+    :func:`fleet_pool`, seeded by ``boards`` unless ``seed``); returns each board's sample count."""
+    pool_x, pool_y = (pool or fleet_pool())[:2]
+    sizes = []
+    for i, idx in enumerate(noniid_split(pool_y, boards, alpha, boards if seed is None else seed)):
+        _save(Path(folder) / f"board-{i}.npz", pool_x[idx], pool_y[idx])
+        sizes.append(len(idx))
+    return sizes
 
 
 def digits_fleet(out_dir: Path) -> None:
     """A fleet's shifted digits: the base model of :func:`digits_shifted` (pretrained on clean
     digits), a host test set of 197 shifted digits, and each board's own shifted digits split
-    non-IID (:func:`noniid_split`) for fleets of 1, 2, 4 and 8 boards:
-    ``boards-N/board-I.npz`` (the 1-board split holds all 700 samples: centralised training)."""
+    non-IID (:func:`fleet_split`) for fleets of 1, 2, 4 and 8 boards:
+    ``boards-N/board-I.npz`` (the 1-board split holds all 700 samples: centralised training).
+    Other fleet sizes and alphas: ``fleet_split`` (``bench/fleet.py`` writes its own)."""
     out_dir = Path(out_dir)
-    x, y = _digits()
-    xs, ys = shift_domain(x[900:], seed=11), y[900:]
-    pool_x, pool_y = xs[:700], ys[:700]
-    _save(out_dir / "test.npz", xs[700:], ys[700:])
+    pool = fleet_pool()
+    _save(out_dir / "test.npz", pool[2], pool[3])
     for n in FLEET_SIZES:
-        for i, idx in enumerate(noniid_split(pool_y, n, seed=n)):
-            _save(out_dir / f"boards-{n}" / f"board-{i}.npz", pool_x[idx], pool_y[idx])
+        fleet_split(out_dir / f"boards-{n}", n, pool=pool)
+    x, y = _digits()
     pretrain_base(x, y, out_dir)
 
 
