@@ -5,6 +5,8 @@ tensor by tensor."""
 
 from __future__ import annotations
 
+import os
+import threading
 import zipfile
 from pathlib import Path
 
@@ -40,7 +42,8 @@ def write_checkpoint(base: Path, weights: Weights, out: Path, *, every: bool = F
     parameters with their shapes and dtypes (callers check first and word their own errors; this
     is the last guard, an ArtifactError)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
+    # a name of this process and thread: a fleet's board tasks write the same suffix checkpoint at once
+    tmp = out.with_name(f"{out.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     if autograd_checkpoint(base):
         state = AutogradState.load_checkpoint(base)
         tensors = _replaced([(n, np.array(p.data), True) for n, p in state.parameters], weights, base, every)

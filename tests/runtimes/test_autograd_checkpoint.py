@@ -62,3 +62,17 @@ def test_the_agent_reads_an_autograd_job_s_checkpoint_without_the_training_api(t
     CheckpointState.save_checkpoint(state, tmp_path / "ckpt-00000007")
     back = checkpoint_state("autograd").load_checkpoint(str(tmp_path / "ckpt-00000007"))
     assert back.properties == {"step": 7} and np.array_equal(back.parameters["fc.bias"].data, BASE["fc.bias"])
+
+
+def test_boards_of_a_round_write_the_same_checkpoint_at_once(tmp_path):
+    """A fleet round's board tasks (threads of one process) write the same suffix checkpoint from the
+    same global weights at once: each write succeeds and the file holds the weights (one shared
+    temporary name made one board of 16 fail with FileNotFoundError)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    base, out = _base(tmp_path), tmp_path / "round" / "global.ckpt.suffix"
+    weights = {n: a + 1 for n, a in BASE.items()}
+    with ThreadPoolExecutor(16) as pool:
+        done = list(pool.map(lambda _: write_checkpoint(base, weights, out, every=True), range(64)))
+    assert done == [out] * 64 and sorted(p.name for p in out.parent.iterdir()) == [out.name]
+    assert all(np.array_equal(checkpoint_weights(out)[n], w) for n, w in weights.items())
