@@ -39,10 +39,18 @@ def _artifacts(run_id):
 def _logs(run_id) -> list[str]:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogHandler
 
+    APILogHandler().flush()  # the run's last lines may still be queued in this process
+    found: list[str] = []
     with get_client(sync_client=True) as client:
-        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
-    return [rec.message for rec in logs]
+        while True:  # every page: the server returns 200 lines a call by default
+            page = client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])), limit=200, offset=len(found)
+            )
+            found += [rec.message for rec in page]
+            if len(page) < 200:
+                return found
 
 
 def _assert_no_key_in_prefect(run_id, key_path, arts) -> None:
