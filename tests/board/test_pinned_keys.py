@@ -7,7 +7,7 @@ import os
 
 import paramiko
 
-from tasks.board.transport.ssh import pinned_keys
+from tasks.board.transport.host_keys import pinned_keys
 
 
 def _line(host: str, key: paramiko.PKey) -> str:
