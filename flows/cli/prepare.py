@@ -66,7 +66,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_artifacts(args: argparse.Namespace) -> int:
     """Generate OUT/artifacts and OUT/manifest.json from an exported model."""
-    manifest = generate(_recipe(args), args.model, args.out)
+    recipe = _recipe(args)
+    ensure_datasets(recipe)
+    manifest = generate(recipe, args.model, args.out)
     print(json.dumps({k: manifest[k] for k in ("trainable_count", "frozen_count", "loss", "opset")}))
     return 0
 

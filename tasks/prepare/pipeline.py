@@ -31,7 +31,6 @@ from tasks.prepare import Prepared
 from tasks.prepare.datasets import ensure_datasets
 from tasks.prepare.runtimes import export_model, generate
 from tasks.prepare.staging import remove_tree, staged
-from tasks.prepare.supervise import supervised
 from tasks.prepare.validate import validate as run_validation
 from tasks.recipe.datafiles import check_data_files, recipe_files
 from tasks.recipe.schema import Recipe
@@ -122,8 +121,7 @@ def generate_artifacts(inp: Inputs) -> dict[str, Any]:
     if step_done(inp, "artifacts") and manifest.is_file():
         return json.loads(manifest.read_text())
     (folder / ".done-validate").unlink(missing_ok=True)
-    with supervised("artifacts", inp.recipe):
-        result = generate(inp.recipe, model, folder)
+    result = generate(inp.recipe, model, folder)
     _mark(folder, "artifacts", inp)
     return result
 
@@ -187,8 +185,7 @@ def prepare(
     folder = Path(out_dir).resolve() if out_dir is not None else (inp or inputs(spec)).folder
     with staged(folder) as work:
         model_onnx = export_model(spec, work)
-        with supervised("artifacts", spec):
-            manifest = generate(spec, model_onnx, work)
+        manifest = generate(spec, model_onnx, work)
         report = _validated(spec, work, rehearse) if validate else None
     return Prepared.of(folder, manifest, report)
 

@@ -249,7 +249,7 @@ def _random_nodes(inference_path: Path) -> str:
 
 def validate(recipe: Recipe, out_dir: Path, *, steps: int = 5) -> dict:
     """Run every offline check on ``out_dir`` (from ``generate``); write and return validation.json."""
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir).resolve()  # the probe runs in a child of another working folder
     manifest = json.loads((out_dir / "manifest.json").read_text())
     report: dict[str, Any] = {"passed": False, "recipe_hash": recipe_hash(recipe), "checks": {}}
     with supervised("validation", recipe):  # one child for the stage's graph runs

@@ -32,6 +32,7 @@ from tasks.judge.evaluate import evaluate, judged_as
 from tasks.judge.losses import HostLoss, host_loss
 from tasks.judge.quantize import quantize_int8
 from tasks.prepare import Prepared
+from tasks.prepare.child_call import call_in_child
 from tasks.recipe.datafiles import load_arrays
 from tasks.recipe.schema import Recipe
 from tasks.stages.judge import inference_of, int8_loss
@@ -69,7 +70,23 @@ def _failed(check: str, what: str, exc: Exception) -> ValidationFailed:
 def rehearse_judging(recipe: Recipe, prep: Prepared) -> dict[str, Any]:
     """Evaluate the probe's inference model on ``SAMPLES`` of each test set and quantize it when
     asked; returns the figures per set (and ``int8``), or raises the ValidationFailed check
-    ``host_evaluation`` / ``int8_quantization`` naming the set or the step."""
+    ``host_evaluation`` / ``int8_quantization`` naming the set or the step. It runs in a child
+    process (:func:`tasks.prepare.child_call.call_in_child`): ONNX Runtime dying there (SIGFPE,
+    SIGSEGV, the OOM killer) is the ``host_evaluation`` check's one line, not the end of ``odl``."""
+    report = call_in_child(
+        "tasks.stages.rehearse:rehearsal", recipe, prep,
+        what="the judging rehearsal (the probe's model evaluated on the test sets as the judge will"
+        + (", then quantized to int8)" if recipe.quantize else ")"),
+        error=lambda line: ValidationFailed("host_evaluation", line),
+    )  # fmt: skip
+    for line in report["warnings"]:
+        log.warning("%s", line)
+    log.info("judging rehearsed on %d samples of %s", SAMPLES, ", ".join(["test", *recipe.data.extra_tests]))
+    return report
+
+
+def rehearsal(recipe: Recipe, prep: Prepared) -> dict[str, Any]:
+    """:func:`rehearse_judging`'s work, in the process that calls it."""
     model = prep.out_dir / "validation_inference.onnx"
     loss = host_loss(recipe, prep)
     detector = judged_as(recipe, prep.priors)
@@ -107,9 +124,6 @@ def rehearse_judging(recipe: Recipe, prep: Prepared) -> dict[str, Any]:
             }
         report["held_out"] = held_out_change(recipe, prep, loss, Path(tmp))
     report["warnings"] = [report["held_out"]["warning"]] if "warning" in report["held_out"] else []
-    for line in report["warnings"]:
-        log.warning("%s", line)
-    log.info("judging rehearsed on %d samples of %s", SAMPLES, ", ".join(sets))
     return report
 
 

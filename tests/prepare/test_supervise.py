@@ -161,3 +161,15 @@ def test_a_batch_without_positives_stops_odl_prepare_in_one_line_and_leaves_no_f
         "check; run alone on that batch (rows 16-31 of train.npz), the model's own graph dies first at '/Div' (Div)"
     ), lines[0]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith((".out", "out"))]
+
+
+def test_the_separate_stages_feed_the_recipes_data_too(prepared_crash):
+    """``odl export`` then ``odl artifacts`` then ``odl validate``, as a user steps through them: the
+    artifacts stage's graph runs take the recipe's labels as ``odl prepare`` does (on zeros its
+    shape probe died of SIGFPE)."""
+    folder, _ = prepared_crash
+    for args in (("export",), ("artifacts", "--model", "staged/model.onnx"), ("validate",)):
+        proc = _odl(folder, args[0], "recipe.toml", "--out", "staged", *args[1:])
+        assert proc.returncode == 0, (args, proc.stderr)
+        assert "SIGFPE" not in proc.stderr
+    assert (folder / "staged" / "manifest.json").is_file()

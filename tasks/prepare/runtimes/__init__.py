@@ -24,6 +24,7 @@ from typing import Any
 from tasks.prepare import artifacts, export
 from tasks.prepare.runtimes.autograd.build import export_model as autograd_export
 from tasks.prepare.runtimes.autograd.build import generate as autograd_generate
+from tasks.prepare.supervise import supervised
 from tasks.recipe.schema import Recipe
 
 
@@ -53,5 +54,8 @@ def export_model(recipe: Recipe, out_dir: Path) -> Path:
 
 
 def generate(recipe: Recipe, model_onnx: Path, out_dir: Path) -> dict[str, Any]:
-    """The recipe's runtime's training artifacts and ``manifest.json``; the manifest."""
-    return runtime_of(recipe).generate(recipe, model_onnx, out_dir)
+    """The recipe's runtime's training artifacts and ``manifest.json``; the manifest. Its graph runs
+    are the supervised ``artifacts`` stage's, fed the recipe's own data (``odl prepare`` and ``odl
+    artifacts`` alike)."""
+    with supervised("artifacts", recipe):
+        return runtime_of(recipe).generate(recipe, model_onnx, out_dir)
