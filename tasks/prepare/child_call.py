@@ -4,7 +4,7 @@ evaluation, the int8 quantizer): a death by signal there (SIGFPE, SIGSEGV, the O
 child, and the caller gets one line naming the signal and what the call was doing, not a silent end
 of ``odl`` with a ``.partial`` folder left behind.
 
-The parent writes a length-prefixed pickle ``(target, args)`` to the child's stdin, ``target`` being
+The parent writes a length-prefixed pickle ``(target, args, torch_free)`` to the child's stdin, ``target`` being
 ``"module:function"``; the child answers ``{"ok": True, "value": ...}`` or ``{"ok": False, "error":
 (module, class, text, attributes)}``, and an error raised in the child is raised again in the parent
 as the same class (our errors carry their field and check as attributes, which plain pickling of an
@@ -34,14 +34,17 @@ CALL_TIMEOUT_S = 1800
 
 
 def call_in_child(
-    target: str, *args: Any, what: str, error: Callable[[str], PipelineError], timeout: float = CALL_TIMEOUT_S
-) -> Any:
+    target: str, *args: Any, what: str, error: Callable[[str], PipelineError], torch_free: bool = False,
+    timeout: float = CALL_TIMEOUT_S,
+) -> Any:  # fmt: skip
     """``target(*args)`` (``"module:function"``) run in a fresh child; its value, or its exception
-    raised again here. When the child dies, ``error`` of one line: ``what`` died of the signal (or
+    raised again here. ``torch_free``: the child blocks torch before it imports onnxruntime, as a
+    board does (this host's onnxruntime-training imports torch with onnxruntime: 1.3 s of a 2.6 s
+    call), so ``target`` must not need torch. When the child dies, ``error`` of one line: ``what`` died of the signal (or
     ended with its status, then with the last line it wrote to stderr); TimeoutError after ``timeout`` s."""
     path = os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
     with tempfile.TemporaryFile() as errors, tempfile.TemporaryFile() as request:
-        write_message(request, (target, args))
+        write_message(request, (target, args, torch_free))
         request.seek(0)
         proc = subprocess.run([sys.executable, "-m", "tasks.prepare.child_call"], stdin=request,
                               stdout=subprocess.PIPE, stderr=errors, timeout=timeout, check=False,
@@ -93,7 +96,11 @@ def main() -> int:
     """Serve the one call on stdin, answer on stdout."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    target, args = read_message(sys.stdin.buffer)
+    target, args, torch_free = read_message(sys.stdin.buffer)
+    if torch_free:
+        from device_agent.ort import load_onnxruntime
+
+        load_onnxruntime()
     module, _, name = target.partition(":")
     out = sys.stdout.buffer
     sys.stdout = sys.stderr  # a library's prints must not corrupt the answer
