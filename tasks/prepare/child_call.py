@@ -28,7 +28,7 @@ from typing import Any
 from tasks.errors import PipelineError
 from tasks.paths import PROJECT_ROOT
 from tasks.prepare.ort_child import read_message, write_message
-from tasks.prepare.supervise import death, stop_if_interrupted
+from tasks.prepare.ort_parent import death, stop_if_interrupted
 
 CALL_TIMEOUT_S = 1800
 

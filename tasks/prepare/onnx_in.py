@@ -34,9 +34,10 @@ from onnx import TensorProto, helper, numpy_helper, version_converter
 from tasks.errors import ModelError, RecipeError, ort_message
 from tasks.prepare.feeds import graph_feeds
 from tasks.prepare.messages import layer_of
+from tasks.prepare.ort_parent import RunFailed
 from tasks.prepare.param_chains import check_checkpoint_dtypes, fold_parameter_chains
 from tasks.prepare.probe_failures import init_failure_node, node_failure
-from tasks.prepare.supervise import RunFailed, run_graph
+from tasks.prepare.supervise import run_graph
 from tasks.recipe.extras import HeadSpec
 from tasks.recipe.schema import Recipe
 

@@ -20,10 +20,11 @@ import numpy as np
 import onnx
 
 from tasks.errors import ValidationFailed, ort_message
+from tasks.prepare.crash_site import first_dying_node, node_words, prefix
 from tasks.prepare.feeds import DataSample, graph_feeds
 from tasks.prepare.graph import quiet_session
 from tasks.prepare.messages import layer_of
-from tasks.prepare.supervise import death, first_dying_node, node_words, prefix
+from tasks.prepare.ort_parent import death
 
 _NO_KERNEL = re.compile(r"Could not find an implementation for (\w+)\(\d+\) node with name '([^']*)'")
 _STAGE = re.compile(r"^odl-probe-stage (\w+)$", re.M)

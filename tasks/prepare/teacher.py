@@ -29,14 +29,8 @@ from device_agent.teacher_spec import TeacherSpec as WireTeacher
 from tasks.errors import ValidationFailed
 from tasks.prepare.feeds import DataSample, Feeds, graph_feeds
 from tasks.prepare.onnx_versions import MAX_IR, MAX_OPSET
-from tasks.prepare.supervise import (
-    RunFailed,
-    crash_line,
-    graph_io,
-    run_graph,
-    stop_if_interrupted,
-    supervised,
-)
+from tasks.prepare.ort_parent import RunFailed, stop_if_interrupted
+from tasks.prepare.supervise import crash_line, graph_io, run_graph, supervised
 from tasks.recipe.schema import Recipe
 from tasks.recipe.teacher import label_keys
 

@@ -30,9 +30,10 @@ from tasks.prepare import graph_file
 from tasks.prepare.data_checks import check_data, model_classes
 from tasks.prepare.feeds import Feeds, data_file, example_arrays
 from tasks.prepare.messages import layer_of
+from tasks.prepare.ort_parent import RunFailed, stop_if_interrupted
 from tasks.prepare.probe_failures import crash_check, failed_check, where_probe_died
 from tasks.prepare.rehearse import check_join, inference_paths
-from tasks.prepare.supervise import RunFailed, graph_io, run_graph, stop_if_interrupted, supervised
+from tasks.prepare.supervise import graph_io, run_graph, supervised
 from tasks.prepare.teacher import check_budget, rehearse_teacher
 from tasks.prepare.torch_model import build_model
 from tasks.prepare.tracing import model_outputs
