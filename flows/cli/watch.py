@@ -62,43 +62,19 @@ def cmd_watch(args: argparse.Namespace) -> int:
 def follow(run_id: Any, ui: str, timeout: float) -> int:
     """Print finished stages and training progress until the run ends; its exit status."""
     from prefect.client.orchestration import get_client  # Prefect only for this command
-    from prefect.client.schemas.filters import (  # Prefect only for this command
-        FlowRunFilter,
-        FlowRunFilterId,
-        LogFilter,
-        LogFilterFlowRunId,
-    )
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId  # Prefect only here
 
-    live = sys.stdout.isatty()
-    done: set[str] = set()
-    progress, deadline, seen_logs = _Progress(live), time.monotonic() + timeout, 0
+    stages = _Stages(_Progress(sys.stdout.isatty()))
+    progress, deadline = stages.progress, time.monotonic() + timeout
     with get_client(sync_client=True) as client:
         while True:
             run = client.read_flow_run(run_id)
             tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
-            logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
-            for rec in logs[seen_logs:]:
-                progress.feed(rec.message)
-            seen_logs = len(logs)
-            for t in sorted(tasks, key=lambda t: t.start_time or t.expected_start_time or 0):
-                if t.state and t.state.is_final() and str(t.id) not in done:
-                    done.add(str(t.id))
-                    progress.clear()
-                    secs = f"{t.total_run_time.total_seconds():.1f} s"
-                    mark = "ok  " if t.state.is_completed() else f"{t.state.name.upper():<4}"
-                    cached = " (cached)" if t.state.name == "Cached" else ""
-                    print(f"  {mark} {t.name} {secs}{cached}")
-                    if t.name.startswith("train on "):
-                        progress.trained = True
-            if progress.trained:
-                progress.finished()
+            stages.poll(tasks, _logs(client, run_id), time.monotonic())
             state = run.state
             if state is not None and state.is_final():
                 time.sleep(1.0)  # the run's last log lines reach the API in a batch
-                logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
-                for rec in logs[seen_logs:]:
-                    progress.feed(rec.message)
-                progress.finished()
+                stages.poll(tasks, _logs(client, run_id), float("inf"))
                 progress.clear()
                 print(f"{state.name}: {state.message or ''}".rstrip(": "))
                 print(_where(client, run_id, ui))
@@ -111,6 +87,63 @@ def follow(run_id: Any, ui: str, timeout: float) -> int:
                 return 1
             progress.show()
             time.sleep(1.0)
+
+
+def _logs(client: Any, run_id: Any, page: int = 200) -> list[Any]:
+    """All the run's log lines in time order, page by page (the API gives at most 200 a call)."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId  # Prefect only here
+    from prefect.client.schemas.sorting import LogSort
+
+    only = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id]))
+    out: list[Any] = []
+    while True:
+        got = client.read_logs(log_filter=only, limit=page, offset=len(out), sort=LogSort.TIMESTAMP_ASC)
+        out += got
+        if len(got) < page:
+            return out
+
+
+LOG_LAG_S = 4.0  # the worker sends the run's log lines in batches (every 2 s by default)
+
+
+class _Stages:
+    """The finished stages' lines, in order, each once the run's logs have reached its end (or
+    ``LOG_LAG_S`` after it was seen finished): the board's progress, logged while it trained but
+    read later, comes before the stage's line, never after it."""
+
+    def __init__(self, progress: _Progress) -> None:
+        self.progress, self.done, self.fed = progress, set(), set()
+        self.finished_at: dict[str, float] = {}
+        self.latest: Any = None
+
+    def poll(self, tasks: list[Any], logs: list[Any], now: float) -> None:
+        """Feed the log lines not fed yet (``logs``: the run's, in time order), then print every
+        finished stage that is due (in start order)."""
+        for rec in logs:
+            if rec.id not in self.fed:
+                self.fed.add(rec.id)
+                self.progress.feed(rec.message)
+                self.latest = rec.timestamp if self.latest is None else max(self.latest, rec.timestamp)
+        latest = self.latest
+        for t in sorted(tasks, key=lambda t: t.start_time or t.expected_start_time or 0):
+            if str(t.id) in self.done or not (t.state and t.state.is_final()):
+                continue
+            seen = self.finished_at.setdefault(str(t.id), now)
+            caught_up = latest is not None and t.end_time is not None and latest >= t.end_time
+            if not (caught_up or now - seen >= LOG_LAG_S):
+                break  # this stage's log lines are not all in yet: it and the later ones wait
+            self._print(t)
+
+    def _print(self, t: Any) -> None:
+        self.done.add(str(t.id))
+        self.progress.clear()
+        if t.name.startswith("train on "):
+            self.progress.trained = True
+            self.progress.finished()  # the training's last figures, then its stage
+        secs = f"{t.total_run_time.total_seconds():.1f} s"
+        mark = "ok  " if t.state.is_completed() else f"{t.state.name.upper():<4}"
+        cached = " (cached)" if t.state.name == "Cached" else ""
+        print(f"  {mark} {t.name} {secs}{cached}")
 
 
 class _Progress:
@@ -142,7 +175,7 @@ class _Progress:
         return f"  training: step {self.step}/{self.total} ({pct:.0f} %), epoch {self.epoch}{loss}{eta}"
 
     def show(self) -> None:
-        if not self.total or not self.step:
+        if not self.total or not self.step or self.trained:  # after its stage's line: never again
             return
         if self.live:
             print("\r" + self.line().ljust(78), end="", flush=True)
