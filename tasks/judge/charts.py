@@ -28,13 +28,15 @@ def data_url(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
-def _png(img: Image.Image) -> bytes:
+def png_bytes(img: Image.Image) -> bytes:
+    """An image as PNG bytes."""
     buf = io.BytesIO()
     img.save(buf, format="PNG", optimize=True)
     return buf.getvalue()
 
 
-def _font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+def text_font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+    """Pillow's default font at ``size`` pixels."""
     return ImageFont.load_default(size=size)
 
 
@@ -58,10 +60,10 @@ def line_chart(
     draw = ImageDraw.Draw(img)
     w, h = size
     left, right, top, bottom = 64, w - 16, 36, h - 44
-    draw.text((w // 2, 8), title, fill="black", font=_font(15), anchor="ma")
+    draw.text((w // 2, 8), title, fill="black", font=text_font(15), anchor="ma")
     if not points:
-        draw.text((w // 2, h // 2), "no data", fill="gray", font=_font(14), anchor="mm")
-        return _png(img)
+        draw.text((w // 2, h // 2), "no data", fill="gray", font=text_font(14), anchor="mm")
+        return png_bytes(img)
     xs, ys = [p[0] for p in points], [p[1] for p in points]
     xt, yt = _ticks(min(xs), max(xs)), _ticks(min(ys), max(ys))
     x0, x1, y0, y1 = xt[0], xt[-1], yt[0], yt[-1]
@@ -69,7 +71,7 @@ def line_chart(
     def to_px(x: float, y: float) -> tuple[float, float]:
         return (left + (x - x0) / (x1 - x0) * (right - left), bottom - (y - y0) / (y1 - y0) * (bottom - top))
 
-    small = _font(11)
+    small = text_font(11)
     for y in yt:
         py = to_px(x0, y)[1]
         draw.line([(left, py), (right, py)], fill="#e5e5e5")
@@ -78,8 +80,8 @@ def line_chart(
         px = to_px(x, y0)[0]
         draw.text((px, bottom + 6), f"{x:g}", fill="black", font=small, anchor="ma")
     draw.rectangle([left, top, right, bottom], outline="black")
-    draw.text(((left + right) // 2, h - 6), xlabel, fill="black", font=_font(12), anchor="md")
-    draw.text((8, top - 18), ylabel, fill="black", font=_font(12))
+    draw.text(((left + right) // 2, h - 6), xlabel, fill="black", font=text_font(12), anchor="md")
+    draw.text((8, top - 18), ylabel, fill="black", font=text_font(12))
     for i, (name, pts) in enumerate(series.items()):
         color = PALETTE[i % len(PALETTE)]
         pix = [to_px(x, y) for x, y in pts if math.isfinite(y)]
@@ -87,8 +89,8 @@ def line_chart(
             draw.line(pix, fill=color, width=2)
         for px, py in pix if len(pix) <= 60 else []:
             draw.ellipse([px - 2.5, py - 2.5, px + 2.5, py + 2.5], fill=color)
-        draw.text((right - 8, top + 8 + 16 * i), name, fill=color, font=_font(12), anchor="ra")
-    return _png(img)
+        draw.text((right - 8, top + 8 + 16 * i), name, fill=color, font=text_font(12), anchor="ra")
+    return png_bytes(img)
 
 
 def confusion_chart(cm: Sequence[Sequence[int]], title: str, labels: Sequence[str] | None = None) -> bytes:
@@ -99,9 +101,9 @@ def confusion_chart(cm: Sequence[Sequence[int]], title: str, labels: Sequence[st
     left, top = 70, 56
     img = Image.new("RGB", (left + n * cell + 20, top + n * cell + 40), "white")
     draw = ImageDraw.Draw(img)
-    draw.text((img.width // 2, 8), title, fill="black", font=_font(15), anchor="ma")
+    draw.text((img.width // 2, 8), title, fill="black", font=text_font(15), anchor="ma")
     peak = max((max(row) for row in cm), default=0) or 1
-    font = _font(max(10, cell // 3))
+    font = text_font(max(10, cell // 3))
     for r, row in enumerate(cm):
         for c, count in enumerate(row):
             shade = int(255 - 200 * (count / peak))
@@ -112,14 +114,12 @@ def confusion_chart(cm: Sequence[Sequence[int]], title: str, labels: Sequence[st
                 draw.text(
                     (box[0] + cell / 2, box[1] + cell / 2), str(count), fill="black", font=font, anchor="mm"
                 )
-        draw.text((left - 6, top + r * cell + cell / 2), labels[r], fill="black", font=_font(12), anchor="rm")
+        draw.text((left - 6, top + r * cell + cell / 2), labels[r], fill="black", font=text_font(12), anchor="rm")  # fmt: skip
     for c in range(n):
-        draw.text((left + c * cell + cell / 2, top - 4), labels[c], fill="black", font=_font(12), anchor="md")
-    draw.text(
-        (left + n * cell / 2, top + n * cell + 8), "predicted", fill="black", font=_font(12), anchor="ma"
-    )
-    draw.text((6, top - 20), "true", fill="black", font=_font(12))
-    return _png(img)
+        draw.text((left + c * cell + cell / 2, top - 4), labels[c], fill="black", font=text_font(12), anchor="md")  # fmt: skip
+    draw.text((left + n * cell / 2, top + n * cell + 8), "predicted", fill="black", font=text_font(12), anchor="ma")  # fmt: skip
+    draw.text((6, top - 20), "true", fill="black", font=text_font(12))
+    return png_bytes(img)
 
 
 def detections_chart(
@@ -133,12 +133,12 @@ def detections_chart(
     model's detections (``panels[name]`` with ``boxes`` corners in [0, 1], ``labels``, ``scores``)
     coloured by class with their score. ``image`` is ``[3, H, W]`` in any range (stretched to
     0-255 for display). PNG bytes."""
-    rgb = _rgb(image)
+    rgb = rgb_array(image)
     base = Image.fromarray(rgb).resize((side, side * rgb.shape[0] // rgb.shape[1]), Image.Resampling.BILINEAR)
     w, h = base.size
     pad, title = 8, 22
     out = Image.new("RGB", (len(panels) * (w + pad) + pad, h + title + pad), "white")
-    font = _font(12)
+    font = text_font(12)
     gt_boxes, gt_labels = ground_truth
     for i, (name, dets) in enumerate(panels.items()):
         x0 = pad + i * (w + pad)
@@ -161,11 +161,11 @@ def detections_chart(
             draw.text((x1 + 2, y1 + 1), f"{classes[int(label)]} {score:.2f}", fill=color, font=font)
         out.paste(tile, (x0, title))
         draw_out = ImageDraw.Draw(out)
-        draw_out.text((x0 + w // 2, 4), name, fill="black", font=_font(13), anchor="ma")
-    return _png(out)
+        draw_out.text((x0 + w // 2, 4), name, fill="black", font=text_font(13), anchor="ma")
+    return png_bytes(out)
 
 
-def _rgb(image: np.ndarray) -> np.ndarray:
+def rgb_array(image: np.ndarray) -> np.ndarray:
     """``[C, H, W]`` (1 or 3 channels, any range) as ``[H, W, 3]`` uint8, stretched to 0-255."""
     arr = np.asarray(image, np.float64)
     arr = arr[:3] if arr.shape[0] >= 3 else np.repeat(arr[:1], 3, axis=0)
@@ -178,7 +178,7 @@ def masks_chart(image: np.ndarray, panels: dict[str, np.ndarray], classes: Seque
     """One test image (``[C, H, W]``, any range) drawn once per mask side by side, each mask
     (``panels``: title -> ``[h, w]`` class ids at any size) blended over it in MASK_PALETTE (the
     ``background`` class undrawn, ``ignore_index`` pixels white), the palette's legend under them. PNG bytes."""
-    base = Image.fromarray(_rgb(image)).resize((side, side), Image.Resampling.BILINEAR)
+    base = Image.fromarray(rgb_array(image)).resize((side, side), Image.Resampling.BILINEAR)
     pad, title = 8, 22
     out = Image.new("RGB", (len(panels) * (side + pad) + pad, side + title + 22 + pad), "white")
     draw = ImageDraw.Draw(out)
@@ -188,14 +188,14 @@ def masks_chart(image: np.ndarray, panels: dict[str, np.ndarray], classes: Seque
         out.paste(
             _blend(np.asarray(base, np.float64), np.asarray(ids), background, ignore_index), (x0, title)
         )
-        draw.text((x0 + side // 2, 4), name, fill="black", font=_font(13), anchor="ma")
+        draw.text((x0 + side // 2, 4), name, fill="black", font=text_font(13), anchor="ma")
     x, y = pad, title + side + 6
     for k, name in enumerate(classes):
         if k != background:
             draw.rectangle([x, y, x + 12, y + 12], fill=MASK_PALETTE[k % len(MASK_PALETTE)])
-            draw.text((x + 16, y), name, fill="black", font=_font(12))
-            x += 28 + int(draw.textlength(name, font=_font(12)))
-    return _png(out)
+            draw.text((x + 16, y), name, fill="black", font=text_font(12))
+            x += 28 + int(draw.textlength(name, font=text_font(12)))
+    return png_bytes(out)
 
 
 def _blend(tile: np.ndarray, ids: np.ndarray, background: int, ignore_index: int) -> Image.Image:
@@ -228,11 +228,11 @@ def trend_chart(points: Sequence[dict], metric: str, size: tuple[int, int] = (64
     draw = ImageDraw.Draw(img)
     w, h = size
     left, right, top, bottom = 64, w - 16, 56, h - 44
-    draw.text((w // 2, 8), f"{metric} across versions", fill="black", font=_font(15), anchor="ma")
+    draw.text((w // 2, 8), f"{metric} across versions", fill="black", font=text_font(15), anchor="ma")
     ys = [v for p in points for v in (p["candidate"], p.get("service")) if _finite(v)]
     if not ys:
-        draw.text((w // 2, h // 2), "no data", fill="gray", font=_font(14), anchor="mm")
-        return _png(img)
+        draw.text((w // 2, h // 2), "no data", fill="gray", font=text_font(14), anchor="mm")
+        return png_bytes(img)
     pad = 0.08 * ((max(ys) - min(ys)) or abs(ys[0]) or 1.0)  # keep the dots off the frame
     yt, n = _ticks(min(ys) - pad, max(ys) + pad), len(points)
     y0, y1 = yt[0], yt[-1]
@@ -240,7 +240,7 @@ def trend_chart(points: Sequence[dict], metric: str, size: tuple[int, int] = (64
     def to_px(x: float, y: float) -> tuple[float, float]:
         return (left + (x + 0.5) / n * (right - left), bottom - (y - y0) / (y1 - y0) * (bottom - top))
 
-    small = _font(11)
+    small = text_font(11)
     for y in yt:
         py = to_px(0, y)[1]
         draw.line([(left, py), (right, py)], fill="#e5e5e5")
@@ -250,8 +250,8 @@ def trend_chart(points: Sequence[dict], metric: str, size: tuple[int, int] = (64
         if (n - 1 - i) % every == 0:
             draw.text((to_px(i, y0)[0], bottom + 6), p["name"], fill="black", font=small, anchor="ma")
     draw.rectangle([left, top, right, bottom], outline="black")
-    draw.text(((left + right) // 2, h - 6), "registry version", fill="black", font=_font(12), anchor="md")
-    draw.text((8, top - 24), metric, fill="black", font=_font(12))
+    draw.text(((left + right) // 2, h - 6), "registry version", fill="black", font=text_font(12), anchor="md")
+    draw.text((8, top - 24), metric, fill="black", font=text_font(12))
     service, level = PALETTE[0], None  # the step line: the value in service from x - 0.5 onwards
     for i, p in enumerate(points):
         new = p.get("service")
@@ -275,7 +275,7 @@ def trend_chart(points: Sequence[dict], metric: str, size: tuple[int, int] = (64
             width=2,
         )
     _trend_legend(draw, right, top - 18, service)
-    return _png(img)
+    return png_bytes(img)
 
 
 def _finite(v: object) -> bool:
@@ -284,7 +284,7 @@ def _finite(v: object) -> bool:
 
 def _trend_legend(draw: ImageDraw.ImageDraw, x: float, y: float, service: str) -> None:
     """The trend chart's legend, right-aligned on one line ending at ``x``."""
-    font = _font(12)
+    font = text_font(12)
     for name, color, mark in (("in service", service, "line"), ("rejected", PALETTE[1], "hollow"),
                               ("promoted", PALETTE[2], "filled")):  # fmt: skip
         draw.text((x, y), name, fill="black", font=font, anchor="rm")

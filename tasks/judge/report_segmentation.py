@@ -6,9 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from tasks.judge.charts import data_url, masks_chart
+from tasks.judge.report_examples import example_panels
 from tasks.judge.segmentation import subsample
 
 
@@ -27,27 +26,11 @@ def per_class_iou_table(evaluations: dict[str, dict[str, Any]]) -> str:
 
 def example_images(evaluations: dict[str, dict[str, Any]], test_path: Path | None) -> list[bytes]:
     """Test images with the truth and each model's predicted mask drawn (empty without them)."""
-    cols = [c for c, m in evaluations.items() if m.get("examples") and "per_class_iou" in m]
-    if not cols or test_path is None or not Path(test_path).is_file():
-        return []
-    last = evaluations[cols[-1]]
-    with np.load(test_path) as data:
-        if not {"x", "y"} <= set(data.files):
-            return []
-        x, y = data["x"], data["y"]
-    ignore = int(last.get("ignore_index", 255))
-    out = []
-    for k, example in enumerate(last["examples"]):
-        i = example["index"]
-        if i >= len(x):
-            continue
-        panels = {"truth": subsample(y[i])}
-        for c in cols:
-            found = evaluations[c]["examples"]
-            if k < len(found) and found[k]["index"] == i:
-                panels[c] = np.asarray(found[k]["mask"])
-        out.append(masks_chart(x[i], panels, last.get("classes", []), int(last.get("background", 0)), ignore))
-    return out
+    last, shown = example_panels(evaluations, test_path, "per_class_iou", "mask", subsample)
+    ignore, background = int(last.get("ignore_index", 255)), int(last.get("background", 0))
+    return [
+        masks_chart(image, panels, last.get("classes", []), background, ignore) for image, panels in shown
+    ]
 
 
 def segmentation_md(evaluations: dict[str, dict[str, Any]], test_path: Path | None) -> list[str]:

@@ -15,7 +15,8 @@ import copy
 from typing import Any
 
 import numpy as np
-import onnx
+
+from tasks.prepare.block_ops import block_ops
 
 
 def distillation_loss(temperature: float, labels: str = "labels") -> Any:
@@ -30,17 +31,7 @@ def distillation_loss(temperature: float, labels: str = "labels") -> Any:
                 target = copy.deepcopy(_graph_utils.get_output_from_output_name(self.base, scores))
                 target.name = labels  # the same [N, C] float as the scores
                 graph.input.append(target)
-            name = _graph_utils.generate_graph_name
-
-            def const(value: Any, dtype: Any = np.float32) -> str:
-                n = name("distill.const")
-                graph.initializer.append(onnx.numpy_helper.from_array(np.asarray(value, dtype=dtype), n))
-                return n
-
-            def node(op: str, inputs: list[str], **attrs: Any) -> str:
-                out = name(f"distill.{op.lower()}")
-                graph.node.append(onnx.helper.make_node(op, inputs, [out], name=name(op), **attrs))
-                return out
+            const, node = block_ops(graph, "distill")
 
             soft = node("Div", [scores, const(temperature)])
             logp = node("LogSoftmax", [soft], axis=-1)

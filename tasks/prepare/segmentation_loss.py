@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 
 from tasks.errors import RecipeError
+from tasks.prepare.block_ops import block_ops
 from tasks.prepare.graph import observed_shapes
 from tasks.recipe.segmentation import DICE_SMOOTH, SEGMENTATION_LOSSES
 
@@ -67,21 +68,12 @@ def segmentation_loss(kind: str, num_classes: int, ignore_index: int, dice_weigh
 
     class SegmentationLoss(onnxblock.Block):
         def build(self, scores: str) -> str:
-            graph, name = self.base.graph, _graph_utils.generate_graph_name
+            graph = self.base.graph
+            const, node = block_ops(graph, "seg")
             shape = dims or output_dims(self.base, scores)
             check_scores(shape, scores, num_classes, kind)
             if not _graph_utils.node_arg_exists(self.base, labels):
                 graph.input.append(_labels_input(labels, shape))
-
-            def const(value: Any, dtype: Any = np.float32) -> str:
-                n = name("seg.const")
-                graph.initializer.append(onnx.numpy_helper.from_array(np.asarray(value, dtype=dtype), n))
-                return n
-
-            def node(op: str, inputs: list[str], outputs: int = 1, **attrs: Any) -> str:
-                outs = [name(f"seg.{op.lower()}") for _ in range(outputs)]
-                graph.node.append(onnx.helper.make_node(op, inputs, outs, name=name(op), **attrs))
-                return outs[0]
 
             ce = dice = None
             if kind != "dice":  # log_prob: the output ORT's gradient of the loss reads
