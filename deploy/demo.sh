@@ -12,6 +12,7 @@
 #   teacher-detection: the same with recipes/ssdlite_teacher.toml (a detector teacher's boxes; its data
 #         take ~8 min to make the first time: the teacher trains on the host).
 #   segmentation: the same with recipes/segmentation.toml: a U-Net fine-tuned on the board, judged on mIoU.
+#   keypoints: the same with recipes/keypoints.toml: a heatmap U-Net fine-tuned on stick figures, judged on OKS AP.
 #   fleet: four virtual boards lab1..lab4 (0.5 CPU each), each with its own non-IID share of the digits,
 #         group "lab", then `odl watch odl/fleet`: three FedAvg rounds, the gate, rollout.
 #         ODL_FLEET_RECIPE=recipes/digits_fleet_private.toml (`make fleet ODL_FLEET_RECIPE=...`): the
@@ -118,6 +119,13 @@ case "${1:-up}" in
     "$BIN/odl" registry segmentation "$BOARD"
     echo "Prefect UI: ${PREFECT_API_URL%/api}  (Runs > the latest run > Artifacts: per-class IoU, drawn masks)"
     ;;
+  keypoints)  # a heatmap U-Net fine-tuned on the board on shifted stick figures, promoted on OKS AP
+    board_and_stack
+    "$BIN/odl" watch odl/full --kind full \
+      --params "{\"recipe\": \"recipes/keypoints.toml\", \"board\": \"$BOARD\"}" || true
+    "$BIN/odl" registry keypoints "$BOARD"
+    echo "Prefect UI: ${PREFECT_API_URL%/api}  (Runs > the latest run > Artifacts: per-keypoint table, drawn keypoints)"
+    ;;
   fleet)  # four boards, each with its own non-IID share of the digits, three FedAvg rounds
     "$BIN/python" -c "from tasks.recipe.load import load_recipe; from tasks import stages; \
 stages.prepare_data(load_recipe('$FLEET_RECIPE'))"
@@ -172,5 +180,5 @@ PY
     done
     ;;
   *)
-    echo "usage: $0 [up|nightly|teacher|teacher-detection|segmentation|fleet|down]" >&2; exit 2 ;;
+    echo "usage: $0 [up|nightly|teacher|teacher-detection|segmentation|keypoints|fleet|down]" >&2; exit 2 ;;
 esac

@@ -68,6 +68,8 @@ def check_dataset(ds: Any, inputs: list[InputSpec], task: str, classes: int | No
         labels = getattr(ds, "labels", None)
         labels = arrays[inputs[1].name] if labels is None else labels
         _check_labels(labels, task, classes, f"{field}: input {inputs[1].name!r}", field)
+    if len(inputs) > 1 and task == "keypoints":
+        _check_visibility(arrays[inputs[1].name], f"{field}: input {inputs[1].name!r}", field)
     if len(inputs) > 1 and task == "segmentation":
         _check_masks(
             arrays[inputs[1].name], classes, ignore_index, f"{field}: input {inputs[1].name!r}", field
@@ -132,6 +134,23 @@ def _check_masks(labels: Any, classes: int | None, ignore: int | None, where: st
                 ExitCode.DATA_MISMATCH,
                 f"{where}: mask pixels must be classes in [0, {top}] or the ignore index {ignore}, got "
                 f"{np.unique(part[bad])[:5].tolist()} (sample {first})",
+                field,
+            )
+
+
+def _check_visibility(labels: Any, where: str, field: str) -> None:
+    """Keypoint labels ``[N, K, 3]``: each visibility (the last value) 0, 1 or 2, as COCO's."""
+    if getattr(labels, "ndim", 0) != 3 or labels.shape[-1] != 3:
+        raise AgentError(ExitCode.DATA_MISMATCH, f"{where}: expected keypoints (N, K, 3), got shape "
+                         f"{tuple(getattr(labels, 'shape', ()))}", field)  # fmt: skip
+    for start in range(0, len(labels), CHUNK_ROWS):
+        v = np.asarray(labels[start : start + CHUNK_ROWS])[..., 2]
+        bad = (v != 0) & (v != 1) & (v != 2)
+        if bad.any():
+            raise AgentError(
+                ExitCode.DATA_MISMATCH,
+                f"{where}: keypoint visibility must be 0, 1 or 2, got {np.unique(v[bad])[:5].tolist()} "
+                f"(sample {start + int(np.argwhere(bad)[0][0])})",
                 field,
             )
 

@@ -35,7 +35,7 @@ RUNTIME_ARTIFACTS = {
     "autograd": ("train_step", "eval_step", "step", "checkpoint", "inference_template"),
 }
 DEFAULT_RUNTIME = "ort-training"
-TASKS = ("classification", "binary", "regression", "segmentation", "embedded")
+TASKS = ("classification", "binary", "regression", "segmentation", "keypoints", "embedded")
 DATA_FORMATS = ("npz", "image-folder", "npz-shards")
 DATA_FILE_RE = re.compile(r"^(?!\.)[A-Za-z0-9._ -]{1,128}(/(?!\.)[A-Za-z0-9._ -]{1,128})?$")
 

@@ -31,6 +31,7 @@ import numpy as np
 from tasks.errors import EvaluationError
 from tasks.hashing import file_sha256
 from tasks.judge.detection import detection_metrics
+from tasks.judge.keypoints import keypoint_metrics
 from tasks.judge.losses import (
     HostLoss,
     class_logits,
@@ -45,13 +46,14 @@ from tasks.judge.runtime import load_test_set, run_model, single_sample_latency_
 from tasks.judge.segmentation import segmentation_metrics
 from tasks.quiet import quiet_onnxruntime
 from tasks.recipe.extras import DetectionSpec
+from tasks.recipe.keypoints import KeypointsSpec
 from tasks.recipe.schema import Recipe
 from tasks.recipe.segmentation import SegmentationSpec
 
 log = logging.getLogger(__name__)
 
-EVAL_TASKS = ("classification", "binary", "regression", "segmentation", "embedded")
-EVAL_CACHE_VERSION = 7  # bump when evaluate() changes what it reports
+EVAL_TASKS = ("classification", "binary", "regression", "segmentation", "keypoints", "embedded")
+EVAL_CACHE_VERSION = 8  # bump when evaluate() changes what it reports
 
 
 def confusion_matrix(y_true: np.ndarray, y_pred: np.ndarray, n_classes: int) -> np.ndarray:
@@ -124,13 +126,15 @@ def evaluate(
     detection: DetectionSpec | None = None,
     priors: Path | None = None,
     segmentation: SegmentationSpec | None = None,
+    keypoints: KeypointsSpec | None = None,
 ) -> dict[str, Any]:
     """Evaluate an inference model on a test set; returns JSON-able metrics (see module docstring).
 
     A detector (``detection`` and its ``priors`` file given) is also decoded and scored with COCO
     mAP (:mod:`tasks.judge.detection`) besides its embedded loss; a segmentation (task
     ``segmentation``, its ``[segmentation]`` table or the defaults) with mIoU, per-class IoU and
-    pixel accuracy (:mod:`tasks.judge.segmentation`)."""
+    pixel accuracy (:mod:`tasks.judge.segmentation`); keypoints (``keypoints``: the recipe's table) with
+    OKS AP and PCK (:mod:`tasks.judge.keypoints`)."""
     if task not in EVAL_TASKS:
         raise EvaluationError(f"task: host evaluation supports {', '.join(EVAL_TASKS)}, got {task!r}")
     if batch_size < 1:
@@ -147,9 +151,14 @@ def evaluate(
         out, spent = run_model(
             model_onnx, x, input_name=input_name, output_name=output_name, batch_size=batch_size
         )
-        metrics = (
-            TASK_METRICS[task](out, y) if task != "segmentation" else pixel_metrics(out, y, segmentation)
-        )
+        if task == "keypoints":
+            if keypoints is None:
+                raise EvaluationError("keypoints: the recipe's [keypoints] table is needed to judge them")
+            metrics = keypoint_metrics(out, y, keypoints, tuple(x.shape[-2:]))  # type: ignore[arg-type]
+        elif task == "segmentation":
+            metrics = pixel_metrics(out, y, segmentation)
+        else:
+            metrics = TASK_METRICS[task](out, y)
     found = metrics.pop("per_sample", {})
     metrics["per_sample"] = {**per_sample(task, out, y), **found} if detection is None else {}
     if detection is not None:
@@ -202,6 +211,7 @@ def evaluate_cached(
     priors: Path | None = None,
     batch_size: int = 64,
     segmentation: SegmentationSpec | None = None,
+    keypoints: KeypointsSpec | None = None,
 ) -> dict[str, Any]:
     """:func:`evaluate`, reusing the stored result for the same model bytes, test set bytes, task and loss.
 
@@ -215,6 +225,8 @@ def evaluate_cached(
         detector += file_sha256(Path(priors)) if priors is not None and Path(priors).is_file() else ""
     if segmentation is not None:
         detector += json.dumps(dataclasses.asdict(segmentation), sort_keys=True)
+    if keypoints is not None:
+        detector += json.dumps(dataclasses.asdict(keypoints), sort_keys=True)
     key = hashlib.sha256(
         f"{EVAL_CACHE_VERSION}:{file_sha256(Path(model_onnx))}:{file_sha256(Path(test_npz))}:{task}:"
         f"{loss.cache_key()}:{detector}".encode()
@@ -228,7 +240,7 @@ def evaluate_cached(
         )
         return json.loads(path.read_text())
     metrics = evaluate(model_onnx, test_npz, task, loss=loss, detection=detection, priors=priors,
-                       batch_size=batch_size, segmentation=segmentation)  # fmt: skip
+                       batch_size=batch_size, segmentation=segmentation, keypoints=keypoints)  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp-{os.getpid()}")
     tmp.write_text(json.dumps(metrics))
@@ -238,18 +250,21 @@ def evaluate_cached(
 
 def summary_line(metrics: dict[str, Any]) -> str:
     """One line of the headline metrics, for logs."""
-    keys = ("accuracy", "map50", "map", "miou", "pixel_accuracy", "loss", "mse", "mae", "latency_ms_batch1")
+    keys = ("accuracy", "map50", "map", "miou", "pixel_accuracy", "oks_ap", "pck", "loss", "mse", "mae",
+            "latency_ms_batch1")  # fmt: skip
     line = ", ".join(f"{k}={metrics[k]:.4f}" for k in keys if k in metrics)
     return f"{line} (loss: {metrics['loss_kind']})" if "loss_kind" in metrics else line
 
 
 def judged_as(recipe: Recipe, priors: Path | None = None) -> dict[str, Any]:
     """What :func:`evaluate` needs besides the task to judge ``recipe``'s model: a detector's table
-    and priors, or a segmentation's table."""
+    and priors, or a segmentation's or keypoints' table."""
     if recipe.detection is not None:
         return {"detection": recipe.detection, "priors": priors}
     if recipe.task == "segmentation":
         return {"segmentation": recipe.segmentation or SegmentationSpec()}
+    if recipe.task == "keypoints":
+        return {"keypoints": recipe.keypoints}
     return {}
 
 

@@ -14,7 +14,10 @@ A gain on a test set of a few hundred samples can be two samples. Before the pro
 * mIoU and pixel accuracy of a segmentation: a paired bootstrap over test images (both models' metrics
   recomputed from the summed confusion matrices of each resample, :mod:`tasks.judge.segmentation_resample`),
   and on the same resamples the object classes' mIoU, whose gain must be significant too
-  (:func:`objects_check`: a model that learns only the background is never promoted).
+  (:func:`objects_check`: a model that learns only the background is never promoted);
+* OKS AP of keypoints (``oks_ap``, ``oks_ap50``, ``oks_ap75``): the detector's bootstrap over test
+  images on pycocotools' keypoint matches (:mod:`tasks.judge.keypoints`); PCK: the paired bootstrap
+  of the per-image PCK.
 
 A metric without a per-sample form is not significant: the gate refuses to promote on it unless the
 recipe sets ``significance = "off"`` (then the decision says it was not tested). Guardrails then
@@ -32,6 +35,7 @@ from tasks.errors import RegistryError
 from tasks.judge.coco_resample import METRIC_THRESHOLDS, paired_map_bootstrap
 from tasks.judge.direction import LOWER_IS_BETTER
 from tasks.judge.segmentation_resample import paired_iou_bootstrap
+from tasks.recipe.keypoints import OKS_METRICS
 from tasks.recipe.segmentation import SEGMENTATION_METRICS
 
 BOOTSTRAP_RESAMPLES = 2000
@@ -94,6 +98,10 @@ def significance(
             cand["detection"], ref["detection"], metric, 1.0 - alpha, class_names=candidate.get("classes")
         )
         return _over_images(out, metric, cand["detection"]["images"], alpha)
+    if metric in OKS_METRICS and "keypoints" in cand and "keypoints" in ref:  # OKS's matches, as a detector's
+        out = paired_map_bootstrap(cand["keypoints"], ref["keypoints"], OKS_METRICS[metric], 1.0 - alpha)
+        out.pop("per_class")  # one category: the instance
+        return _over_images(out, metric, cand["keypoints"]["images"], alpha)
     if metric in SEGMENTATION_METRICS and "segmentation" in cand and "segmentation" in ref:
         return segmentation_significance(metric, candidate, reference, alpha)
     same_loss = metric != "loss" or candidate.get("loss_kind") == reference.get("loss_kind")

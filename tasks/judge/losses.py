@@ -20,6 +20,7 @@ import numpy as np
 
 from tasks.errors import EvaluationError
 from tasks.hashing import file_sha256
+from tasks.judge.keypoints import keypoint_losses
 from tasks.judge.runtime import npz_arrays, session
 from tasks.judge.segmentation_losses import image_losses, loss_sums, set_loss
 from tasks.prepare import graph_file
@@ -30,7 +31,9 @@ if TYPE_CHECKING:
     from tasks.recipe.schema import Recipe
 
 PIXEL_LOSSES = ("pixel-cross-entropy", "dice", "pixel-cross-entropy+dice")  # a segmentation's recipe losses
-LOSS_KINDS = ("mse", "cross-entropy", "bce-with-logits", "l1", *PIXEL_LOSSES, "custom", "embedded")
+KEYPOINTS_LOSS = "keypoints-mse"  # task keypoints' mse: heatmaps against Gaussian targets, or coordinates
+LOSS_KINDS = ("mse", "cross-entropy", "bce-with-logits", "l1", *PIXEL_LOSSES, KEYPOINTS_LOSS, "custom",
+              "embedded")  # fmt: skip
 GRAPH_LOSSES = ("custom", "embedded")  # computed by the prepared eval graph
 TASK_LOSS = {"classification": "cross-entropy", "binary": "bce-with-logits", "regression": "mse",
              "segmentation": "pixel-cross-entropy"}  # fmt: skip
@@ -49,6 +52,8 @@ class HostLoss:
     feeds: dict[str, str] = field(default_factory=dict)
     ignore_index: int = 255  # PIXEL_LOSSES: the label of pixels no loss counts
     dice_weight: float = 1.0  # pixel-cross-entropy+dice: Dice's weight
+    heatmap_sigma: float = 2.0  # keypoints-mse: the Gaussian targets' sigma in heatmap cells
+    input_hw: tuple[int, int] = (0, 0)  # keypoints-mse: the input image's height and width
 
     def __post_init__(self) -> None:
         if self.kind not in LOSS_KINDS:
@@ -60,6 +65,7 @@ class HostLoss:
         """What the reported loss depends on besides the model and test set."""
         graph = file_sha256(self.eval_model) if self.eval_model else "-"
         pixels = f":{self.ignore_index}:{self.dice_weight}" if self.kind in PIXEL_LOSSES else ""
+        pixels += f":{self.heatmap_sigma}:{self.input_hw}" if self.kind == KEYPOINTS_LOSS else ""
         return f"{self.kind}:{graph}:{json.dumps(self.feeds, sort_keys=True)}{pixels}"
 
 
@@ -69,6 +75,9 @@ def host_loss(recipe: Recipe, prep: Prepared) -> HostLoss:
     if recipe.task == "segmentation" and kind != "custom":
         spec = segmentation_of(recipe)
         return HostLoss(pixel_kind(kind), ignore_index=spec.ignore_index, dice_weight=spec.dice_weight)
+    if recipe.task == "keypoints" and kind != "custom" and recipe.keypoints is not None:
+        hw = tuple(recipe.model.input_shape[-2:])
+        return HostLoss(KEYPOINTS_LOSS, heatmap_sigma=recipe.keypoints.heatmap_sigma, input_hw=hw)  # type: ignore[arg-type]
     if kind == "distillation":  # the host's test set has true labels: the student's cross-entropy on them
         return HostLoss("cross-entropy")
     if kind not in GRAPH_LOSSES:
@@ -241,6 +250,8 @@ def loss_value(
     built-in kind, else the eval graph's over the test-set arrays its feeds name."""
     if loss.kind in PIXEL_LOSSES:
         return pixel_losses(loss, out, y)[0]
+    if loss.kind == KEYPOINTS_LOSS:
+        return keypoint_losses(out, y, loss.input_hw, loss.heatmap_sigma)[0]
     if loss.kind not in GRAPH_LOSSES:
         return BUILTIN_LOSSES[loss.kind](out, y)
     assert loss.eval_model is not None  # HostLoss checks it
@@ -254,6 +265,8 @@ def sample_losses(
     sample alone for a custom or embedded one."""
     if loss.kind in PIXEL_LOSSES:
         return pixel_losses(loss, out, y)[1]
+    if loss.kind == KEYPOINTS_LOSS:
+        return keypoint_losses(out, y, loss.input_hw, loss.heatmap_sigma)[1]
     if loss.kind not in GRAPH_LOSSES:
         return per_sample_loss(loss.kind, out, y)
     assert loss.eval_model is not None  # HostLoss checks it

@@ -19,6 +19,7 @@ from tasks.judge.continual import continual_md
 from tasks.judge.decision import details, headline
 from tasks.judge.registry import Decision
 from tasks.judge.report_detection import detection_md
+from tasks.judge.report_keypoints import keypoints_md
 from tasks.judge.report_segmentation import segmentation_md
 from tasks.judge.report_teacher import teacher_md
 from tasks.judge.trend import lineage_md, trend_section
@@ -31,6 +32,10 @@ HEADLINE = [
     ("miou", "mIoU", "{:.4f}"),
     ("object_miou", "mIoU of the object classes", "{:.4f}"),
     ("pixel_accuracy", "pixel accuracy", "{:.4f}"),
+    ("oks_ap", "OKS AP@[.5:.95]", "{:.4f}"),
+    ("oks_ap50", "OKS AP@0.5", "{:.4f}"),
+    ("oks_ap75", "OKS AP@0.75", "{:.4f}"),
+    ("pck", "PCK", "{:.4f}"),
     ("loss", "loss", "{:.4f}"),
     ("mse", "mse", "{:.4f}"),
     ("mae", "mae", "{:.4f}"),
@@ -281,6 +286,7 @@ def render_report(inp: ReportInput) -> str:
     md += teacher_md(inp.teacher, (inp.lineage.get("board_data") or {}).get("unlabeled"))
     md += detection_md(inp.evaluations, inp.test_path)
     md += segmentation_md(inp.evaluations, inp.test_path)
+    md += keypoints_md(inp.evaluations, inp.test_path)
     md += _int8_md(inp)
     md += [""] + _training_md(inp)
     candidate = inp.evaluations.get("candidate", {})
@@ -310,7 +316,7 @@ def summary_text(inp: ReportInput) -> str:
     ]
     lines += [f"  warning: {line}" for line in inp.warnings]
     for col, m in inp.evaluations.items():
-        keys = ("accuracy", "map50", "map", "miou", "pixel_accuracy", "loss", "mse")
+        keys = ("accuracy", "map50", "map", "miou", "pixel_accuracy", "oks_ap", "pck", "loss", "mse")
         line = f"  {col:<16} " + "  ".join(f"{k}={m[k]:.4f}" for k in keys if k in m)
         lines.append(f"{line}  (loss: {m['loss_kind']})" if "loss" in m and "loss_kind" in m else line)
     for name, cols in inp.extra_tests.items():

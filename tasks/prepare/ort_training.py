@@ -20,6 +20,7 @@ from tasks.errors import ArtifactError, RecipeError
 from tasks.hashing import file_sha256
 from tasks.prepare.distillation import distillation_loss
 from tasks.prepare.export import quiet_stderr
+from tasks.prepare.keypoints_loss import keypoints_loss, output_kind
 from tasks.prepare.messages import generate_failure
 from tasks.prepare.onnx_versions import MAX_IR, MAX_OPSET
 from tasks.prepare.segmentation_loss import check_scores, scores_dims, segmentation_loss
@@ -118,6 +119,14 @@ def build_loss(recipe: Recipe, model: onnx.ModelProto) -> tuple[Any, str]:
             kind, recipe.model.num_classes or 0, spec.ignore_index, spec.dice_weight, dims=dims
         )
         return block, f"{kind} (per pixel, ignore_index {spec.ignore_index})"
+    if recipe.task == "keypoints" and recipe.keypoints is not None:
+        spec, dims = recipe.keypoints, scores_dims(model, outs[0])
+        hw = tuple(recipe.model.input_shape[-2:])
+        block = keypoints_loss(spec.count, hw, spec.heatmap_sigma, dims)  # type: ignore[arg-type]
+        heat = output_kind(dims, outs[0], spec.count) == "heatmaps"
+        return block, f"{kind} of " + (
+            f"heatmaps (Gaussian targets, sigma {spec.heatmap_sigma:g})" if heat else "coordinates"
+        )
     if kind == "cross-entropy" and len(shape) > 2:
         raise RecipeError(
             "loss.kind",

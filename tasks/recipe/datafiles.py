@@ -3,7 +3,8 @@
 
 An ``.npz`` dataset holds ``x`` (``[N, *input_shape]`` of ``model.input_dtype``: float32 unless the
 model takes, say, int64 token ids) and ``y`` (labels: int64 class ids
-for classification, float32 for binary/regression, int64 masks ``[N, H, W]`` for segmentation); extra arrays (e.g. a second target) are allowed
+for classification, float32 for binary/regression, int64 masks ``[N, H, W]`` for segmentation, float32
+keypoints ``[N, K, 3]`` (x, y, visibility) for keypoints); extra arrays (e.g. a second target) are allowed
 and reach the model through ``[data].feeds``.
 """
 
@@ -99,6 +100,8 @@ def check_dataset(recipe: Recipe, x: np.ndarray, y: np.ndarray, *, num_classes: 
         raise DataError(f"x has {len(x)} samples but y has {len(y)}")
     if recipe.task == "segmentation":
         check_masks(x, y, num_classes or recipe.model.num_classes, segmentation_of(recipe).ignore_index)
+    if recipe.task == "keypoints" and recipe.keypoints is not None:
+        check_keypoints(y, recipe.keypoints.count)
     _check_labels(recipe.task, y, num_classes or recipe.model.num_classes)
 
 
@@ -117,6 +120,27 @@ def check_masks(x: np.ndarray, y: np.ndarray, num_classes: int | None, ignore_in
         raise DataError(
             f"y has mask labels {np.unique(y[bad])[:5].tolist()}, expected classes in [0, {top}] or "
             f"segmentation.ignore_index ({ignore_index}) (sample {int(np.argwhere(bad)[0][0])})"
+        )
+
+
+def check_keypoints(y: np.ndarray, count: int) -> None:
+    """Keypoint labels: float32 ``[N, K, 3]`` (x, y, visibility 0/1/2 per keypoint, COCO's), finite."""
+    if y.dtype != np.float32:
+        raise DataError(
+            f"y has dtype {y.dtype}, expected float32 keypoints [N, {count}, 3] for task 'keypoints'"
+        )
+    if y.ndim != 3 or y.shape[1:] != (count, 3):
+        raise DataError(
+            f"y has shape {list(y.shape)}, expected keypoints [N, {count}, 3] (x, y, visibility of each "
+            f"of keypoints.count = {count})"
+        )
+    if not np.isfinite(y).all():
+        raise DataError("y contains NaN or infinite keypoint coordinates")
+    bad = ~np.isin(y[..., 2], (0.0, 1.0, 2.0))
+    if bad.any():
+        raise DataError(
+            f"y has keypoint visibilities {np.unique(y[..., 2][bad])[:5].tolist()}, expected 0 (not "
+            f"labelled), 1 (hidden) or 2 (visible) (sample {int(np.argwhere(bad)[0][0])})"
         )
 
 

@@ -46,6 +46,7 @@ from tasks.recipe.fields import (
     present,
     recipe_table,
 )
+from tasks.recipe.keypoints import KEYPOINT_METRICS, KeypointsSpec, keypoints_rules
 from tasks.recipe.messages import Expect, expected
 from tasks.recipe.segmentation import SEGMENTATION_METRICS, SegmentationSpec, segmentation_rules
 from tasks.recipe.teacher import TeacherSpec, teacher_rules
@@ -64,8 +65,12 @@ Task = Literal[TASKS]  # type: ignore[valid-type]  # the board's task names (dev
 
 ACCURACY_TASKS = ("classification", "binary")
 DETECTION_METRICS = ("map50", "map", "map75")
-TESTED_METRICS = ("accuracy", "loss", "mse", "mae", *DETECTION_METRICS, *SEGMENTATION_METRICS)  # paired tests
+TESTED_METRICS = ("accuracy", "loss", "mse", "mae", *DETECTION_METRICS, *SEGMENTATION_METRICS,
+                  *KEYPOINT_METRICS)  # fmt: skip  # those with a paired test in the gate
 OPTIONAL_TABLES = ("head", "quantize", "detection", "teacher", "segmentation")  # an empty table: none
+OTHER_METRICS = {"segmentation": "'miou', 'pixel_accuracy' or 'loss'",
+                 "keypoints": "'oks_ap', 'pck' or 'loss'"}  # fmt: skip  # promotion.metric's message
+TASK_METRIC = {"segmentation": "miou", "keypoints": "oks_ap"}  # a task's default promotion metric
 
 
 @recipe_table("model")
@@ -217,7 +222,8 @@ class Recipe:
     task: Task = Field(
         "classification",
         description="classification | binary | regression | segmentation (class scores [N, C, H, W], "
-        "labels [N, H, W]) | embedded (the loss is in the model)",
+        "labels [N, H, W]) | keypoints (heatmaps [N, K, H, W] or coordinates [N, K, 2], labels [N, K, 3]) | "
+        "embedded (the loss is in the model)",
     )
     model: ModelSpec = Field()  # Field(): required, though after a field with a default
     trainable: TrainableSpec = Field()
@@ -229,6 +235,7 @@ class Recipe:
     promotion: PromotionSpec = dataclasses.field(default_factory=PromotionSpec)
     detection: DetectionSpec | None = None
     segmentation: SegmentationSpec | None = None
+    keypoints: KeypointsSpec | None = None
     head: HeadSpec | None = None
     quantize: QuantizeSpec | None = None
     teacher: TeacherSpec | None = None
@@ -246,7 +253,8 @@ class Recipe:
     @classmethod
     def _file_defaults(cls, data: Any) -> Any:
         """Defaults that depend on other tables: the promotion metric the task's evaluation reports
-        (loss for regression and embedded losses, map50 for detectors, miou for segmentation); an empty
+        (loss for regression and embedded losses, map50 for detectors, miou for segmentation, oks_ap for
+        keypoints); an empty
         optional table is none."""
         if not isinstance(data, dict):
             return data
@@ -255,7 +263,7 @@ class Recipe:
         if isinstance(promotion, dict) and "metric" not in promotion:
             task, detector = data.get("task", "classification"), "detection" in data
             metric = "accuracy" if task in ACCURACY_TASKS else "map50" if detector else "loss"
-            metric = "miou" if task == "segmentation" else metric
+            metric = TASK_METRIC.get(task, metric)
             data["promotion"] = {**promotion, "metric": metric}
         return data
 
@@ -298,7 +306,7 @@ class Recipe:
             yield (
                 "promotion.metric",
                 f"a metric the host evaluation reports for task '{task}' ("
-                + ("'miou', 'pixel_accuracy' or 'loss'" if task == "segmentation" else "'loss'")
+                + OTHER_METRICS.get(task, "'loss'")
                 + "; accuracy needs a classification or binary task)",
                 metric,
             )
@@ -316,5 +324,6 @@ class Recipe:
                 kind,
             )
         yield from segmentation_rules(self)
+        yield from keypoints_rules(self)
         yield from runtime_rules(self)
         yield from teacher_rules(self)

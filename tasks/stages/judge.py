@@ -151,10 +151,10 @@ INT8 = "candidate int8"  # the quantized candidate's column
 
 
 def recorded_metrics(metrics: Metrics) -> Metrics:
-    """The candidate's metrics as the registry keeps them: a detector's per-image matches and a
-    segmentation's per-image confusion matrices (the gate's bootstrap input, megabytes on a large test
-    set) stay in the evaluation cache."""
-    bulky = ("detection", "segmentation")  # per image: the bootstrap's input, kept in the evaluation cache
+    """The candidate's metrics as the registry keeps them: a detector's or keypoints' per-image COCO
+    matches and a segmentation's per-image confusion matrices (the gate's bootstrap input, megabytes
+    on a large test set) stay in the evaluation cache."""
+    bulky = ("detection", "segmentation", "keypoints")  # per image: the bootstrap's input, kept in the cache
     per_sample = {k: v for k, v in (metrics.get("per_sample") or {}).items() if k not in bulky}
     return {**metrics, "per_sample": per_sample}
 

@@ -134,8 +134,9 @@ def held_out_change(recipe: Recipe, prep: Prepared, loss: HostLoss, tmp: Path) -
     head = _head(Path(recipe.data.test), tmp / "held_out.npz", HELD_OUT)
     try:
         base = inference_of(prep, prep.checkpoint, tmp / "base_inference.onnx")
-        before = evaluate(base, head, recipe.task, loss=loss)
-        after = evaluate(prep.out_dir / "validation_inference.onnx", head, recipe.task, loss=loss)
+        table = {"keypoints": recipe.keypoints} if recipe.task == "keypoints" else {}  # its labels' meaning
+        before = evaluate(base, head, recipe.task, loss=loss, **table)
+        after = evaluate(prep.out_dir / "validation_inference.onnx", head, recipe.task, loss=loss, **table)
     except Exception as exc:  # noqa: BLE001 - every failure becomes the named check
         raise _failed("host_evaluation", f"evaluating on data.test ({recipe.data.test})", exc) from exc
     b, a = (np.asarray(m["per_sample"]["loss"], np.float64) for m in (before, after))
