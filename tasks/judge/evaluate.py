@@ -35,6 +35,7 @@ from tasks.judge.keypoints import keypoint_metrics
 from tasks.judge.losses import (
     HostLoss,
     class_logits,
+    keypoints_loss,
     l1_loss,
     loss_value,
     mse_loss,
@@ -139,9 +140,11 @@ def evaluate(
         raise EvaluationError(f"task: host evaluation supports {', '.join(EVAL_TASKS)}, got {task!r}")
     if batch_size < 1:
         raise EvaluationError(f"batch_size: expected an integer >= 1, got {batch_size}")
-    loss = loss or task_loss(task)
     model_onnx = Path(model_onnx)
     x, y = load_test_set(test_npz)
+    if loss is None and task == "keypoints" and keypoints is not None:  # its targets need the input's size
+        loss = keypoints_loss(keypoints, tuple(x.shape[-2:]))  # type: ignore[arg-type]
+    loss = loss or task_loss(task)
     if detection is not None:
         if priors is None:
             raise EvaluationError("detection: the detector's priors file is needed to decode its boxes")

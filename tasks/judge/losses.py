@@ -28,6 +28,7 @@ from tasks.recipe.segmentation import segmentation_of
 
 if TYPE_CHECKING:
     from tasks.prepare import Prepared
+    from tasks.recipe.keypoints import KeypointsSpec
     from tasks.recipe.schema import Recipe
 
 PIXEL_LOSSES = ("pixel-cross-entropy", "dice", "pixel-cross-entropy+dice")  # a segmentation's recipe losses
@@ -76,8 +77,7 @@ def host_loss(recipe: Recipe, prep: Prepared) -> HostLoss:
         spec = segmentation_of(recipe)
         return HostLoss(pixel_kind(kind), ignore_index=spec.ignore_index, dice_weight=spec.dice_weight)
     if recipe.task == "keypoints" and kind != "custom" and recipe.keypoints is not None:
-        hw = tuple(recipe.model.input_shape[-2:])
-        return HostLoss(KEYPOINTS_LOSS, heatmap_sigma=recipe.keypoints.heatmap_sigma, input_hw=hw)  # type: ignore[arg-type]
+        return keypoints_loss(recipe.keypoints, tuple(recipe.model.input_shape[-2:]))  # type: ignore[arg-type]
     if kind == "distillation":  # the host's test set has true labels: the student's cross-entropy on them
         return HostLoss("cross-entropy")
     if kind not in GRAPH_LOSSES:
@@ -92,6 +92,11 @@ def task_loss(task: str) -> HostLoss:
             f"task {task!r}: its loss is the eval graph's; pass loss=host_loss(recipe, prepared)"
         )
     return HostLoss(TASK_LOSS[task])
+
+
+def keypoints_loss(spec: KeypointsSpec, input_hw: tuple[int, int]) -> HostLoss:
+    """A keypoints recipe's MSE (its [keypoints] table's targets) on inputs of ``input_hw`` pixels."""
+    return HostLoss(KEYPOINTS_LOSS, heatmap_sigma=spec.heatmap_sigma, input_hw=input_hw)
 
 
 def pixel_kind(kind: str) -> str:

@@ -77,7 +77,6 @@ def test_a_candidate_no_better_is_rejected_with_its_oks_ap_interval(keypoints_ru
     refusal names the OKS AP gain's interval, which lies below zero."""
     from tasks.judge.decision import decide
     from tasks.judge.evaluate import evaluate
-    from tasks.judge.losses import host_loss
     from tasks.paths import PROJECT_ROOT
     from tasks.recipe.load import load_recipe
 
@@ -85,9 +84,9 @@ def test_a_candidate_no_better_is_rejected_with_its_oks_ap_interval(keypoints_ru
     recipe = load_recipe(PROJECT_ROOT / "recipes" / "keypoints.toml")
     served = out.run_dir / "inference.onnx"
     candidate = _shifted(served, tmp_path / "shifted.onnx")
-    loss = host_loss(recipe, None)  # the keypoints MSE needs no prepared graph
-    judged = {m: evaluate(m, recipe.data.test, "keypoints", loss=loss, keypoints=recipe.keypoints)
-              for m in (served, candidate)}  # fmt: skip
+    judged = {
+        m: evaluate(m, recipe.data.test, "keypoints", keypoints=recipe.keypoints) for m in (served, candidate)
+    }
     cand, current = judged[candidate], judged[served]
     assert cand["oks_ap"] < current["oks_ap"]
     d = decide(cand, current, recipe.promotion, "current")
