@@ -30,13 +30,14 @@ from device_agent.errors import AgentError
 from device_agent.events import EventLog
 from device_agent.hold import Hold
 from device_agent.jobdir import JobDir
+from device_agent.keypoints import image_pck
 from device_agent.protocol import ExitCode, JobSpec
 from device_agent.schedule import lr_at
 
 log = logging.getLogger(__name__)
 CANCEL_POLL_S = 0.2  # how often the loop looks for cancel.request (SIGTERM is seen at once)
 STEP_DELAY_ENV = "ODL_AGENT_STEP_DELAY_S"  # slows every step down (tests and demos of live progress)
-ACCURACY_TASKS = ("classification", "binary", "segmentation")  # segmentation: pixel accuracy
+ACCURACY_TASKS = ("classification", "binary", "segmentation", "keypoints")  # pixel accuracy, PCK
 PENDING_STEPS = 64  # steps whose logits and labels are kept before their accuracy is counted
 PENDING_VALUES = 1 << 16  # ... fewer when a step's logits are large (at most ~256 KB of float32)
 CHUNK_BYTES = 1 << 20  # the rows of the next steps gathered at once, up to PENDING_STEPS steps
@@ -84,6 +85,7 @@ class Trainer:
         self._seeder = sess.seeder
         self._lr: float | None = None  # the rate last given to the optimizer
         self._counts_accuracy = spec.task in ACCURACY_TASKS
+        self._input_hw = tuple(sess.inputs[0].shape[-2:])  # keypoints: the pixels labels are given in
         self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # (logits, labels) not counted yet
         self._pending_cap = PENDING_STEPS
         self._chunk_steps, self._chunk_sized = 1, False  # steps whose rows one take gathers
@@ -186,13 +188,17 @@ class Trainer:
     def _count_pending(self, progress: Progress) -> None:
         """Add the correct predictions of the kept steps to ``progress.correct``."""
         if self._pending:
-            progress.correct += _count_correct(self.spec.task, self._pending, self.spec.ignore_index)
+            progress.correct += _count_correct(
+                self.spec.task, self._pending, self.spec.ignore_index, self._input_hw
+            )
             self._pending.clear()
 
     def _correct(self, outs: Any, batch: list[np.ndarray]) -> int:
         if self.spec.task not in ACCURACY_TASKS or not isinstance(outs, tuple) or len(outs) < 2:
             return 0
-        return _correct_of(self.spec.task, np.asarray(outs[1]), batch[1], self.spec.ignore_index)
+        return _correct_of(
+            self.spec.task, np.asarray(outs[1]), batch[1], self.spec.ignore_index, self._input_hw
+        )
 
     def _has_accuracy(self) -> bool:
         return self.spec.task in ACCURACY_TASKS and len(self.sess.module.output_names()) > 1
@@ -252,10 +258,14 @@ class Trainer:
         return self.cancel_flag
 
 
-def _correct_of(task: str, logits: np.ndarray, labels: np.ndarray, ignore: int | None = None) -> float:
+def _correct_of(task: str, logits: np.ndarray, labels: np.ndarray, ignore: int | None = None,
+                input_hw: tuple = ()) -> float:  # fmt: skip
     """Correct predictions of one batch: argmax = label (classification), sign = label (binary);
     segmentation: each image's pixel accuracy (argmax over axis 1 = label, ignored pixels left out),
-    summed, so that ``correct / seen`` is the mean pixel accuracy of the images."""
+    keypoints: each image's PCK (``input_hw``: the input's pixels), summed, so that ``correct / seen``
+    is their mean over the images."""
+    if task == "keypoints":
+        return float(image_pck(logits, labels, input_hw).sum())
     if task == "segmentation":
         kept = labels != ignore if ignore is not None else np.ones(labels.shape, bool)
         hits = ((logits.argmax(axis=1) == labels) & kept).reshape(len(labels), -1).sum(axis=1)
@@ -267,11 +277,11 @@ def _correct_of(task: str, logits: np.ndarray, labels: np.ndarray, ignore: int |
 
 
 def _count_correct(
-    task: str, pending: list[tuple[np.ndarray, np.ndarray]], ignore: int | None = None
+    task: str, pending: list[tuple[np.ndarray, np.ndarray]], ignore: int | None = None, input_hw: tuple = ()
 ) -> float:
     """``_correct_of`` summed over several batches, in a few numpy calls when their shapes allow."""
-    if task == "segmentation":
-        return sum(_correct_of(task, lg, lb, ignore) for lg, lb in pending)
+    if task in ("segmentation", "keypoints"):
+        return sum(_correct_of(task, lg, lb, ignore, input_hw) for lg, lb in pending)
     logits = [lg for lg, _ in pending]
     if task == "classification" and all(lb.ndim == 2 for _, lb in pending):  # soft labels: their top class
         pending = [(lg, lb.argmax(axis=-1)) for lg, lb in pending]

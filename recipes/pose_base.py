@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tasks.judge.keypoints import coco_keypoints_eval, decode, oks_aps
+from device_agent.keypoints import decode
+from tasks.judge.keypoints import coco_keypoints_eval, oks_aps
 from tasks.prepare.keypoints_loss import gaussian_targets
 from tasks.recipe.keypoints import DEFAULT_SIGMA
 

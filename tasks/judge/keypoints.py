@@ -2,10 +2,9 @@
 figures and the numpy twin of the training loss, from a model's heatmaps ``[N, K, H, W]`` or
 coordinates ``[N, K, 2]`` against COCO labels ``[N, K, 3]`` (:mod:`tasks.recipe.keypoints`).
 
-* Decoding: a heatmap's keypoint is its argmax cell's centre in input pixels, moved a quarter cell
-  towards the higher neighbour (``subpixel``, as SimpleBaseline and HRNet decode); its score is the
-  peak's value, and the instance's score (which ranks it for AP) the mean of its keypoints' peaks.
-  Coordinates are taken as they are, score 1.
+* Decoding: the board's own (:func:`device_agent.keypoints.decode`: a heatmap's argmax cell centre,
+  a quarter cell towards the higher neighbour with ``subpixel``, the peak as its score; coordinates
+  as they are); the instance's score (which ranks it for AP) is the mean of its keypoints' scores.
 * AP: each test image is one image of one instance (COCO's ``person`` category); pycocotools'
   ``COCOeval(iouType="keypoints")`` with the recipe's OKS sigmas scores it, the ground truth's
   ``area`` being its labelled keypoints' bounding box (the scale OKS divides by; an image without a
@@ -26,12 +25,11 @@ from typing import Any
 
 import numpy as np
 
+from device_agent.keypoints import MIN_SIDE, boxes, decode, pck_hits
 from tasks.errors import EvaluationError
 from tasks.judge.coco_resample import match_records
 from tasks.prepare.keypoints_loss import gaussian_targets
 from tasks.recipe.keypoints import KeypointsSpec, keypoint_names, oks_sigmas
-
-MIN_SIDE = 1.0  # input pixels: a box of one labelled keypoint still has a scale
 
 
 def check_keypoint_pair(out: np.ndarray, labels: np.ndarray, count: int) -> str:
@@ -51,42 +49,6 @@ def check_keypoint_pair(out: np.ndarray, labels: np.ndarray, count: int) -> str:
             f"{count}, H, W] or coordinates [{len(labels)}, {count}, 2]"
         )  # fmt: skip
     return "heatmaps" if out.ndim == 4 else "coordinates"
-
-
-def decode(
-    out: np.ndarray, input_hw: tuple[int, int], subpixel: bool = True
-) -> tuple[np.ndarray, np.ndarray]:
-    """Keypoints ``[N, K, 2]`` (x, y in input pixels) and their scores ``[N, K]`` of heatmaps or coordinates."""
-    if out.ndim == 3:
-        return out.astype(np.float64), np.ones(out.shape[:2])
-    n, k, h, w = out.shape
-    flat = out.reshape(n, k, -1).astype(np.float64)
-    peak = flat.argmax(axis=2)
-    row, col = np.divmod(peak, w)
-    score = np.take_along_axis(flat, peak[..., None], axis=2)[..., 0]
-    fx, fy = col.astype(np.float64), row.astype(np.float64)
-    if subpixel:
-
-        def at(r: np.ndarray, c: np.ndarray) -> np.ndarray:
-            idx = np.clip(r, 0, h - 1) * w + np.clip(c, 0, w - 1)
-            return np.take_along_axis(flat, idx[..., None], axis=2)[..., 0]
-
-        inner_x, inner_y = (col > 0) & (col < w - 1), (row > 0) & (row < h - 1)
-        fx += 0.25 * np.sign(at(row, col + 1) - at(row, col - 1)) * inner_x
-        fy += 0.25 * np.sign(at(row + 1, col) - at(row - 1, col)) * inner_y
-    sx, sy = input_hw[1] / w, input_hw[0] / h  # a cell's size in input pixels
-    return np.stack([(fx + 0.5) * sx, (fy + 0.5) * sy], axis=-1), score
-
-
-def boxes(labels: np.ndarray) -> np.ndarray:
-    """``[N, 4]`` (x, y, w, h): each image's labelled keypoints' bounding box (zeros without any)."""
-    out = np.zeros((len(labels), 4))
-    for i, kp in enumerate(labels):
-        seen = kp[kp[:, 2] > 0, :2]
-        if len(seen):
-            lo, hi = seen.min(axis=0), seen.max(axis=0)
-            out[i] = [lo[0], lo[1], hi[0] - lo[0], hi[1] - lo[1]]
-    return out
 
 
 def coco_keypoints_eval(pred: np.ndarray, scores: np.ndarray, labels: np.ndarray,
@@ -138,15 +100,6 @@ def oks_aps(ev: Any) -> dict[str, float]:
         "oks_ap50": mean(precision[np.isclose(thresholds, 0.5)]),
         "oks_ap75": mean(precision[np.isclose(thresholds, 0.75)]),
     }
-
-
-def pck_hits(pred: np.ndarray, labels: np.ndarray, threshold: float) -> tuple[np.ndarray, np.ndarray]:
-    """``[N, K]`` each: whether each keypoint is within ``threshold`` of its box's larger side (only
-    labelled ones count), and its error in input pixels."""
-    box = boxes(labels)
-    side = np.maximum(np.maximum(box[:, 2], box[:, 3]), MIN_SIDE)
-    dist = np.linalg.norm(pred - labels[..., :2], axis=-1)
-    return dist <= threshold * side[:, None], dist
 
 
 def keypoint_metrics(out: np.ndarray, labels: np.ndarray, spec: KeypointsSpec,

@@ -1,5 +1,6 @@
 """The board's side of keypoints: its data check accepts COCO labels [N, K, 3] of visibility 0, 1 or 2
-and refuses any other visibility in one line naming the input and the sample."""
+and refuses any other visibility in one line naming the input and the sample; its training accuracy is
+each image's PCK of the decoded heatmaps or coordinates."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import pytest
 from device_agent.checks import check_dataset
 from device_agent.data import InputSpec
 from device_agent.errors import AgentError
+from device_agent.keypoints import decode, image_pck
 from device_agent.protocol import TASKS, ExitCode
+from device_agent.trainer import _correct_of, _count_correct
 
 INPUTS = [InputSpec("input", (None, 3, 8, 8), np.dtype(np.float32)),
           InputSpec("labels", (None, 5, 3), np.dtype(np.float32))]  # fmt: skip
@@ -52,3 +55,20 @@ def test_a_visibility_other_than_0_1_2_is_one_line_naming_the_sample():
 def test_labels_of_another_shape_are_refused_by_the_model_input_check():
     with pytest.raises(AgentError, match=r"expected shape \(N, 5, 3\), got \(6, 5, 2\)"):
         check_dataset(Arrays(_labels()[..., :2]), INPUTS, "keypoints", None, "train_data")
+
+
+def test_the_boards_accuracy_of_keypoints_is_each_images_pck():
+    y = _labels(4)
+    y[..., 2] = 2
+    y[:, :, :2] = [[1.0, 1.0], [7.0, 1.0], [1.0, 7.0], [7.0, 7.0], [4.0, 4.0]]  # a box of side 6
+    coords = y[..., :2].copy()
+    coords[1, 0, 0] += 0.5  # within 0.1 * 6 of its label
+    coords[2, :2] += 3.0  # two of five off
+    assert image_pck(coords, y, (8, 8)).tolist() == [1.0, 1.0, 0.6, 1.0]
+    assert _correct_of("keypoints", coords, y, None, (8, 8)) == pytest.approx(3.6)
+    assert _count_correct(
+        "keypoints", [(coords[:2], y[:2]), (coords[2:], y[2:])], None, (8, 8)
+    ) == pytest.approx(3.6)
+    heat = np.zeros((1, 1, 4, 4), np.float32)
+    heat[0, 0, 3, 1] = 1.0  # cell (row 3, col 1) of a stride-2 heatmap: input point (3, 7)
+    assert decode(heat, (8, 8), subpixel=False)[0][0, 0].tolist() == [3.0, 7.0]

@@ -1,11 +1,13 @@
 """recipes/keypoints.toml through the odl flow: a heatmap U-Net pretrained on generated stick figures
 of one domain is fine-tuned on the board on a shifted one and promoted on a significant OKS AP gain
 (paired bootstrap over the test images on pycocotools' keypoint matches), with the per-keypoint
-table and the drawn keypoints in its report; a candidate no better than it (its heatmaps moved by a
+table and the drawn keypoints in its report and the board's PCK in its epochs; a candidate no better than it (its heatmaps moved by a
 few pixels) is refused, naming its OKS AP interval. tests/e2e/test_flow_vboard.py runs these on the
 virtual board."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import onnx
@@ -27,7 +29,11 @@ def keypoints_run(prefect_harness, flow_home, flow_board):
 
 
 def test_keypoints_are_promoted_on_a_significant_oks_ap_gain(keypoints_run):
+    from device_agent.keypoints import image_pck
     from tasks import stages
+    from tasks.judge.runtime import run_model
+    from tasks.paths import PROJECT_ROOT
+    from tasks.recipe.load import load_recipe
 
     run_id, out, board = keypoints_run
     base, cand = out.metrics["base"], out.metrics["candidate"]
@@ -44,6 +50,15 @@ def test_keypoints_are_promoted_on_a_significant_oks_ap_gain(keypoints_run):
     assert test["test"].startswith("paired bootstrap over 96 test images") and test["low"] > 0
     assert [c["kind"] for c in decision["checks"]] == ["min_gain", "significance"]
     assert "keypoints" not in version.metrics["per_sample"]  # the COCO matches stay in the cache
+    recipe = load_recipe(PROJECT_ROOT / "recipes" / "keypoints.toml")
+    history = json.loads((out.run_dir / "result.json").read_text())["history"]
+    with np.load(recipe.data.eval) as data:  # the board's eval accuracy is its PCK at 0.1
+        want = image_pck(run_model(out.run_dir / "inference.onnx", data["x"])[0], data["y"], (32, 32)).mean()
+    print("board eval PCK by epoch:", [round(h["eval_accuracy"], 4) for h in history])
+    assert history[-1]["eval_accuracy"] == pytest.approx(want, abs=1e-6)
+    assert (
+        history[0]["eval_accuracy"] < history[-1]["eval_accuracy"] and 0 < history[-1]["train_accuracy"] <= 1
+    )
     report = _artifacts(run_id)[f"odl-report-keypoints-{board}"].data
     for text in ("| OKS AP@[.5:.95] |", "| PCK |", "Keypoints: PCK and mean error per keypoint",
                  "| left_hand |", "![test keypoints 0](data:image/png"):  # fmt: skip

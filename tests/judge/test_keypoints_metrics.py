@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from device_agent.keypoints import decode
 from tasks.errors import DataError, EvaluationError
 from tasks.judge.coco_resample import map_from_records
 from tasks.judge.gate import significance
-from tasks.judge.keypoints import decode, keypoint_metrics
+from tasks.judge.keypoints import keypoint_metrics
 from tasks.prepare.keypoints_loss import gaussian_targets
 from tasks.recipe.datafiles import check_keypoints
 from tasks.recipe.keypoints import DEFAULT_SIGMA, KeypointsSpec
