@@ -28,16 +28,19 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import Field
 
 from tasks import stages
-from tasks.board.inventory import BOARD_NAME_PATTERN, get_group, load_inventory
+from tasks.board.inventory import BOARD_NAME_PATTERN, Board, get_group, load_inventory
+from tasks.fleet.buffered import BufferedRun
 from tasks.fleet.rounds import FleetRun, check_fleet
 from tasks.judge.decision import headline, verdict_message
 from tasks.judge.report import gate_md
 from tasks.prefect import boards as boards_overview
 from tasks.prefect import fleet as ft
 from tasks.prefect import tasks as pt
+from tasks.prefect.buffered import run_buffered
 from tasks.prefect.logs import quiet_user_errors
 from tasks.prefect.params import StrictParams, flow_run_name, parameter, run_tags, tag_run
-from tasks.recipe.extras import DeadlineS, FleetStrategy, MinBoards, Rounds
+from tasks.prepare import Prepared
+from tasks.recipe.extras import BufferSize, DeadlineS, FleetMode, FleetStrategy, MinBoards, Rounds
 from tasks.recipe.load import load_recipe
 from tasks.recipe.training import Epochs, LearningRate
 
@@ -56,6 +59,8 @@ class FleetParams(StrictParams):
     min_boards: MinBoards | None = Field(None, description="override [fleet].min_boards (the quorum)")
     deadline_s: DeadlineS | None = Field(None, description="override [fleet].deadline_s (per round)")
     strategy: FleetStrategy | None = Field(None, description="override [fleet].strategy")
+    mode: FleetMode | None = Field(None, description="override [fleet].mode (rounds | buffered)")
+    buffer_size: BufferSize | None = Field(None, description="override [fleet].buffer_size (buffered)")
     epochs: Epochs | None = Field(None, description="override [training].epochs (local, per round)")
     lr: LearningRate | None = Field(None, description="override [optimizer].lr")
     overrides: dict[str, Any] = Field(default_factory=dict, description="more dotted-key recipe overrides")
@@ -66,6 +71,8 @@ class FleetParams(StrictParams):
             "fleet.min_boards": self.min_boards,
             "fleet.deadline_s": self.deadline_s,
             "fleet.strategy": self.strategy,
+            "fleet.mode": self.mode,
+            "fleet.buffer_size": self.buffer_size,
             "training.epochs": self.epochs,
             "optimizer.lr": self.lr,
         }
@@ -117,28 +124,14 @@ def odl_fleet(params: FleetParams = DEFAULT_PARAMS) -> FleetOutcome | None:
         pt.prepare_step(step, inp)
     prep = stages.prepared(inp)
     warm = pt.warm_start(recipe, prep, p.group) if recipe.training.start_from == "current" else None
-    fleet = FleetRun.start_run(
+    kind = BufferedRun if recipe.fleet.mode == "buffered" else FleetRun
+    fleet = kind.start_run(
         inp, prep, p.group, boards, run_id, warm.checkpoint if warm else None, warm.record if warm else None
     )
-    for r in range(1, recipe.fleet.rounds + 1):
-        if not fleet.budget_allows(r):  # the privacy budget: the round that would cross it is not run
-            log.info("%s", fleet.stopped)
-            break
-        started = time.monotonic()
-        ckpt = fleet.round_checkpoint(r)
-        deadline = time.time() + recipe.fleet.deadline_s
-        out = {b.name: fleet.folder / f"round-{r:03d}" / b.name for b in boards}
-        futures = {
-            b.name: ft.board_round.submit(b, inp, prep, ckpt, run_id, r, deadline, out[b.name])
-            for b in boards
-        }
-        wait(list(futures.values()), timeout=recipe.fleet.deadline_s + 120)
-        results = {name: _outcome(f) for name, f in futures.items()}
-        try:
-            ft.close_round(fleet, r, results, started)
-        finally:
-            ft.publish_fleet(fleet.summary())
-            ft.mark_boards(fleet.summary())
+    if isinstance(fleet, BufferedRun):  # FedBuff: every board trains on, aggregated every K arrivals
+        run_buffered(fleet, boards, inp, prep)
+    else:
+        _run_rounds(fleet, boards, inp, prep)
     candidate = fleet.final_model()
     reference = stages.choose_reference(recipe.name, p.group)
     evaluation = pt.evaluate(recipe, prep, candidate, reference)
@@ -164,15 +157,28 @@ def odl_fleet(params: FleetParams = DEFAULT_PARAMS) -> FleetOutcome | None:
     return Completed(data=outcome, name=name, message=message)
 
 
-def _outcome(future: Any) -> Any:
-    """A board task's BoardUpdate, or the exception it ended with (None while still running)."""
-    future.wait(timeout=0)  # records the final state of a done future (its .state reads the API)
-    if not future.state.is_final():
-        return None
-    try:
-        return future.result()
-    except Exception as exc:  # noqa: BLE001 - the round records why each board is missing
-        return exc
+def _run_rounds(fleet: FleetRun, boards: list[Board], inp: stages.Inputs, prep: Prepared) -> None:
+    """The synchronous rounds: every board from the round's global model, then the aggregate."""
+    spec = fleet.spec
+    for r in range(1, spec.rounds + 1):
+        if not fleet.budget_allows(r):  # the privacy budget: the round that would cross it is not run
+            log.info("%s", fleet.stopped)
+            break
+        started = time.monotonic()
+        ckpt = fleet.round_checkpoint(r)
+        deadline = time.time() + spec.deadline_s
+        out = {b.name: fleet.folder / f"round-{r:03d}" / b.name for b in boards}
+        futures = {
+            b.name: ft.board_round.submit(b, inp, prep, ckpt, fleet.run_id, r, deadline, out[b.name])
+            for b in boards
+        }
+        wait(list(futures.values()), timeout=spec.deadline_s + 120)
+        results = {name: ft.outcome(f) for name, f in futures.items()}
+        try:
+            ft.close_round(fleet, r, results, started)
+        finally:
+            ft.publish_fleet(fleet.summary())
+            ft.mark_boards(fleet.summary())
 
 
 def _verdict(promotion: Any, served: str) -> str:

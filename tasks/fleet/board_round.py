@@ -45,9 +45,10 @@ class BoardUpdate:
 
 
 def check_fleet(recipe: Any, boards: list[Board]) -> None:
-    """A fleet needs board-side data, a reachable quorum, a group its strategy can combine (Krum,
-    Bulyan: enough boards for ``fleet.byzantine``) and, when private, a budget for one round at
-    least: RecipeError naming the field."""
+    """A fleet needs board-side data, a reachable quorum, a group (in buffered mode: a buffer no
+    larger than the group) its strategy can combine (Krum, Bulyan: enough boards for
+    ``fleet.byzantine``) and, when private, a budget for one round at least: RecipeError naming
+    the field."""
     if recipe.data.board_dataset is None:
         raise RecipeError(
             "data.board_dataset", "the folder on each board holding its own data (a fleet trains there)"
@@ -56,7 +57,15 @@ def check_fleet(recipe: Any, boards: list[Board]) -> None:
         raise RecipeError(
             "fleet.min_boards", f"at most the group's {len(boards)} boards", recipe.fleet.min_boards
         )
-    check_group(recipe.fleet, len(boards))
+    if recipe.fleet.mode == "buffered" and recipe.fleet.buffer_size > len(boards):
+        raise RecipeError(
+            "fleet.buffer_size", f"at most the group's {len(boards)} boards", recipe.fleet.buffer_size
+        )
+    if recipe.fleet.mode == "buffered":  # a robust strategy combines one buffer, not the group
+        k = recipe.fleet.buffer_size
+        check_group(recipe.fleet, k, f"a buffer of {k} arrivals (fleet.buffer_size)")
+    else:
+        check_group(recipe.fleet, len(boards))
     if recipe.fleet.privacy is not None:
         check_budget(recipe.fleet.privacy)
 

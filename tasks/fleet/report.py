@@ -29,8 +29,48 @@ def _kb(n: int) -> str:
     return f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.2f} MiB"
 
 
+def buffer_table(rec: dict[str, Any]) -> list[str]:
+    """One aggregation of the buffered mode: the boards that arrived (the global version each
+    started from, its staleness and weight), the others' state, and the aggregate's line."""
+    out = [
+        f"### Aggregation {rec['round']} (version {rec['round']}): {len(rec['arrivals'])} arrivals "
+        f"(buffer {rec['buffer_size']}) at {rec.get('elapsed_s', 0):.1f} s",
+        "",
+        "| board | status | from version | staleness | weight | samples | train loss | its update on host test "
+        "| update norm | cos to aggregate | outlier | s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for board, row in rec["boards"].items():
+        if row["status"] == "training":
+            out.append(
+                f"| {board} | still training (from version {row['base_version']}) | | | | | | | | | | |"
+            )
+        elif row["status"] != "ok":
+            out.append(f"| {board} | {STATUS.get(row['status'], row['status'])}: {row.get('error', '')} "
+                       "| | | | | | | | | | |")  # fmt: skip
+        else:
+            m = row.get("metrics", {})
+            out.append(
+                f"| {board} | arrived | {row['base_version']} | {row['staleness']} | {row['weight']:.3f} | "
+                f"{row['samples']} | {m.get('train_loss', float('nan')):.4f} | {_pct(row.get('host'))} | "
+                f"{_update_cells(row.get('update'))} | {row['seconds']:.1f} |"
+            )
+    agg = rec.get("aggregate")
+    if agg is None:
+        return out + ["", "**No aggregate: the buffer could not be filled.**", ""]
+    out += [
+        "",
+        f"**Aggregate** of {rec['samples']} samples: accuracy **{_pct(agg)}**, loss {_pct(agg, 'loss')}.",
+    ]
+    if rec.get("outliers"):
+        out += ["", f"**Outliers this aggregation**: {', '.join(rec['outliers'])}."]
+    return out + [""]
+
+
 def round_table(rec: dict[str, Any]) -> list[str]:
     """One round: a row per board and the aggregate's line."""
+    if rec.get("mode") == "buffered":
+        return buffer_table(rec)
     out = [
         f"### Round {rec['round']}: {len(rec['took_part'])} of {len(rec['boards'])} boards "
         f"(quorum {rec['min_boards']})",
@@ -143,6 +183,14 @@ def render_fleet_report(summary: dict[str, Any], verdict: str = "", gate: list[s
         f"per round; started from {start}.",
         "",
     ]
+    if s.get("mode") == "buffered":
+        lines[2] = (
+            f"Boards: {', '.join(summary['boards'])}. **Buffered asynchronous** (FedBuff): every board trains "
+            f"from the newest global model; every {s['buffer_size']} arrivals make the next version, each "
+            f"update weighted by (1 + staleness)^-{s['staleness_exponent']:g} (staleness: the global versions "
+            f"made since its start). Strategy **{s['strategy']}** ({_settings(s)}), {len(rounds)} of "
+            f"{s['rounds']} aggregations, deadline {s['deadline_s']:g} s per job; started from {start}."
+        )
     if summary.get("privacy"):
         p = summary["privacy"]
         lines += [f"**Differential privacy**: {privacy_line(p)} after {p['rounds']} rounds, per board.", ""]

@@ -39,7 +39,7 @@ from tasks.stages.judge import inference_of
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BoardUpdate", "FleetRun", "board_round", "check_fleet"]
+__all__ = ["BoardUpdate", "FleetRun", "board_round", "board_row", "check_fleet", "why"]
 
 
 @dataclass
@@ -58,6 +58,7 @@ class FleetRun:
     start: dict[str, Any] = field(default_factory=dict)
     rng: np.random.Generator = field(default_factory=np.random.default_rng)  # central noise: OS entropy
     stopped: str = ""  # why the rounds ended before [fleet].rounds (the privacy budget)
+    began: float = field(default_factory=time.monotonic)  # the run's start: records' elapsed_s
 
     def __post_init__(self) -> None:
         """A fresh strategy of the kind ``[fleet] strategy`` names (RecipeError for an unknown one)."""
@@ -101,14 +102,14 @@ class FleetRun:
                 try:
                     w = read_update(res.update, self.weights, name)
                 except FleetError as exc:
-                    boards[name] = {"status": "rejected", "error": str(exc), **_board_row(res)}
+                    boards[name] = {"status": "rejected", "error": str(exc), **board_row(res)}
                     continue
                 updates.append((w, res.samples))
                 local = self._host_metrics(w, rdir / f"{name}.ckpt")
-                boards[name] = {"status": "ok", **_board_row(res), "host": local}
+                boards[name] = {"status": "ok", **board_row(res), "host": local}
             else:
                 late = isinstance(res, Straggler)
-                boards[name] = {"status": "late" if late else "failed", "error": _why(res)}
+                boards[name] = {"status": "late" if late else "failed", "error": why(res)}
         record: dict[str, Any] = {"round": r, "boards": boards, "min_boards": self.spec.min_boards}
         record["took_part"] = [b for b, row in boards.items() if row["status"] == "ok"]
         record["bytes_down"] = sum(row.get("bytes_down", 0) for row in boards.values())
@@ -136,6 +137,7 @@ class FleetRun:
         record["host_seconds"] = round(time.monotonic() - t0, 3)
         if started is not None:  # the round's wall time, from its fan-out to its aggregate
             record["wall_s"] = round(time.monotonic() - started, 3)
+        record["elapsed_s"] = round(time.monotonic() - self.began, 3)  # since the run started
         self._save(record)
         return record
 
@@ -214,11 +216,13 @@ class FleetRun:
         }
 
 
-def _board_row(res: BoardUpdate) -> dict[str, Any]:
+def board_row(res: BoardUpdate) -> dict[str, Any]:
+    """A board update's record fields (job, samples, metrics, bytes, seconds): all but its tensors."""
     return {k: v for k, v in asdict(res).items() if k not in ("board", "update")}
 
 
-def _why(exc: BaseException | None) -> str:
+def why(exc: BaseException | None) -> str:
+    """Why a board has no update: its exception in one line, or that the wait ended first."""
     if exc is None:
         return "no result (the round's wait ended first)"
     return f"{type(exc).__name__}: {exc}"[:400]

@@ -71,6 +71,17 @@ def close_round(fleet: rounds.FleetRun, r: int, results: dict[str, Any], started
     return fleet.close_round(r, results, started)
 
 
+def outcome(future: Any) -> Any:
+    """A board task's BoardUpdate, or the exception it ended with (None while still running)."""
+    future.wait(timeout=0)  # records the final state of a done future (its .state reads the API)
+    if not future.state.is_final():
+        return None
+    try:
+        return future.result()
+    except Exception as exc:  # noqa: BLE001 - the round records why each board is missing
+        return exc
+
+
 def publish_fleet(summary: dict[str, Any], verdict: str = "", gate: list[str] | None = None) -> str:
     """The fleet report as a markdown artifact (updated each round) and ``$ODL_HOME/reports``."""
     markdown = render_fleet_report(summary, verdict, gate)

@@ -20,6 +20,7 @@ FleetStrategy = Literal[  # tasks.fleet.strategies.STRATEGIES' names
 QUANT_METHODS: tuple[str, ...] = get_args(QuantMethod)
 FLEET_STRATEGIES: tuple[str, ...] = get_args(FleetStrategy)
 MEAN_STRATEGIES = ("fedavg", "fedavgm", "fedadam")  # those that start from the mean of the updates
+FleetMode = Literal["rounds", "buffered"]
 
 MinGain = Annotated[
     Number,
@@ -40,6 +41,13 @@ DeadlineS = Annotated[
         gt=0,
         le=7 * 86400,
         description="seconds: a board not done this long after its round started is cut (a straggler)",
+    ),
+]
+
+BufferSize = Annotated[
+    Int,
+    Field(
+        ge=1, le=10000, description="buffered: K, the arrivals each aggregation takes (at most the boards)"
     ),
 ]
 
@@ -154,6 +162,20 @@ class FleetSpec:
     privacy: PrivacySpec | None = Field(
         None, description="differential privacy: clipping, Gaussian noise, the ε budget ([fleet.privacy])"
     )
+    mode: FleetMode = Field(
+        "rounds",
+        description="rounds: synchronous rounds (every board, then the aggregate) | buffered: asynchronous "
+        "(FedBuff): every board trains continuously from the newest global model, which is aggregated "
+        "every buffer_size arrivals; rounds then counts aggregations",
+    )
+    buffer_size: BufferSize = 2
+    staleness_exponent: Number = Field(
+        0.5,
+        ge=0,
+        le=10,
+        description="buffered: an update started s global versions ago weighs (1 + s)^-a; 0.5 = FedBuff's "
+        "1/sqrt(1 + s), 0 = not down-weighted",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -176,6 +198,13 @@ class FleetSpec:
                 'mean of clipped updates), or privacy.mode = "local"',
                 "strategy",
                 self.strategy,
+            )
+        if self.privacy is not None and self.mode == "buffered":
+            raise expected(
+                '"rounds" with [fleet.privacy] (its accountant counts one release per board per round; '
+                "buffered arrivals are not rounds), or no privacy table",
+                "mode",
+                self.mode,
             )
         return self
 

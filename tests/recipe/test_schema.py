@@ -43,6 +43,8 @@ FLEET_PARAMS = {
     "min_boards": (FleetSpec, "min_boards", "fleet.min_boards"),
     "deadline_s": (FleetSpec, "deadline_s", "fleet.deadline_s"),
     "strategy": (FleetSpec, "strategy", "fleet.strategy"),
+    "mode": (FleetSpec, "mode", "fleet.mode"),
+    "buffer_size": (FleetSpec, "buffer_size", "fleet.buffer_size"),
     "epochs": (TrainingSpec, "epochs", "training.epochs"),
     "lr": (OptimizerSpec, "lr", "optimizer.lr"),
 }

@@ -66,9 +66,10 @@ def make_strategy(spec: FleetSpec) -> Strategy:
     return cls(spec)
 
 
-def check_group(spec: FleetSpec, n: int) -> None:
+def check_group(spec: FleetSpec, n: int, over: str = "") -> None:
     """RecipeError naming the field when ``spec``'s strategy cannot run over a group of ``n`` boards
-    (Krum needs more than ``2 * byzantine + 2``, Bulyan at least ``4 * byzantine + 3``)."""
+    (Krum needs more than ``2 * byzantine + 2``, Bulyan at least ``4 * byzantine + 3``); ``over``
+    says what the ``n`` are when not the group's boards (a buffer of arrivals)."""
     cls = STRATEGIES.get(spec.strategy)
     if cls is not None and issubclass(cls, RobustStrategy):
-        cls.check_group(spec, n)
+        cls.check_group(spec, n, over)

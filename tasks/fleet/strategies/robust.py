@@ -65,11 +65,13 @@ class RobustStrategy(Strategy):
         return None
 
     @classmethod
-    def check_group(cls, spec: FleetSpec, n: int) -> None:
-        """RecipeError naming the field when a group of ``n`` boards cannot run ``spec``'s strategy."""
+    def check_group(cls, spec: FleetSpec, n: int, over: str = "") -> None:
+        """RecipeError naming the field when a group of ``n`` boards (or what ``over`` says) cannot
+        run ``spec``'s strategy."""
         broken = cls.requirement(spec, n)
         if broken is not None:
-            raise RecipeError(broken[0], f"{broken[1]} over the group's {n} boards", broken[2])
+            over = over or f"the group's {n} boards"
+            raise RecipeError(broken[0], f"{broken[1]} over {over}", broken[2])
 
     def check_round(self, n: int) -> None:
         """FleetError when this round's ``n`` updates are too few for the strategy's settings."""
