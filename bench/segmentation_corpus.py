@@ -18,23 +18,18 @@ the ignore index 255.
 
 from __future__ import annotations
 
-import argparse
 import json
-import random
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import child_json, table, write_results  # noqa: E402
+from bench._corpus import corpus_main, prepared_row  # noqa: E402
 from bench.zoo import calibrate_module  # noqa: E402
 from tasks.paths import PROJECT_ROOT  # noqa: E402
 
 CLASSES = 4
 SAMPLES = 16
-CHILD_TIMEOUT_S = 1200
 # name -> (family, its builder's arguments, input side); torchvision and smp models train their
 # last conv + classifier after BatchNorm calibration (a deep random init), the U-Nets every parameter
 CORPUS: dict[str, tuple[str, dict, int]] = {
@@ -129,70 +124,8 @@ def _public_model(family: str, args: dict, work: Path):  # noqa: ANN202 - a torc
 
 def child(name: str, work: Path) -> dict:
     """Prepare one case in ``work``; its row (pipeline errors are classified, never raised)."""
-    from tasks.prepare.pipeline import prepare
-    from tasks.recipe.load import load_recipe
-    from tests.corpus.generator import outcome
-
-    start = time.perf_counter()
-    row: dict = {"model": name, "size": CORPUS[name][2]}
-    try:
-        done = prepare(load_recipe(write_case(name, work)), work / "prepared")
-    except Exception as exc:  # noqa: BLE001 - every failure is classified
-        row["kind"], row["message"] = outcome(exc)
-    else:
-        val = done.validation or {}
-        row.update(kind="pass", message="", trainable=done.manifest["trainable_count"],
-                   params=done.manifest.get("model_params"),
-                   fixups=done.manifest.get("fixups", {}), board_peak_mb=round(val.get("board_peak_estimate_mb", 0.0)))  # fmt: skip
-    row["seconds"] = round(time.perf_counter() - start, 1)
-    return row
-
-
-def run_one(name: str) -> dict:
-    """``child`` in a subprocess; a crash or a timeout is a raw row."""
-    start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="odl-segcorpus-") as tmp:
-        row, failure = child_json([sys.executable, __file__, "--child", name, "--work", tmp], CHILD_TIMEOUT_S)
-    row = row or {"model": name, "kind": "raw", "message": failure}
-    row.setdefault("seconds", round(time.perf_counter() - start, 1))
-    return row
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", type=int, help="a seeded sample of this many cases")
-    ap.add_argument("--seed", type=int, default=0, help="--quick's sample")
-    ap.add_argument("--models", help=f"comma-separated cases (default: all {len(CORPUS)})")
-    ap.add_argument("--out", type=Path, help="result JSON (default bench/results/segmentation_corpus.json)")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.child:
-        print(json.dumps(child(args.child, args.work)))
-        return 0
-    names = args.models.split(",") if args.models else list(CORPUS)
-    unknown = sorted(set(names) - set(CORPUS))
-    if unknown:
-        ap.error(f"--models: unknown cases {unknown} (known: {', '.join(CORPUS)})")
-    if args.quick:
-        names = sorted(random.Random(args.seed).sample(names, min(args.quick, len(names))))
-    rows = []
-    for name in names:
-        rows.append(run_one(name))
-        r = rows[-1]
-        print(f"{name:34s} {r['seconds']:7.1f}s  {r['kind']:8s} {r['message'][:140]}", flush=True)
-    counts = {k: sum(r["kind"] == k for r in rows) for k in ("pass", "specific", "raw")}
-    path = write_results("segmentation_corpus", {"models": len(rows), **counts, "rows": rows}, args.out)
-    for r in rows:
-        r["short"] = r["message"] if len(r["message"]) < 100 else r["message"][:97] + "..."
-    print(table(rows, [("model", "model"), ("size", "px"), ("params", "params"), ("trainable", "trainable"),
-                       ("seconds", "s"), ("board_peak_mb", "board MB"), ("kind", "result"), ("short", "message")]))  # fmt: skip
-    n = max(1, len(rows))
-    print(f"{len(rows)} models: {counts['pass']} pass ({counts['pass'] / n:.0%}), {counts['specific']} specific, "
-          f"{counts['raw']} raw; pass or specific {(counts['pass'] + counts['specific']) / n:.0%}")  # fmt: skip
-    print(f"figures: {path}")
-    return 0
+    return prepared_row(name, CORPUS[name][2], lambda: write_case(name, work), work / "prepared")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(corpus_main(__doc__, "segmentation_corpus", list(CORPUS), __file__, child))

@@ -50,9 +50,27 @@ def _what_works(model: onnx.ModelProto, node: onnx.NodeProto | None) -> str:
     return "trainable.strategy = 'classifier' avoids it"
 
 
+def vector_matmul_message(error: str, model: onnx.ModelProto) -> str | None:
+    """One line for ORT's MatMul gradient refusing a 1-D operand (``x @ v``, a soft-argmax's
+    expectation over pixel positions), else None."""
+    found = re.search(r"Node \((\S+?)_Grad/\S*\) Op \(\w*MatMul\w*\).*Incompatible dimensions", error)
+    if not found:
+        return None
+    vectors = {i.name for i in model.graph.initializer if len(i.dims) == 1}
+    node = next((n for n in model.graph.node if n.name == found.group(1) and n.op_type == "MatMul"), None)
+    if node is None or not vectors & set(node.input):
+        return None
+    layer = layer_of(node.name)
+    where = f" (layer {layer})" if layer != node.name else " (in the model's own forward)"
+    return (
+        f"ONNX Runtime 1.19.2 cannot differentiate MatMul node {node.name}{where}: one operand is a 1-D "
+        "vector (x @ v); write it as (x * v).sum(-1) or multiply by a [n, 1] matrix"
+    )
+
+
 def generate_failure(error: str, model: onnx.ModelProto, trainable: list[str]) -> str:
     """One line for a generate_artifacts failure, without ORT's C++ source positions."""
-    specific = no_gradient_message(error, model, trainable)
+    specific = no_gradient_message(error, model, trainable) or vector_matmul_message(error, model)
     if specific:
         return specific
     text = ort_message(error)
