@@ -34,11 +34,14 @@ def per_keypoint_table(evaluations: dict[str, dict[str, Any]]) -> str:
 def keypoints_chart(image: np.ndarray, panels: dict[str, np.ndarray], names: Sequence[str],
                     side: int = 160) -> bytes:  # fmt: skip
     """One test image (``[C, H, W]``) drawn once per panel (title -> ``[K, 2+]`` keypoints in input
-    pixels; a third column 0 hides a keypoint), keypoint k a disc in MASK_PALETTE[k], a legend under them."""
+    pixels; a third column 0 hides a keypoint), keypoint k a disc in MASK_PALETTE[k], a legend under
+    them (wrapped to the panels' width)."""
     h, w = image.shape[-2:]
     base = Image.fromarray(rgb_array(image)).resize((side, side), Image.Resampling.BILINEAR)
     pad, title = 8, 22
-    out = Image.new("RGB", (len(panels) * (side + pad) + pad, side + title + 22 + pad), "white")
+    width = len(panels) * (side + pad) + pad
+    legend = _legend_rows(names, width - 2 * pad)
+    out = Image.new("RGB", (width, side + title + 6 + 18 * len(legend) + pad), "white")
     draw = ImageDraw.Draw(out)
     for i, (name, points) in enumerate(panels.items()):
         x0 = pad + i * (side + pad)
@@ -51,12 +54,27 @@ def keypoints_chart(image: np.ndarray, panels: dict[str, np.ndarray], names: Seq
                 [cx - 4, cy - 4, cx + 4, cy + 4], fill=MASK_PALETTE[k % len(MASK_PALETTE)], outline="white"
             )
         draw.text((x0 + side // 2, 4), name, fill="black", font=text_font(13), anchor="ma")
-    x, y = pad, title + side + 6
-    for k, name in enumerate(names):
-        draw.ellipse([x, y, x + 12, y + 12], fill=MASK_PALETTE[k % len(MASK_PALETTE)])
-        draw.text((x + 16, y), name, fill="black", font=text_font(12))
-        x += 28 + int(draw.textlength(name, font=text_font(12)))
+    for row, items in enumerate(legend):
+        y = title + side + 6 + 18 * row
+        for k, x in items:
+            draw.ellipse([pad + x, y, pad + x + 12, y + 12], fill=MASK_PALETTE[k % len(MASK_PALETTE)])
+            draw.text((pad + x + 16, y), names[k], fill="black", font=text_font(12))
     return png_bytes(out)
+
+
+def _legend_rows(names: Sequence[str], width: int) -> list[list[tuple[int, int]]]:
+    """The legend's rows of (keypoint, x offset), each row at most ``width`` pixels wide."""
+    measure = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    rows: list[list[tuple[int, int]]] = [[]]
+    x = 0
+    for k, name in enumerate(names):
+        size = 28 + int(measure.textlength(name, font=text_font(12)))
+        if rows[-1] and x + size - 12 > width:
+            rows.append([])
+            x = 0
+        rows[-1].append((k, x))
+        x += size
+    return rows
 
 
 def example_images(evaluations: dict[str, dict[str, Any]], test_path: Path | None) -> list[bytes]:
