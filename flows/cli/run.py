@@ -100,5 +100,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         task, loss = recipe.task, host_loss(recipe, prep)
         # a detector decoded with the export's priors (COCO mAP), a segmentation by its [segmentation] table
         detector = judged_as(recipe, prep.priors)
+    elif task == "keypoints":
+        raise RecipeError("--recipe", "the keypoints recipe ([keypoints]: the keypoint count, OKS sigmas, "
+                          "the targets' sigma) that --task keypoints is judged by", None)  # fmt: skip
     print(json.dumps(evaluate(args.model, args.test, task, loss=loss, **detector), indent=2))
     return 0
