@@ -119,12 +119,12 @@ def test_bad_values_are_refused_naming_the_field(bad):
         _recipe({"mode": "buffered", **bad} if "mode" not in bad else bad)
 
 
-def _run_of(tmp_path, names: list[str], k: int):
+def _run_of(tmp_path, names: list[str], k: int, strategy: str = "fedavg"):
     from types import SimpleNamespace
 
     from tasks.fleet.buffered import BufferedRun
 
-    recipe = SimpleNamespace(name="r", fleet=FleetSpec(mode="buffered", buffer_size=k))
+    recipe = SimpleNamespace(name="r", fleet=FleetSpec(mode="buffered", buffer_size=k, strategy=strategy))
     weights = _tensors(np.random.default_rng(0))
     return BufferedRun(SimpleNamespace(recipe=recipe), None, "g", names, "run-1", tmp_path, weights)
 
@@ -149,3 +149,71 @@ def test_a_buffer_the_boards_still_training_cannot_fill_fails_the_run_naming_eac
         "b": "late",
         "c": "training",
     }
+
+
+def _arrival(tmp_path, fleet, board: str, trained: dict[str, np.ndarray], samples: int):
+    from tasks.fleet.rounds import BoardUpdate
+
+    path = tmp_path / f"{board}-{len(fleet.rounds)}.npz"
+    np.savez(path, **trained)
+    up = BoardUpdate(board, "job", samples, path, {}, 0, path.stat().st_size, 1.0, 1.0, 1)
+    fleet.arrive(board, up)
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "median", "trimmed_mean"])
+def test_a_strategy_combines_the_buffers_rebased_updates(tmp_path, monkeypatch, strategy):
+    """Two aggregations of K = 3 over four boards; in the second, d (started from version 0)
+    arrives one version stale: each aggregate is the strategy's formula, written here, over
+    ``g + w(s) * (trained - base)``."""
+    from tasks.fleet.buffered import BufferedRun
+
+    monkeypatch.setattr(BufferedRun, "_host_metrics", lambda self, w, ckpt: {"accuracy": 0.5})
+    rng = np.random.default_rng(7)
+    fleet = _run_of(tmp_path, ["a", "b", "c", "d"], 3, strategy)
+    g0 = fleet.weights
+    for b in "abcd":
+        fleet.started(b)
+    moved = {
+        b: {k: v + rng.normal(scale=0.1, size=v.shape).astype(np.float32) for k, v in g0.items()}
+        for b in "abcd"
+    }
+    samples = {"a": 10, "b": 30, "c": 20, "d": 40}
+
+    def combine(arrivals):  # (base weights, trained, samples, staleness)
+        rows = [
+            {k: g[k].astype(np.float64) + (1 + s) ** -0.5 * (t[k] - b[k]) for k in g}
+            for b, t, _, s in arrivals
+        ]
+        if strategy == "fedavg":
+            total = sum(n for *_, n, _ in arrivals)
+            return {k: sum(n / total * r[k] for r, (*_, n, _) in zip(rows, arrivals, strict=True)) for k in g}
+        # median of 3, and a trimmed mean that drops int(0.1 * 3) = 0 at each end: the plain mean
+        stack = {k: np.stack([r[k] for r in rows]) for k in g}
+        return {k: np.median(v, axis=0) if strategy == "median" else v.mean(axis=0) for k, v in stack.items()}
+
+    g = g0
+    for b in "abc":
+        _arrival(tmp_path, fleet, b, moved[b], samples[b])
+    assert fleet.full()
+    want = combine([(g0, moved[b], samples[b], 0) for b in "abc"])
+    rec = fleet.close_buffer()
+    assert all(np.allclose(fleet.weights[k], want[k], atol=1e-6) for k in g0) and fleet.version == 1
+    g1 = fleet.weights
+    assert fleet.started("a") == fleet.started("c") == 1
+    again = {k: v + rng.normal(scale=0.1, size=v.shape).astype(np.float32) for k, v in g1.items()}
+    _arrival(tmp_path, fleet, "d", moved["d"], samples["d"])  # trained from version 0
+    _arrival(tmp_path, fleet, "a", again, samples["a"])
+    assert not fleet.full()
+    fleet.started("b")
+    _arrival(tmp_path, fleet, "b", again, samples["b"])
+    g = g1
+    want = combine(
+        [(g0, moved["d"], samples["d"], 1), (g1, again, samples["a"], 0), (g1, again, samples["b"], 0)]
+    )
+    rec = fleet.close_buffer()
+    assert all(np.allclose(fleet.weights[k], want[k], atol=1e-6) for k in g0)
+    assert rec["arrivals"] == ["d", "a", "b"] and rec["boards"]["d"]["staleness"] == 1
+    assert (
+        rec["boards"]["d"]["weight"] == pytest.approx(2**-0.5) and rec["boards"]["c"]["status"] == "training"
+    )
+    assert sorted(fleet.bases) == [1]  # c still trains from version 1; version 0 is no board's base now
