@@ -17,6 +17,7 @@
 #         group "lab", then `odl watch odl/fleet`: three FedAvg rounds, the gate, rollout.
 #         ODL_FLEET_RECIPE=recipes/digits_fleet_private.toml (`make fleet ODL_FLEET_RECIPE=...`): the
 #         same fleet with central differential privacy: ε per round, the budget's stop.
+#         ODL_FLEET_RECIPE=recipes/digits_fleet_buffered.toml: the buffered asynchronous mode (FedBuff).
 #   down: stops the worker, the server (by the pids under $ODL_HOME/run) and the board; keeps the data.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +27,7 @@ PORT_ARGS=()  # the stack picks this home's port (4200 when free) unless ODL_PRE
 if [ -n "${ODL_PREFECT_PORT:-}" ]; then PORT_ARGS=(--port "$ODL_PREFECT_PORT"); fi
 BOARD=${ODL_BOARD:-vboard}
 FLEET_PREFIX=${ODL_FLEET_PREFIX:-lab}   # the fleet demo's boards: lab1 .. lab4
-FLEET_RECIPE=${ODL_FLEET_RECIPE:-recipes/digits_fleet.toml}   # or recipes/digits_fleet_private.toml
+FLEET_RECIPE=${ODL_FLEET_RECIPE:-recipes/digits_fleet.toml}   # or digits_fleet_private / _buffered
 
 stack_env() {  # the environment tasks.stack.server gives every process of the stack
   eval "$("$BIN/python" - <<'PY'
@@ -162,6 +163,9 @@ summary = json.loads(runs[-1].read_text())
 for rec in summary["rounds"]:
     boards = ", ".join(f"{b} {r['host']['accuracy']:.3f}" if r["status"] == "ok" else f"{b} {r['status']}"
                        for b, r in rec["boards"].items())
+    if rec.get("mode") == "buffered":  # who arrived, how stale (global versions since its start)
+        boards = ", ".join(f"{b} {r['host']['accuracy']:.3f} (staleness {r['staleness']})"
+                           for b, r in rec["boards"].items() if r["status"] == "ok")
     agg = rec["aggregate"]["accuracy"] if rec["aggregate"] else float("nan")
     eps = f" | ε {rec['privacy']['epsilon']:.3g} (δ {rec['privacy']['delta']:g})" if rec.get("privacy") else ""
     print(f"round {rec['round']}: aggregate {agg:.4f} | each board's own update: {boards} | "

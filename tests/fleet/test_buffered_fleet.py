@@ -53,8 +53,14 @@ def test_the_slow_board_arrives_stale_and_down_weighted_and_the_aggregate_improv
     from tasks.judge.registry import Registry
     from tasks.paths import odl_home, state_dir
 
-    overrides = {"fleet.mode": "buffered", "fleet.buffer_size": 2, "promotion.rollout": False}
-    params = FleetParams(group="async3", rounds=AGGREGATIONS, epochs=1, overrides=overrides)
+    params = FleetParams(  # the reference recipe (buffered, K = 3), with a buffer of 2 for three boards
+        recipe="recipes/digits_fleet_buffered.toml",
+        group="async3",
+        rounds=AGGREGATIONS,
+        buffer_size=2,
+        epochs=1,
+        overrides={"promotion.rollout": False},
+    )
     state = odl_fleet(params, return_state=True)
     assert state.is_completed(), state.message
     summary = state.result().summary
@@ -89,13 +95,13 @@ def test_the_slow_board_arrives_stale_and_down_weighted_and_the_aggregate_improv
     accuracy = [r["aggregate"]["accuracy"] for r in recs]
     print("aggregates", accuracy, "arrivals", [(b, row["staleness"]) for b, row in arrivals])
     assert accuracy[-1] > BASE_ACCURACY + 0.1, accuracy  # the base model: 0.294
-    report = (state_dir("reports", "digits_fleet-async3") / "fleet.md").read_text()
+    report = (state_dir("reports", "digits_fleet_buffered-async3") / "fleet.md").read_text()
     assert "**Buffered asynchronous** (FedBuff)" in report and "### Aggregation 1 (version 1)" in report
     stale = next(row for row in slow if row["staleness"] >= 1)
     assert (
         f"| a2 | arrived | {stale['base_version']} | {stale['staleness']} | {stale['weight']:.3f} |" in report
     )
-    entry = Registry(odl_home() / "registry").versions("digits_fleet", "async3")[-1]
+    entry = Registry(odl_home() / "registry").versions("digits_fleet_buffered", "async3")[-1]
     stored = entry.info["fleet"]["rounds"]
     assert [r["arrivals"] for r in stored] == [r["arrivals"] for r in recs]
     assert json.dumps([[r["boards"][b]["staleness"] for b in r["arrivals"]] for r in stored])
