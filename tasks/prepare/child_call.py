@@ -98,7 +98,7 @@ def main() -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     target, args, torch_free = read_message(sys.stdin.buffer)
     if torch_free:
-        from device_agent.ort import load_onnxruntime
+        from device_agent.ort import load_onnxruntime  # only a torch-free call blocks torch
 
         load_onnxruntime()
     module, _, name = target.partition(":")
