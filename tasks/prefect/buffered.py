@@ -88,10 +88,14 @@ def stop_jobs(
     tag = "".join(c for c in fleet.run_id if c.isalnum())[:12]
     end = time.monotonic() + wait_s
     pending = list(flying)
-    while pending and time.monotonic() < end:
-        for future in pending:
-            _cancel_run_job(boards[flying[future]], tag)
-        pending = list(wait(pending, timeout=2).not_done)
+    ft.STOPPING.add(fleet.run_id)
+    try:
+        while pending and time.monotonic() < end:
+            for future in pending:
+                _cancel_run_job(boards[flying[future]], tag)
+            pending = list(wait(pending, timeout=2).not_done)
+    finally:
+        ft.STOPPING.discard(fleet.run_id)
     if pending:
         log.warning("%d board jobs still running after %.0f s: %s", len(pending), wait_s,
                     ", ".join(flying[f] for f in pending))  # fmt: skip

@@ -11,10 +11,11 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
+from prefect.states import Cancelled, State
 
 from tasks import stages
 from tasks.board.inventory import Board
-from tasks.errors import Straggler
+from tasks.errors import Straggler, TrainingFailed
 from tasks.fleet import rounds
 from tasks.fleet.report import render_fleet_report
 from tasks.judge.report import report_key
@@ -23,6 +24,10 @@ from tasks.prefect import boards
 from tasks.prefect.limits import ensure_board_limit
 from tasks.prepare import Prepared
 from tasks.stages import nightly
+
+# runs whose board jobs are being cancelled on purpose (tasks.prefect.buffered.stop_jobs): their
+# board tasks end Cancelled, not Failed
+STOPPING: set[str] = set()
 
 
 @task(name="board round", task_run_name="round {r} on {board.name}", cache_policy=NO_CACHE)
@@ -35,9 +40,10 @@ def board_round(
     r: int,
     deadline_wall: float,
     out_dir: Path,
-) -> rounds.BoardUpdate:
+) -> rounds.BoardUpdate | State:
     """One board's part of round ``r``, holding the board's concurrency slot; Straggler when the
-    slot, the training or the download is not done by ``deadline_wall`` (a ``time.time()``)."""
+    slot, the training or the download is not done by ``deadline_wall`` (a ``time.time()``); a
+    Cancelled state when its run stopped the job on purpose (:data:`STOPPING`)."""
     logger = get_run_logger()
     remaining = deadline_wall - time.time()
     if remaining <= 0:
@@ -63,6 +69,10 @@ def board_round(
             return rounds.board_round(board, inp, prep, checkpoint, run_id, deadline, out_dir, on_event)
     except TimeoutError as exc:
         raise Straggler(f"board {board.name}: its slot stayed busy (another run) until the deadline") from exc
+    except TrainingFailed as exc:
+        if run_id in STOPPING:  # the buffered mode cancelled it: its last aggregation is made
+            return Cancelled(message=f"{board.name}: stopped after the run's last aggregation ({exc})")
+        raise
 
 
 @task(name="aggregate", task_run_name="aggregate round {r}", cache_policy=NO_CACHE)
