@@ -6,6 +6,7 @@ boards (only this run's: their ids end with the run's tag)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import time
@@ -13,7 +14,7 @@ from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from prefect.futures import as_completed, wait
+from prefect.futures import wait
 
 from tasks import stages
 from tasks.board.control import agent_json
@@ -57,10 +58,7 @@ def run_buffered(fleet: BufferedRun, boards: list[Board], inp: stages.Inputs, pr
     try:
         while fleet.version < spec.rounds:
             fleet.check_progress()
-            try:
-                done = next(as_completed(list(flying), timeout=spec.deadline_s + 120))
-            except TimeoutError as exc:
-                raise FleetError(f"no board's job ended within {spec.deadline_s + 120:g} s") from exc
+            done = _first_done(list(flying), spec.deadline_s + 120)
             name = flying.pop(done)
             fleet.arrive(name, ft.outcome(done))
             waiting.append(name)
@@ -78,6 +76,17 @@ def run_buffered(fleet: BufferedRun, boards: list[Board], inp: stages.Inputs, pr
                 waiting = []
     finally:
         stop_jobs(fleet, by_name, flying)
+
+
+def _first_done(futures: list[Any], timeout: float) -> Any:
+    """The first of ``futures`` (the thread pool's Prefect futures) to end; FleetError when none
+    does within ``timeout`` s. (``prefect.futures.as_completed`` arms a cancel scope, a SIGALRM on
+    the main thread, that stays armed while its generator is suspended: not for one item at a time.)"""
+    inner = {f.wrapped_future: f for f in futures}
+    done, _ = concurrent.futures.wait(inner, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED)
+    if not done:
+        raise FleetError(f"no board's job ended within {timeout:g} s")
+    return inner[next(iter(done))]
 
 
 def stop_jobs(
