@@ -38,7 +38,13 @@ from tasks.prepare.priors import PRIORS_FILE, write_priors
 from tasks.prepare.recurrent import recurrent_dropout_modules
 from tasks.prepare.supervise import supervised
 from tasks.prepare.torch_model import build_model
-from tasks.prepare.tracing import channel_dropout_modules, has_auxiliary_outputs, model_outputs, restored
+from tasks.prepare.tracing import (
+    bags_as_embeddings,
+    channel_dropout_modules,
+    has_auxiliary_outputs,
+    model_outputs,
+    restored,
+)
 from tasks.prepare.user_code import forward_error, user_code_error
 from tasks.recipe.schema import Recipe
 
@@ -204,7 +210,7 @@ def _run_exporter(
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
     failure: Exception | None = None
-    with quiet_output("torch.onnx.export") as out:
+    with quiet_output("torch.onnx.export") as out, bags_as_embeddings():
         try:
             torch.onnx.export(
                 model,

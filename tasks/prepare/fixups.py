@@ -28,6 +28,8 @@ on torchvision models by ``bench/zoo.py``):
   upsampling on the gradient path becomes the two MatMuls it equals; likewise ConvTransposeGrad, so a
   ConvTranspose becomes the Conv of its zero-inserted input (:mod:`tasks.prepare.conv_transpose`),
   and a bidirectional LSTM two forward ones (:mod:`tasks.prepare.lstm`; ORT trains forward only).
+- ``rnns_unrolled`` (:mod:`tasks.prepare.rnn`): ORT has no gradient for RNN (``nn.RNN``); one a
+  gradient flows through becomes its steps' MatMuls, Adds and activations.
 - ``freeze_batchnorm``: on-device training normalises with batch statistics while the exported
   inference model uses running ones; every BatchNormalization becomes the affine Mul/Add of its
   running statistics, so training and inference compute the same function (its scale and bias
@@ -54,6 +56,7 @@ from tasks.prepare.graph import add_const, attr, bypass, downstream, rebuild, sh
 from tasks.prepare.lstm import bidirectional_lstms_as_forward
 from tasks.prepare.pooling import average_pools_as_convs
 from tasks.prepare.resize import resizes_as_matmuls
+from tasks.prepare.rnn import rnns_unrolled
 
 
 @dataclass
@@ -234,6 +237,7 @@ def apply_all(model: onnx.ModelProto, trainable: list[str], *, batchnorm: str = 
     report.add("resizes_as_matmuls", resizes_as_matmuls(model, trainable))
     report.add("conv_transposes_as_convs", conv_transposes_as_convs(model, trainable))
     report.add("bidirectional_lstms_split", bidirectional_lstms_as_forward(model, trainable))
+    report.add("rnns_unrolled", rnns_unrolled(model, trainable))
     if batchnorm == "frozen":
         report.add("batchnorm_frozen", freeze_batchnorm(model, trainable))
     report.add("shared_concats_split", split_shared_concats(model, trainable))

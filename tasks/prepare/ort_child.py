@@ -4,8 +4,8 @@ that kills ONNX Runtime (SIGFPE, SIGSEGV, the OOM killer) kills this process and
 It serves requests until its stdin closes: each a length-prefixed pickle ``{"model": bytes or
 path, "feeds": {name: array} or None, "outputs": [names] or None, "shapes_only": bool}``, each
 answered with ``{"ok": True, "inputs": [(name, shape, type)], "outputs": [names], "values": [arrays,
-or (shape, dtype) pairs] or None}`` or
-``{"ok": False, "phase": "load" | "run", "error": text}``. Like the training probe it imports only
+or (shape, dtype) pairs; None for an output ONNX Runtime gives back unset: a Range of constants
+it folded] or None}`` or ``{"ok": False, "phase": "load" | "run", "error": text}``. Like the training probe it imports only
 the standard library, numpy and onnxruntime (torch blocked by
 :func:`device_agent.ort.load_onnxruntime`; the parent imports this module for its framing). It
 ignores SIGINT and SIGHUP, which reach the whole terminal's process group: its parent stops it.
@@ -84,7 +84,7 @@ def answer(sessions: Sessions, request: dict[str, Any]) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001
             return {"ok": False, "phase": "run", "error": str(exc) or type(exc).__name__}
         if request.get("shapes_only"):  # what a shape probe needs, without sending every tensor back
-            values = [(list(v.shape), v.dtype.str) for v in values]
+            values = [None if v is None else (list(v.shape), v.dtype.str) for v in values]
     return {"ok": True, "inputs": inputs, "outputs": outputs, "values": values}
 
 

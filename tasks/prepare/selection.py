@@ -8,13 +8,14 @@ the other is computed from: the gate is not the features. Every other node is fo
 residual Add, every part of a dense Concat, both operands of attention's MatMul).
 
 ``last-conv+classifier`` trains the classifier and the *last feature layer* before it: the weighted
-layer (Conv, ConvTranspose, Gemm or MatMul with a parameter, or a recurrent LSTM, GRU or RNN) on the
-main path, deepest from the inputs (shapes measured by running the graph once), whose output still
-has more than one position per sample (pixels, tokens or time steps: a rank of 3 or more). In a CNN
-that is the last convolution of the last block; in a transformer stage the last linear layer over
-its tokens; in a sequence model the last recurrent layer (uni- or bidirectional, its last stacked
-layer); never a squeeze-excitation gate, a stem far from the head or a flattened ``Linear`` of a
-multi-layer classifier.
+layer (Conv, ConvTranspose, Gemm or MatMul with a parameter, a recurrent LSTM, GRU or RNN, or an
+embedding: a Gather on axis 0 of a parameter indexed by a model input) on the main path, deepest
+from the inputs (shapes measured by running the graph once), whose output still has more than one
+position per sample (pixels, tokens or time steps: a rank of 3 or more). In a CNN that is the last
+convolution of the last block; in a transformer stage the last linear layer over its tokens; in a
+sequence model the last recurrent layer (uni- or bidirectional, its last stacked layer); in a bag
+of embeddings (token ids embedded and pooled) the embedding table; never a squeeze-excitation gate,
+a stem far from the head or a flattened ``Linear`` of a multi-layer classifier.
 
 ``suffix`` trains everything after one cut: the earliest tensor on the main path that alone
 separates the inputs from the outputs and leaves at most the budget (``max_params`` or
@@ -104,6 +105,18 @@ def main_path(
     return out
 
 
+def is_embedding(node: onnx.NodeProto, sources: dict[str, set[str]], inputs: set[str]) -> bool:
+    """True for ``nn.Embedding`` as exported: a Gather on axis 0 of a parameter, indexed by a model
+    input (token ids), not by positions computed in the graph."""
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+    return (
+        node.op_type == "Gather"
+        and axis == 0
+        and bool(sources.get(node.input[0]))
+        and node.input[1] in inputs
+    )
+
+
 def last_feature_layer(
     model: onnx.ModelProto, classifier: onnx.NodeProto, params: set[str]
 ) -> onnx.NodeProto | None:
@@ -115,9 +128,11 @@ def last_feature_layer(
     for k, node in enumerate(model.graph.node):
         d = 1 + max((depth[i][0] for i in node.input if i in depth), default=0)
         depth.update({o: (d, k) for o in node.output})
+    inputs = {i.name for i in model.graph.input}
     layers = [
         n for n in main_path(model, classifier, params, shapes)
-        if n.op_type in WEIGHTED and layer_params(n, sources) and len(shapes.get(n.output[0], [])) >= 3
+        if (n.op_type in WEIGHTED or is_embedding(n, sources, inputs)) and layer_params(n, sources)
+        and len(shapes.get(n.output[0], [])) >= 3
     ]  # fmt: skip
     return max(layers, key=lambda n: depth[n.output[0]]) if layers else None
 

@@ -83,9 +83,10 @@ def run_graph(
 
 def run_shapes(model: onnx.ModelProto, feeds: Feeds, what: str) -> dict[str, tuple[list[int], np.dtype]]:
     """:func:`run_graph` of every output, giving each one's shape and dtype only (a shape probe's
-    tensors stay in the child)."""
+    tensors stay in the child); an output ONNX Runtime gives back as None (a Range of constants
+    it folded: ``torch.arange(x.shape[1])`` of a fixed length) keeps its inferred shape."""
     got = _run(model, feeds, what, None, shapes_only=True)
-    return {name: (shape, np.dtype(dtype)) for name, (shape, dtype) in got.items()}
+    return {name: (value[0], np.dtype(value[1])) for name, value in got.items() if value is not None}
 
 
 def _run(model: onnx.ModelProto | Path, feeds: Feeds, what: str, outputs: list[str] | None, *,

@@ -1,6 +1,6 @@
 """What tracing a PyTorch model in training mode changes, and how to give it back: module flags,
-BatchNorm momentum and statistics, rebound parameters; and the auxiliary outputs some models add
-in training mode."""
+BatchNorm momentum and statistics, rebound parameters; the auxiliary outputs some models add in
+training mode; and the functions traced another way than the exporter's own (bags of embeddings)."""
 
 from __future__ import annotations
 
@@ -86,3 +86,34 @@ def model_outputs(out: Any) -> list[Any]:
     (torchvision's segmentation models return ``{"out": ...}``), or the one tensor."""
     out = tuple(out.values()) if isinstance(out, dict) else out
     return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+@contextlib.contextmanager
+def bags_as_embeddings() -> Iterator[None]:
+    """While the block runs, ``F.embedding_bag`` of bags of one length (``nn.EmbeddingBag`` on 2-D
+    ids: no offsets, per-sample weights, padding id or max norm) is the embedding reduced over each
+    bag: the same values, traced as Gather + ReduceMean/ReduceSum/ReduceMax instead of the
+    exporter's Loop, whose body reads the table (ONNX Runtime's training graph cannot build a
+    gradient for a parameter read inside a Loop: 'not output of any previous nodes')."""
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    functional = torch.nn.functional
+    original = functional.embedding_bag
+
+    def bag(
+        ids: Any, weight: Any, offsets: Any = None, max_norm: Any = None, *args: Any, **kwargs: Any
+    ) -> Any:
+        options = dict(zip(("norm_type", "scale_grad_by_freq", "mode", "sparse", "per_sample_weights",
+                            "include_last_offset", "padding_idx"), args, strict=False), **kwargs)  # fmt: skip
+        plain = options.get("per_sample_weights") is None and options.get("padding_idx") is None
+        if ids.dim() != 2 or offsets is not None or max_norm is not None or not plain:
+            return original(ids, weight, offsets, max_norm, *args, **kwargs)
+        vectors = functional.embedding(ids, weight)
+        mode = options.get("mode", "mean")
+        return vectors.mean(1) if mode == "mean" else vectors.sum(1) if mode == "sum" else vectors.amax(1)
+
+    functional.embedding_bag = bag
+    try:
+        yield
+    finally:
+        functional.embedding_bag = original

@@ -96,9 +96,9 @@ def find_last_conv(model: onnx.ModelProto, params: dict[str, int], start: onnx.N
     if node is None:
         raise RecipeError(
             "trainable.strategy",
-            "a model with a convolution, a recurrent layer (LSTM, GRU) or a linear layer over tokens "
-            "before its classifier "
-            "(strategy 'last-conv+classifier')",
+            "a model with a convolution, a recurrent layer (LSTM, GRU), a linear layer over tokens or "
+            "an embedding before its classifier (strategy 'last-conv+classifier'; for another model "
+            "strategy 'classifier', 'suffix' or 'all')",
             "none on the path to the classifier",
         )
     bn = [n for n in model.graph.node if n.op_type == "BatchNormalization" and n.input[0] == node.output[0]]

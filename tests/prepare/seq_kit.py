@@ -28,6 +28,33 @@ class TokenNet(nn.Module):
         return self.fc(self.rnn(self.emb(x))[0].mean(1))
 
 
+class BagNet(nn.Module):
+    """Token ids (+ learned positions) -> Embedding -> mean -> Linear -> ReLU -> Linear: no layer
+    but the embedding keeps the sequence axis."""
+
+    def __init__(self, vocab=20, dim=8, classes=3, length=6):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(length, dim)
+        self.hidden, self.fc = nn.Linear(dim, dim), nn.Linear(dim, classes)
+
+    def forward(self, x):
+        e = self.emb(x) + self.pos(torch.arange(x.shape[1]))
+        return self.fc(F.relu(self.hidden(e.mean(1))))
+
+
+class BagOfIds(nn.Module):
+    """fastText's classifier: ``nn.EmbeddingBag`` over 2-D token ids (bags of one length) -> Linear."""
+
+    def __init__(self, mode="mean", vocab=20, dim=8, classes=3):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(vocab, dim, mode=mode)
+        self.fc = nn.Linear(dim, classes)
+
+    def forward(self, x):
+        return self.fc(self.bag(x))
+
+
 class Encoder(nn.Module):
     def __init__(self, rnn="gru"):
         super().__init__()

@@ -1,5 +1,5 @@
 """Recurrent models (issue 37, item 4): the last LSTM/GRU is the "last layer" of
-``last-conv+classifier``; a frozen recurrent layer a gradient flows through is refused by its full
+``last-conv+classifier`` (a bag of embeddings' is its token embedding); a frozen recurrent layer a gradient flows through is refused by its full
 module path, with advice that works; recurrent dropout in training mode exports."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from tasks.errors import RecipeError
 from tasks.prepare.trainable import resolve_trainable
 from tests.prepare.kit import merge
-from tests.prepare.seq_kit import ConvGRU, TokenNet, export_module, signals, token_ids
+from tests.prepare.seq_kit import BagNet, BagOfIds, ConvGRU, TokenNet, export_module, signals, token_ids
 
 
 def _trainable(recipe, model, trainable: dict) -> set[str]:
@@ -41,6 +41,24 @@ def test_last_recurrent_layer_is_the_last_layer_of_the_default_strategy(tmp_path
     assert [m.training for m in module.modules()] == flags  # the module is left as it was
     chosen = _trainable(recipe, model, {"strategy": "last-conv+classifier"})
     assert chosen == expected | {"fc.weight", "fc.bias"}
+
+
+def test_a_bag_of_embeddings_trains_its_token_embedding_not_the_positions_or_the_hidden_layer(tmp_path):
+    recipe, model = export_module(BagNet(), tmp_path, token_ids())  # was refused: "none on the path"
+    chosen = _trainable(recipe, model, {"strategy": "last-conv+classifier"})
+    assert chosen == {"emb.weight", "fc.weight", "fc.bias"}
+
+
+@pytest.mark.parametrize("mode", ["mean", "sum", "max"])
+def test_an_embedding_bag_exports_without_a_loop_and_trains_its_table(tmp_path, mode):
+    import torch.nn.functional as F  # torch (heavy) only in the tests that build a model
+
+    before = F.embedding_bag
+    recipe, model = export_module(BagOfIds(mode), tmp_path, token_ids())  # was a Loop reading the table
+    assert F.embedding_bag is before  # given back after the export
+    assert "Loop" not in {n.op_type for n in model.graph.node}
+    chosen = _trainable(recipe, model, {"strategy": "last-conv+classifier"})
+    assert chosen == {"bag.weight", "fc.weight", "fc.bias"}
 
 
 @pytest.mark.parametrize("rnn", ["gru", "lstm"])
