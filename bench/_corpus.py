@@ -1,5 +1,5 @@
 """The command line of a task's corpus benchmark (bench/segmentation_corpus.py,
-bench/keypoints_corpus.py): each case prepared in its own subprocess (``--child NAME --work DIR``
+bench/keypoints_corpus.py, bench/sequence_corpus.py, bench/token_corpus.py): each case prepared in its own subprocess (``--child NAME --work DIR``
 prints its row as JSON), ``--quick N --seed S`` a seeded sample, ``--models`` a list; the rows
 classified pass / specific / raw, written to ``bench/results/<name>.json`` and printed as a table.
 
@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench._common import child_json, table, write_results
+from tasks.paths import PROJECT_ROOT
 
 CHILD_TIMEOUT_S = 1200
 COLUMNS = [("model", "model"), ("size", "px"), ("params", "params"), ("trainable", "trainable"),
@@ -44,6 +45,60 @@ def prepared_row(name: str, size: int, write: Callable[[], Path], out: Path) -> 
                    board_peak_mb=round(val.get("board_peak_estimate_mb", 0.0)))  # fmt: skip
     row["seconds"] = round(time.perf_counter() - start, 1)
     return row
+
+
+SEQUENCE_MODULE = '''"""The corpus' model builder (written by bench/_corpus.py)."""
+import sys
+sys.path.insert(0, {root!r})
+from bench.{zoo} import build  # noqa: E402,F401
+'''
+# zoo -> (recipes/sequences.py's sample maker, the recipe's [model] lines of its input, its length)
+SEQUENCE_INPUTS = {"sequence_zoo": ("windows", "input_shape = [3, 64]", 64),
+                   "token_zoo": ("utterances", 'input_shape = [16]\ninput_dtype = "int64"', 16)}  # fmt: skip
+
+
+def write_sequence_case(zoo: str, name: str, kind: str, args: dict, work: Path) -> Path:
+    """A sequence or token case's recipe folder in ``work``: the board domain's samples of the
+    reference recipe's maker (64 to train, 32 to test), the model module, recipe.toml (4 classes,
+    the default strategy; BatchNorm re-measured on the training set when the model has one)."""
+    import importlib
+
+    import numpy as np
+    import torch
+
+    sys.path.insert(0, str(PROJECT_ROOT / "recipes"))
+    import sequences
+
+    maker, inputs, _ = SEQUENCE_INPUTS[zoo]
+    (work / "data").mkdir(parents=True, exist_ok=True)
+    for split, seed, n in (("train", 0, 64), ("test", 1, 32)):
+        x, y = getattr(sequences, maker)(np.random.default_rng(seed), n, "board")
+        np.savez(work / "data" / f"{split}.npz", x=x, y=y)
+    (work / "corpus_model.py").write_text(SEQUENCE_MODULE.format(root=str(PROJECT_ROOT), zoo=zoo))
+    model = importlib.import_module(f"bench.{zoo}").build(kind, **args)
+    has_bn = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    kwargs = ", ".join(f"{k} = {json.dumps(v)}" for k, v in {"kind": kind, **args}.items())
+    recipe = work / "recipe.toml"
+    recipe.write_text(
+        f'name = "{zoo.split("_")[0]}-{name}"\ntask = "classification"\n'
+        f'[model]\ncallable = "corpus_model:build"\nkwargs = {{{kwargs}}}\nnum_classes = 4\n{inputs}\n'
+        f'[trainable]\nstrategy = "last-conv+classifier"\nbatchnorm_calibration = {64 if has_bn else 0}\n'
+        '[loss]\nkind = "cross-entropy"\n[training]\nbatch_size = 8\nepochs = 1\n'
+        '[data]\ntrain = "data/train.npz"\ntest = "data/test.npz"\n'
+    )
+    return recipe
+
+
+def sequence_corpus_main(doc: str, zoo: str, corpus: dict[str, tuple[str, dict]], script: str) -> int:
+    """The ``main`` of the sequence and token corpora: each case (name -> (``bench/<zoo>.py``'s
+    kind, its arguments)) written by :func:`write_sequence_case` and prepared in its own child."""
+
+    def child(name: str, work: Path) -> dict:
+        kind, args = corpus[name]
+        write = lambda: write_sequence_case(zoo, name, kind, args, work)  # noqa: E731
+        return prepared_row(name, SEQUENCE_INPUTS[zoo][2], write, work / "prepared")
+
+    return corpus_main(doc, zoo.replace("_zoo", "_corpus"), list(corpus), script, child)
 
 
 def run_one(script: str, name: str) -> dict:
