@@ -21,7 +21,8 @@ def test_a_detector_teacher_labels_unlabeled_images_on_the_board(prefect_harness
     nights = unlabeled_nights(flow_board, RECIPE, DATASET)
     (out0, v0, report0), (out1, v1, report1) = nights
     teacher, base = out0.metrics["teacher"], out0.metrics["base"]
-    assert teacher["map50"] > base["map50"]  # the teacher knows more than the pretrained student
+    # the teacher knows more than the pretrained student (0.11 against 0.014 here)
+    assert teacher["map50"] > base["map50"] + 0.03
     assert v0.info["board_data"]["unlabeled"]["new_samples"] == 128
     for out, version, report in nights:
         sig = version.info["decision"]["significance"]
@@ -34,7 +35,9 @@ def test_a_detector_teacher_labels_unlabeled_images_on_the_board(prefect_harness
         assert "### Teacher confidence (each detection's score)" in report
         assert "![test image 0](data:image/png" in report  # the candidate's boxes drawn on test images
     assert v1.info["board_data"]["replayed"] == ["shard-0001.npz"] or not out0.promoted
-    # the student learns from the teacher's boxes alone; whether the gain is significant is the
-    # gate's to say (this CI-sized teacher is weak: mAP@0.5 0.10; the reference's 0.33 teacher
-    # lifts the student from 0.021 to 0.134, promoted with [+0.063, +0.166], see the closing note)
-    assert out1.metrics["candidate"]["map50"] > base["map50"], [v.info["reason"] for _, v, _ in nights]
+    # the student learns from the teacher's boxes alone: its loss on the annotated test set falls
+    # (6.69 -> 5.78 after one night, 5.66 after two: a margin no rounding crosses), while its mAP@0.5
+    # with this weak CI-sized teacher (0.11) moves within the bootstrap's noise (0.014 -> 0.03), so
+    # whether that gain is significant is the gate's to say, not a threshold's (the reference's 0.33
+    # teacher lifts the student from 0.021 to 0.134, promoted with [+0.063, +0.166]: `make teacher-detection`)
+    assert out1.metrics["candidate"]["loss"] < 0.95 * base["loss"], [v.info["reason"] for _, v, _ in nights]
