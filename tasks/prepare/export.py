@@ -43,6 +43,7 @@ from tasks.prepare.tracing import (
     channel_dropout_modules,
     has_auxiliary_outputs,
     model_outputs,
+    projected_lstms_unrolled,
     restored,
 )
 from tasks.prepare.user_code import forward_error, user_code_error
@@ -210,7 +211,7 @@ def _run_exporter(
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
     failure: Exception | None = None
-    with quiet_output("torch.onnx.export") as out, bags_as_embeddings():
+    with quiet_output("torch.onnx.export") as out, bags_as_embeddings(), projected_lstms_unrolled(model):
         try:
             torch.onnx.export(
                 model,

@@ -90,10 +90,30 @@ def export_failure(recipe: Recipe, exc: BaseException, dump: str) -> str:
     node = _failing_node(exc)
     kind = node.kind() if node is not None else _kind_in_message(str(exc))
     scope = node.scopeName() if node is not None else _scope_in_dump(kind, dump)
+    packed = None if kind else _packed_rnn(dump)
+    kind, scope = packed or (kind, scope)
     op, module = kind.rpartition("::")[2], _module_of(scope) if scope else ""
     where = f"operator {op}" + (f" in {module}" if module else "") + ": " if op else ""
-    hint = _hint(recipe, exc, op, module.partition(" (")[0] or "the code that uses it")
-    return " ".join(f"cannot export {recipe.model.ref} to ONNX: {where}{_reason(exc)}; {hint}".split())
+    layer = module.partition(" (")[0] or "the code that uses it"
+    if packed:  # the exporter's own error is a C++ range check naming nothing
+        reason, hint = (f"{layer} is fed a packed sequence (nn.utils.rnn.pack_padded_sequence), which torch's "
+                        "exporter cannot write", f"feed {layer} the padded batch and read each sequence's last "
+                        "valid step with a gather at lengths - 1 (or mask the padding)")  # fmt: skip
+    else:
+        reason, hint = _reason(exc), _hint(recipe, exc, op, layer)
+    return " ".join(f"cannot export {recipe.model.ref} to ONNX: {where}{reason}; {hint}".split())
+
+
+def _packed_rnn(dump: str) -> tuple[str, str] | None:
+    """(``aten::gru`` & co., its scope) of the first recurrent node of a printed TorchScript graph
+    that reads the batch sizes of a packed sequence; None when there is none."""
+    for sizes in re.findall(r", %([\w.]+) : \w+\([^)]*\)[^=]*= aten::_pack_padded_sequence\(", dump):
+        found = re.search(
+            rf"= (aten::(?:lstm|gru|rnn_tanh|rnn_relu))\(%[\w.]+, %{re.escape(sizes)},.*?scope: (\S+)", dump
+        )
+        if found:
+            return found.group(1), found.group(2)
+    return None
 
 
 def _failing_node(exc: BaseException) -> Any:

@@ -1,6 +1,7 @@
 """What tracing a PyTorch model in training mode changes, and how to give it back: module flags,
 BatchNorm momentum and statistics, rebound parameters; the auxiliary outputs some models add in
-training mode; and the functions traced another way than the exporter's own (bags of embeddings)."""
+training mode; and what is traced another way than the exporter's own (bags of embeddings, LSTMs
+with projections)."""
 
 from __future__ import annotations
 
@@ -117,3 +118,64 @@ def bags_as_embeddings() -> Iterator[None]:
         yield
     finally:
         functional.embedding_bag = original
+
+
+def _projected_lstm(lstm: Any, x: Any, hx: Any) -> tuple[Any, tuple[Any, Any]]:
+    """``nn.LSTM`` with ``proj_size`` written step by step: per layer and direction the gates of
+    ``x_t W_ih^T + b_ih + h W_hh^T + b_hh``, ``c = f c + i g`` and ``h = (o tanh(c)) W_hr^T``
+    (no dropout between layers, as the export of any LSTM). The input projection of both
+    directions is one MatMul over the whole sequence, so the layer still shows as one layer over
+    steps (``last-conv+classifier`` trains its input weights)."""
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    seq = x.transpose(0, 1) if lstm.batch_first else x  # [T, N, features]
+    dirs, n = 2 if lstm.bidirectional else 1, seq.shape[1]
+    if hx is None:
+        h0 = seq.new_zeros(lstm.num_layers * dirs, n, lstm.proj_size)
+        c0 = seq.new_zeros(lstm.num_layers * dirs, n, lstm.hidden_size)
+    else:
+        h0, c0 = hx
+    last_h, last_c = [], []
+    for layer in range(lstm.num_layers):
+        outs, tails = [], ["", "_reverse"][:dirs]
+        both = torch.cat([getattr(lstm, f"weight_ih_l{layer}{tail}") for tail in tails])  # one MatMul
+        inputs = torch.matmul(seq, both.t()).chunk(dirs, dim=-1)
+        for d, tail in enumerate(tails):
+            w = {k: getattr(lstm, f"{k}_l{layer}{tail}", None) for k in ("weight_hh", "weight_hr", "bias_ih",
+                                                                            "bias_hh")}  # fmt: skip
+            projected = inputs[d]
+            if w["bias_ih"] is not None:
+                projected = projected + w["bias_ih"] + w["bias_hh"]
+            h, c, steps = h0[layer * dirs + d], c0[layer * dirs + d], []
+            for t in reversed(range(seq.shape[0])) if d else range(seq.shape[0]):
+                i, f, g, o = (projected[t] + h @ w["weight_hh"].t()).chunk(4, dim=-1)
+                c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+                h = (torch.sigmoid(o) * torch.tanh(c)) @ w["weight_hr"].t()
+                steps.append(h)
+            outs.append(torch.stack(steps[::-1] if d else steps))
+            last_h.append(h)
+            last_c.append(c)
+        seq = torch.cat(outs, dim=-1)
+    out = seq.transpose(0, 1) if lstm.batch_first else seq
+    return out, (torch.stack(last_h), torch.stack(last_c))
+
+
+@contextlib.contextmanager
+def projected_lstms_unrolled(model: Any) -> Iterator[int]:
+    """While the block runs, every ``nn.LSTM`` of ``model`` with ``proj_size`` (which torch's
+    exporter refuses: 'LSTMs with projections') computes step by step (:func:`_projected_lstm`) on
+    a padded batch; yields how many. Each module's own forward is given back at the end."""
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    found = [m for m in model.modules() if isinstance(m, torch.nn.LSTM) and m.proj_size > 0]
+    for m in found:
+        m.forward = lambda x, hx=None, m=m: (
+            _projected_lstm(m, x, hx)
+            if isinstance(x, torch.Tensor) and x.dim() == 3
+            else type(m).forward(m, x, hx)
+        )
+    try:
+        yield len(found)
+    finally:
+        for m in found:
+            del m.forward

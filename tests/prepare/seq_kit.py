@@ -55,6 +55,32 @@ class BagOfIds(nn.Module):
         return self.fc(self.bag(x))
 
 
+class PackedEncoder(nn.Module):
+    def __init__(self, vocab=20, dim=8):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.rnn = nn.GRU(dim, dim, batch_first=True)
+
+    def forward(self, x):
+        lengths = (x != 0).sum(1).clamp(min=1).cpu()
+        packed = nn.utils.rnn.pack_padded_sequence(
+            self.emb(x), lengths, batch_first=True, enforce_sorted=False
+        )
+        return self.rnn(packed)[1][-1]
+
+
+class PackedNet(nn.Module):
+    """Token ids -> encoder (Embedding -> a GRU over ``pack_padded_sequence``, lengths from padding
+    id 0) -> its final state -> Linear."""
+
+    def __init__(self, classes=3):
+        super().__init__()
+        self.encoder, self.fc = PackedEncoder(), nn.Linear(8, classes)
+
+    def forward(self, x):
+        return self.fc(self.encoder(x))
+
+
 class Encoder(nn.Module):
     def __init__(self, rnn="gru"):
         super().__init__()

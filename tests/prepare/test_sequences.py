@@ -4,12 +4,23 @@ module path, with advice that works; recurrent dropout in training mode exports.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from torch import nn
 
-from tasks.errors import RecipeError
+from tasks.errors import ModelError, RecipeError
 from tasks.prepare.trainable import resolve_trainable
 from tests.prepare.kit import merge
-from tests.prepare.seq_kit import BagNet, BagOfIds, ConvGRU, TokenNet, export_module, signals, token_ids
+from tests.prepare.seq_kit import (
+    BagNet,
+    BagOfIds,
+    ConvGRU,
+    PackedNet,
+    TokenNet,
+    export_module,
+    signals,
+    token_ids,
+)
 
 
 def _trainable(recipe, model, trainable: dict) -> set[str]:
@@ -113,3 +124,45 @@ def test_exporter_failure_names_the_full_module_path(tmp_path):
     dump = f"  %7 : Float(2, 4), %8 : Long(2, 4) = aten::cummax(%3, %5), scope: {scope} # m.py:3:0\n"
     message = export_failure(tiny_recipe(tmp_path), UnsupportedOperatorError("aten::cummax", 17, None), dump)
     assert "operator cummax in stage2.blocks.1.unit1 (Scan): " in message and "\n" not in message
+
+
+def test_a_packed_sequence_is_one_line_naming_the_recurrent_layer(tmp_path):
+    """torch's exporter stops on packed sequences with a C++ range check naming nothing."""
+    with pytest.raises(ModelError) as err:
+        export_module(PackedNet(), tmp_path, token_ids())
+    assert "operator gru in encoder.rnn (GRU): encoder.rnn is fed a packed sequence" in str(err.value)
+    assert "read each sequence's last valid step with a gather at lengths - 1" in str(err.value)
+    assert "vector::" not in str(err.value) and "\n" not in str(err.value)
+
+
+class ProjectedLSTM(nn.Module):
+    """[N, 3, T] -> a stacked bidirectional LSTM with projections (from a given state) -> Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(3, 8, 2, batch_first=True, bidirectional=True, proj_size=4)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):
+        n = x.shape[0]
+        state = (x.new_ones(4, n, 4) * 0.1, x.new_ones(4, n, 8) * -0.1)
+        y, (h, c) = self.lstm(x.transpose(1, 2), state)
+        return self.fc(y[:, -1]) + h.mean() + c.mean()
+
+
+def test_an_lstm_with_projections_exports_step_by_step_and_computes_what_torch_does(tmp_path):
+    import torch  # torch (heavy) only in the tests that build a model
+
+    from tasks.prepare.graph import quiet_session
+
+    torch.manual_seed(0)
+    module = ProjectedLSTM()
+    recipe, model = export_module(module, tmp_path, signals())  # was: "LSTMs with projections" unsupported
+    assert "forward" not in vars(module.lstm)  # its own forward given back
+    x = signals(n=4)
+    got = quiet_session(model).run(None, {model.graph.input[0].name: x})[0]
+    with torch.no_grad():
+        want = module.eval()(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    chosen = _trainable(recipe, model, {"strategy": "last-conv+classifier"})
+    assert chosen == {"lstm.weight_ih_l1", "lstm.weight_ih_l1_reverse", "fc.weight", "fc.bias"}
