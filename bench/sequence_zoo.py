@@ -9,7 +9,9 @@ class scores ``[N, C]``.
   ``torch.stft``'s power spectrogram;
 * recurrent: LSTM, GRU and a tanh RNN, uni- and bidirectional, an LSTM with projections, stacked with dropout between layers, over the
   raw steps or the spectrogram's frames, pooled by the last step, the mean or learned attention;
-* conv + GRU (a strided convolution front end) and a small transformer encoder over patches.
+* conv + GRU (a strided convolution front end) and a small transformer encoder over patches;
+* a Conv1d over ``torch.fft.rfft``'s magnitudes, a squeeze-excitation ResNet-1D, a time-major
+  LSTM from a learned initial state.
 """
 
 from __future__ import annotations
@@ -221,8 +223,70 @@ class WindowTransformer(nn.Module):
         return self.classifier(self.norm(self.encoder(tokens))[:, 0])
 
 
+class SpectrumConv(nn.Module):
+    """The magnitude of each channel's ``torch.fft.rfft`` (a frozen front end), a Conv1d over
+    frequency, global max pooling (``AdaptiveMaxPool1d`` + ``Flatten``), Linear."""
+
+    def __init__(self, num_classes: int = CLASSES, width: int = 16) -> None:
+        super().__init__()
+        self.conv = nn.Sequential(nn.Conv1d(CHANNELS, width, 3, padding="same"), nn.ReLU())
+        self.pool = nn.Sequential(nn.AdaptiveMaxPool1d(1), nn.Flatten())
+        self.classifier = nn.Linear(width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.pool(self.conv(torch.fft.rfft(x).abs())))
+
+
+class SEBlock1d(nn.Module):
+    """A residual Conv1d block with BatchNorm and squeeze-excitation of its channels."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv1d(c, c, 3, padding=1, bias=False), nn.BatchNorm1d(c), nn.ReLU(),
+                                  nn.Conv1d(c, c, 3, padding=1, bias=False), nn.BatchNorm1d(c))  # fmt: skip
+        self.gate = nn.Sequential(nn.AdaptiveAvgPool1d(1), nn.Conv1d(c, c // 4, 1), nn.ReLU(), nn.Conv1d(c // 4, c, 1),
+                                  nn.Sigmoid())  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.body(x)
+        return F.relu(x + h * self.gate(h))
+
+
+class SEResNet1d(nn.Module):
+    """A stem conv and two squeeze-excitation residual blocks, average pooling, Linear."""
+
+    def __init__(self, num_classes: int = CLASSES, width: int = 16) -> None:
+        super().__init__()
+        self.stem = nn.Conv1d(CHANNELS, width, 5, stride=2, padding=2)
+        self.blocks = nn.Sequential(SEBlock1d(width), SEBlock1d(width))
+        self.classifier = nn.Linear(width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.blocks(F.relu(self.stem(x))).mean(-1))
+
+
+class TimeMajorLSTM(nn.Module):
+    """A time-major LSTM (``batch_first=False``) from a learned initial state, a LayerNorm over its
+    last step, Linear."""
+
+    def __init__(self, num_classes: int = CLASSES, hidden: int = 24) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(CHANNELS, hidden)
+        self.h0 = nn.Parameter(torch.zeros(1, 1, hidden))
+        self.c0 = nn.Parameter(torch.zeros(1, 1, hidden))
+        self.norm = nn.LayerNorm(hidden)
+        self.classifier = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        state = (self.h0.expand(1, n, -1).contiguous(), self.c0.expand(1, n, -1).contiguous())
+        y = self.lstm(x.permute(2, 0, 1), state)[0]  # [T, N, hidden]
+        return self.classifier(self.norm(y[-1]))
+
+
 BUILDERS = {"conv1d": Conv1dNet, "tcn": TCN, "dscnn": DSCNN, "recurrent": Recurrent, "conv-gru": ConvGRU,
-            "transformer": WindowTransformer}  # fmt: skip
+            "transformer": WindowTransformer, "spectrum": SpectrumConv, "se-resnet": SEResNet1d,
+            "time-major-lstm": TimeMajorLSTM}  # fmt: skip
 
 
 def build(kind: str, **kwargs: object) -> nn.Module:

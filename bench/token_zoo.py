@@ -2,9 +2,10 @@
 token ids ``[N, L]`` (``recipes/sequences.py:utterances``) and gives class scores ``[N, C]``.
 
 * bags of embeddings: mean pooling, and max pooling with a padding id masked out, under an MLP;
+  scores against the embedding rows of the classes (a table tied between input and output);
   fastText's ``nn.EmbeddingBag`` under a Linear;
 * a text CNN (Kim 2014): convolutions of widths 2, 3 and 4 over the embeddings, max over time;
-* recurrent: an LSTM read at its final state, a bidirectional GRU with mean pooling, a stacked
+* recurrent: a GRU over packed sequences (lengths from the padding id), an LSTM read at its final state, a bidirectional GRU with mean pooling, a stacked
   LSTM with dropout between layers and attention pooling;
 * transformer encoders written by hand (multi-head attention from Linear layers, pre- and
   post-norm, GELU, a class token or BERT's pooler with token types) and torch's
@@ -186,8 +187,42 @@ class TorchTransformer(nn.Module):
         return self.classifier((h * keep).sum(1) / keep.sum(1).clamp(min=1.0))
 
 
+class PackedGRU(nn.Module):
+    """Embedding, a GRU over packed sequences (``pack_padded_sequence``, lengths counted from the
+    non-padding ids), its final hidden state to the classifier."""
+
+    def __init__(self, num_classes: int = CLASSES, dim: int = 16, hidden: int = 32) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(VOCAB, dim, padding_idx=PAD)
+        self.gru = nn.GRU(dim, hidden, batch_first=True)
+        self.classifier = nn.Linear(hidden, num_classes)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        lengths = (ids != PAD).sum(1).clamp(min=1)
+        packed = nn.utils.rnn.pack_padded_sequence(self.embedding(ids), lengths.cpu(), batch_first=True,
+                                                   enforce_sorted=False)  # fmt: skip
+        return self.classifier(self.gru(packed)[1][-1])
+
+
+class TiedScores(nn.Module):
+    """Mean of the embeddings through a Linear, scored against embedding rows reserved for the
+    classes (the table shared by the input and the output, as tied language models do)."""
+
+    def __init__(self, num_classes: int = CLASSES, dim: int = 32) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(VOCAB + num_classes, dim)
+        self.project = nn.Linear(dim, dim)
+        self.bias = nn.Parameter(torch.zeros(num_classes))
+        self.num_classes = num_classes
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        pooled = torch.tanh(self.project(self.embedding(ids).mean(1)))
+        return pooled @ self.embedding.weight[VOCAB:].t() + self.bias
+
+
 BUILDERS = {"bag": BagOfEmbeddings, "fasttext": FastText, "textcnn": TextCNN, "recurrent": TokenRecurrent,
-            "hand-transformer": HandTransformer, "torch-transformer": TorchTransformer}  # fmt: skip
+            "hand-transformer": HandTransformer, "torch-transformer": TorchTransformer, "packed-gru": PackedGRU,
+            "tied": TiedScores}  # fmt: skip
 
 
 def build(kind: str, **kwargs: object) -> nn.Module:

@@ -1,7 +1,7 @@
-"""The sequence corpus benchmark on its seeded sample of three (``--quick 3 --seed 1``): a DS-CNN
+"""The sequence corpus benchmark on its seeded sample of three (``--quick 3 --seed 132``): a DS-CNN
 over ``torch.stft``'s spectrogram (its window a registered buffer), a stacked bidirectional ReLU
 ``nn.RNN`` (ONNX Runtime has no RNN gradient: its trained layer is unrolled over the steps) and a
-stacked bidirectional GRU with dropout and attention pooling, each prepared as a classifier of
+time-major LSTM from a learned initial state, each prepared as a classifier of
 accelerometer windows with the default strategy: every row passes or stops with one specific line,
 none is raw, and the counts are torch's (no buffer counts as a parameter)."""
 
@@ -19,8 +19,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_seeded_sample_of_the_corpus_passes_or_stops_in_one_line(tmp_path: Path) -> None:
-    rows = sample_rows("sequence_corpus.py", 3, 1, tmp_path)
-    assert set(rows) == {"bigru-stacked-attention", "birnn-relu-stacked", "dscnn-stft"}
+    rows = sample_rows("sequence_corpus.py", 3, 132, tmp_path)
+    assert set(rows) == {"birnn-relu-stacked", "dscnn-stft", "lstm-time-major-h0"}
     assert all(r["kind"] == "pass" for r in rows.values()), [r["message"] for r in rows.values()]
     assert (
         rows["birnn-relu-stacked"]["fixups"]["rnns_unrolled"] == 1
