@@ -163,6 +163,11 @@ def _hint(recipe: Recipe, exc: BaseException, op: str, module: str) -> str:
             f"use a model.input_shape whose feature map before {module} is a multiple of its output "
             f"size (e.g. larger than {list(recipe.model.input_shape)})"
         )
+    if op.startswith("fft_"):  # torch.fft gives complex tensors, which the exporter cannot write
+        return (
+            f"compute the spectrum in {module} without complex tensors: torch.stft(..., return_complex=False), "
+            "or products with cos and sin DFT matrices held as registered buffers"
+        )
     if "not supported" in str(exc) or "unrecognized namespace" in str(exc):
         return f"rewrite {module} with operators ONNX opset {OPSET} supports, or replace that module"
     return f"simplify or replace {module}; the exporter's output is logged at DEBUG level"

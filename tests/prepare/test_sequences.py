@@ -126,6 +126,23 @@ def test_exporter_failure_names_the_full_module_path(tmp_path):
     assert "operator cummax in stage2.blocks.1.unit1 (Scan): " in message and "\n" not in message
 
 
+def test_a_torch_fft_front_end_is_one_line_with_exportable_ways_to_the_spectrum(tmp_path):
+    from torch.onnx.errors import UnsupportedOperatorError
+
+    from tasks.prepare.messages import export_failure
+    from tests.prepare.kit import tiny_recipe
+
+    dump = "  %7 : ComplexFloat(2, 3, 33) = aten::fft_rfft(%x, %4, %5, %6), scope: m.Net::/m.Front::front # m.py:3:0\n"
+    message = export_failure(
+        tiny_recipe(tmp_path), UnsupportedOperatorError("aten::fft_rfft", 17, None), dump
+    )
+    assert "operator fft_rfft in front (Front): " in message and "\n" not in message
+    assert message.endswith(
+        "compute the spectrum in front without complex tensors: torch.stft(..., return_complex=False), or "
+        "products with cos and sin DFT matrices held as registered buffers"
+    )
+
+
 def test_a_packed_sequence_is_one_line_naming_the_recurrent_layer(tmp_path):
     """torch's exporter stops on packed sequences with a C++ range check naming nothing."""
     with pytest.raises(ModelError) as err:
