@@ -4,8 +4,9 @@ A recurrent layer is a sequence model's feature layer: ``last-conv+classifier`` 
 before the classifier as its "last layer" (:mod:`tasks.prepare.selection`). Two limits of ONNX
 Runtime 1.19.2 are checked here, before any probe runs:
 
-- A recurrent layer that receives a gradient (a trainable layer lies before it) must train its input
-  and recurrence weights: with a frozen W or R its LSTMGrad/GRUGrad kernel dies on an invalid memory
+- An LSTM or GRU that receives a gradient (a trainable layer lies before it) must train its input
+  and recurrence weights (an RNN is unrolled into plain operators, :mod:`tasks.prepare.rnn`, and may
+  stay frozen): with a frozen W or R its LSTMGrad/GRUGrad kernel dies on an invalid memory
   access (SIGSEGV, measured on a conv + GRU and a conv + LSTM model: W frozen, R frozen or both;
   a frozen bias B trains). The recipe is refused naming the layer by its full module path, with
   the two ways out.
@@ -51,7 +52,7 @@ def check_recurrent(model: onnx.ModelProto, trainable: list[str], params: dict[s
     sources = weight_sources(model, params)
     needs = downstream(model, chosen)
     for node in model.graph.node:
-        if node.op_type not in RECURRENT:
+        if node.op_type not in RECURRENT or node.op_type == "RNN":  # an RNN is unrolled (tasks.prepare.rnn)
             continue
         states = [node.input[k] for k in STATE_INPUTS if k < len(node.input) and node.input[k]]
         weights = [p for k in WEIGHT_INPUTS for p in sorted(sources.get(node.input[k], ()))]

@@ -85,14 +85,14 @@ class Encoder(nn.Module):
     def __init__(self, rnn="gru"):
         super().__init__()
         self.conv = nn.Conv1d(3, 8, 3, padding=1)
-        self.gru = (nn.GRU if rnn == "gru" else nn.LSTM)(8, 8, batch_first=True)
+        self.gru = {"gru": nn.GRU, "lstm": nn.LSTM, "rnn": nn.RNN}[rnn](8, 8, batch_first=True)
 
     def forward(self, x):
         return self.gru(F.relu(self.conv(x)).transpose(1, 2))[0]
 
 
 class ConvGRU(nn.Module):
-    """[N, 3, T] signals -> encoder (Conv1d -> GRU or LSTM) -> last step -> Linear."""
+    """[N, 3, T] signals -> encoder (Conv1d -> GRU, LSTM or RNN) -> last step -> Linear."""
 
     def __init__(self, rnn="gru", classes=3):
         super().__init__()
