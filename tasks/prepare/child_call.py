@@ -1,66 +1,65 @@
-"""One function call of preparation in a fresh child process (``python -m tasks.prepare.child_call``),
-for work that runs ONNX Runtime through libraries we do not drive graph by graph (the judge's
+"""Function calls of preparation in a child process (``python -m tasks.prepare.child_call``), for
+work that runs ONNX Runtime through libraries we do not drive graph by graph (the judge's
 evaluation, the int8 quantizer): a death by signal there (SIGFPE, SIGSEGV, the OOM killer) kills the
 child, and the caller gets one line naming the signal and what the call was doing, not a silent end
 of ``odl`` with a ``.partial`` folder left behind.
 
-The parent writes a length-prefixed pickle ``(target, args, torch_free)`` to the child's stdin, ``target`` being
-``"module:function"``; the child answers ``{"ok": True, "value": ...}`` or ``{"ok": False, "error":
-(module, class, text, attributes)}``, and an error raised in the child is raised again in the parent
-as the same class (our errors carry their field and check as attributes, which plain pickling of an
-exception loses). The child ignores SIGINT and SIGHUP, which reach the whole terminal's process
-group: its parent stops it (a stop signal that ends the child stops ``odl`` like Ctrl-C).
+One child serves the calls of a process (one more for torch-free calls), started on the first and
+again after one killed it, so a call costs what its work costs, not an interpreter's start (0.65 s
+for the digits rehearsal in a fresh child, 0.05 s in a warm one). Each request is a length-prefixed
+pickle ``{"target": "module:function", "args": [...], "cwd": folder}`` (the caller's working
+folder, so relative paths mean the same); the answer ``{"ok": True, "value": ...}`` or ``{"ok":
+False, "error": (module, class, text, attributes)}``, raised again in the parent as the same class
+(our errors carry their field and check as attributes, which plain pickling of an exception loses).
+The child ignores SIGINT and SIGHUP, which reach the whole terminal's process group: its parent
+stops it (a stop signal that ends the child stops ``odl`` like Ctrl-C).
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib
-import io
 import os
 import pickle
 import signal
-import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from tasks.errors import PipelineError
-from tasks.paths import PROJECT_ROOT
 from tasks.prepare.ort_child import read_message, write_message
-from tasks.prepare.ort_parent import death, stop_if_interrupted
+from tasks.prepare.ort_parent import Child, Died, death
 
 CALL_TIMEOUT_S = 1800
+TORCH_FREE = "--torch-free"
+_CHILDREN = {False: Child("tasks.prepare.child_call"), True: Child("tasks.prepare.child_call", TORCH_FREE)}
+for _child in _CHILDREN.values():
+    atexit.register(_child.stop)
 
 
 def call_in_child(
     target: str, *args: Any, what: str, error: Callable[[str], PipelineError], torch_free: bool = False,
     timeout: float = CALL_TIMEOUT_S,
 ) -> Any:  # fmt: skip
-    """``target(*args)`` (``"module:function"``) run in a fresh child; its value, or its exception
-    raised again here. ``torch_free``: the child blocks torch before it imports onnxruntime, as a
-    board does (this host's onnxruntime-training imports torch with onnxruntime: 1.3 s of a 2.6 s
-    call), so ``target`` must not need torch. When the child dies, ``error`` of one line: ``what`` died of the signal (or
-    ended with its status, then with the last line it wrote to stderr); TimeoutError after ``timeout`` s."""
-    path = os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
-    with tempfile.TemporaryFile() as errors, tempfile.TemporaryFile() as request:
-        write_message(request, (target, args, torch_free))
-        request.seek(0)
-        proc = subprocess.run([sys.executable, "-m", "tasks.prepare.child_call"], stdin=request,
-                              stdout=subprocess.PIPE, stderr=errors, timeout=timeout, check=False,
-                              env={**os.environ, "PYTHONPATH": path})  # fmt: skip
-        errors.seek(0)
-        last = [line for line in errors.read().decode(errors="replace").splitlines() if line.strip()][-1:]
-    if proc.returncode != 0 or not proc.stdout:
-        stop_if_interrupted(proc.returncode)
-        said = f" (its last words: {last[0].strip()[:200]})" if last and proc.returncode > 0 else ""
+    """``target(*args)`` (``"module:function"``) run in the process's call child; its value, or its
+    exception raised again here. ``torch_free``: in the child that blocked torch before it imported
+    onnxruntime, as a board does (this host's onnxruntime-training imports torch with onnxruntime),
+    so ``target`` must not need torch. When the child dies, ``error`` of one line: ``what`` died of
+    the signal (or ended with its status, then with the last line it wrote to stderr);
+    TimeoutError (child killed) after ``timeout`` s."""
+    request = {"target": target, "args": args, "cwd": os.getcwd()}
+    try:
+        reply = _CHILDREN[torch_free].ask(request, timeout)
+    except Died as died:
+        last = [line for line in died.stderr.splitlines() if line.strip()][-1:]
+        said = f" (its last words: {last[0].strip()[:200]})" if last and died.returncode > 0 else ""
         ended = (
-            f"died of {death(proc.returncode)}"
-            if proc.returncode < 0
-            else f"ended with {death(proc.returncode)}"
+            f"died of {death(died.returncode)}"
+            if died.returncode < 0
+            else f"ended with {death(died.returncode)}"
         )
-        raise error(f"{what} {ended}{said}")
-    reply = read_message(io.BytesIO(proc.stdout))
+        raise error(f"{what} {ended}{said}") from None
     if reply["ok"]:
         return reply["value"]
     raise _rebuilt(*reply["error"])
@@ -92,24 +91,28 @@ def _picklable(value: Any) -> bool:
     return True
 
 
+def _answer(request: dict[str, Any]) -> dict[str, Any]:
+    os.chdir(request["cwd"])
+    module, _, name = request["target"].partition(":")
+    try:
+        return {"ok": True, "value": getattr(importlib.import_module(module), name)(*request["args"])}
+    except Exception as exc:  # noqa: BLE001 - every error goes back to the parent
+        return {"ok": False, "error": _described(exc)}
+
+
 def main() -> int:
-    """Serve the one call on stdin, answer on stdout."""
+    """Serve the calls on stdin until it closes, each answered on stdout."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    target, args, torch_free = read_message(sys.stdin.buffer)
-    if torch_free:
-        from device_agent.ort import load_onnxruntime  # only a torch-free call blocks torch
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the project, whatever the folder
+    if TORCH_FREE in sys.argv[1:]:
+        from device_agent.ort import load_onnxruntime  # only a torch-free child blocks torch
 
         load_onnxruntime()
-    module, _, name = target.partition(":")
     out = sys.stdout.buffer
-    sys.stdout = sys.stderr  # a library's prints must not corrupt the answer
-    try:
-        value = getattr(importlib.import_module(module), name)(*args)
-    except Exception as exc:  # noqa: BLE001 - every error goes back to the parent
-        write_message(out, {"ok": False, "error": _described(exc)})
-        return 0
-    write_message(out, {"ok": True, "value": value})
+    sys.stdout = sys.stderr  # a library's prints must not corrupt the answers
+    while (request := read_message(sys.stdin.buffer)) is not None:
+        write_message(out, _answer(request))
     return 0
 
 

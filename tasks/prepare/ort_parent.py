@@ -66,10 +66,11 @@ def stop_if_interrupted(returncode: int) -> None:
 
 
 class Child:
-    """One ``ort_child`` process, started on the first request and again after it died; one request
+    """One ``ort_child`` process (or another module serving the same framing), started on the first request and again after it died; one request
     at a time (threads sharing the process's child take turns)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *command: str) -> None:
+        self.command = command or ("tasks.prepare.ort_child",)  # ``python -m`` of these arguments
         self.proc: subprocess.Popen[bytes] | None = None
         self.errors: Any = None
         self.lock = threading.Lock()
@@ -95,7 +96,7 @@ class Child:
 
     def _start(self) -> None:
         self.errors = tempfile.TemporaryFile()
-        cmd = [sys.executable, "-m", "tasks.prepare.ort_child"]
+        cmd = [sys.executable, "-m", *self.command]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors,
                                      cwd=PROJECT_ROOT)  # fmt: skip
 

@@ -97,3 +97,13 @@ def test_a_rehearsal_that_kills_onnx_runtime_is_the_host_evaluation_check(tmp_pa
         rehearse_judging(recipe, prep)
     assert err.value.check == "host_evaluation" and "\n" not in str(err.value)
     assert "the judging rehearsal" in str(err.value) and "died of SIGFPE" in str(err.value), err.value
+
+
+def test_after_a_death_the_next_call_gets_a_new_child_working_in_the_callers_folder(tmp_path, monkeypatch):
+    first = call_in_child("os:getpid", what="a pid", error=_error)
+    assert call_in_child("os:getpid", what="a pid", error=_error) == first  # one child serves the calls
+    with pytest.raises(ModelError, match="SIGABRT"):
+        call_in_child("os:abort", what="the test's call", error=_error)
+    monkeypatch.chdir(tmp_path)
+    assert call_in_child("os:getcwd", what="a folder", error=_error) == str(tmp_path)
+    assert call_in_child("os:getpid", what="a pid", error=_error) != first
