@@ -21,11 +21,6 @@ from tests.flow.test_foreign_models import (  # noqa: F401
     test_avg_pool_after_frozen_batchnorm_trains_on_the_board,
     test_foreign_onnx_sharing_initializers_across_the_cut_completes,
 )
-from tests.flow.test_keypoints import (  # noqa: F401
-    keypoints_run,
-    test_a_candidate_no_better_is_rejected_with_its_oks_ap_interval,
-    test_keypoints_are_promoted_on_a_significant_oks_ap_gain,
-)
 from tests.flow.test_nightly import (  # noqa: F401
     test_nightly_cycles_promote_reject_rollout_and_rollback,
 )
