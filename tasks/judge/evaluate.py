@@ -279,10 +279,11 @@ def base_inference_model(
     out_path: Path,
 ) -> Path:
     """Export the untrained checkpoint as an inference model, exactly as the board does after training."""
-    from device_agent.ort import load_training_api  # ORT's training API without torch, as on a board
+    from onnxruntime.training.api import (  # ORT training (loads torch) only to export a checkpoint
+        CheckpointState,
+        Module,
+    )
 
-    api = load_training_api()
-    CheckpointState, Module = api.CheckpointState, api.Module  # noqa: N806 - ORT's class names
     quiet_onnxruntime()  # its default logger at errors: the eval graph's unused Dropout ratios warn otherwise
     try:
         state = CheckpointState.load_checkpoint(str(checkpoint))

@@ -4,8 +4,7 @@ evaluation, the int8 quantizer): a death by signal there (SIGFPE, SIGSEGV, the O
 child, and the caller gets one line naming the signal and what the call was doing, not a silent end
 of ``odl`` with a ``.partial`` folder left behind.
 
-One child serves the calls of a process (one more for torch-free calls), started on the first and
-again after one killed it, so a call costs what its work costs, not an interpreter's start (0.65 s
+One child serves the calls of a process, started on the first and again after one killed it, so a call costs what its work costs, not an interpreter's start (0.65 s
 for the digits rehearsal in a fresh child, 0.05 s in a warm one). Each request is a length-prefixed
 pickle ``{"target": "module:function", "args": [...], "cwd": folder}`` (the caller's working
 folder, so relative paths mean the same); the answer ``{"ok": True, "value": ...}`` or ``{"ok":
@@ -32,25 +31,20 @@ from tasks.prepare.ort_child import read_message, write_message
 from tasks.prepare.ort_parent import Child, Died, death
 
 CALL_TIMEOUT_S = 1800
-TORCH_FREE = "--torch-free"
-_CHILDREN = {False: Child("tasks.prepare.child_call"), True: Child("tasks.prepare.child_call", TORCH_FREE)}
-for _child in _CHILDREN.values():
-    atexit.register(_child.stop)
+_CHILD = Child("tasks.prepare.child_call")
+atexit.register(_CHILD.stop)
 
 
 def call_in_child(
-    target: str, *args: Any, what: str, error: Callable[[str], PipelineError], torch_free: bool = False,
-    timeout: float = CALL_TIMEOUT_S,
-) -> Any:  # fmt: skip
+    target: str, *args: Any, what: str, error: Callable[[str], PipelineError], timeout: float = CALL_TIMEOUT_S
+) -> Any:
     """``target(*args)`` (``"module:function"``) run in the process's call child; its value, or its
-    exception raised again here. ``torch_free``: in the child that blocked torch before it imported
-    onnxruntime, as a board does (this host's onnxruntime-training imports torch with onnxruntime),
-    so ``target`` must not need torch. When the child dies, ``error`` of one line: ``what`` died of
+    exception raised again here. When the child dies, ``error`` of one line: ``what`` died of
     the signal (or ended with its status, then with the last line it wrote to stderr);
     TimeoutError (child killed) after ``timeout`` s."""
     request = {"target": target, "args": args, "cwd": os.getcwd()}
     try:
-        reply = _CHILDREN[torch_free].ask(request, timeout)
+        reply = _CHILD.ask(request, timeout)
     except Died as died:
         last = [line for line in died.stderr.splitlines() if line.strip()][-1:]
         said = f" (its last words: {last[0].strip()[:200]})" if last and died.returncode > 0 else ""
@@ -105,10 +99,6 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the project, whatever the folder
-    if TORCH_FREE in sys.argv[1:]:
-        from device_agent.ort import load_onnxruntime  # only a torch-free child blocks torch
-
-        load_onnxruntime()
     out = sys.stdout.buffer
     sys.stdout = sys.stderr  # a library's prints must not corrupt the answers
     while (request := read_message(sys.stdin.buffer)) is not None:

@@ -77,7 +77,7 @@ def rehearse_judging(recipe: Recipe, prep: Prepared) -> dict[str, Any]:
         "tasks.stages.rehearse:rehearsal", recipe, prep,
         what="the judging rehearsal (the probe's model evaluated on the test sets as the judge will"
         + (", then quantized to int8)" if recipe.quantize else ")"),
-        error=lambda line: ValidationFailed("host_evaluation", line), torch_free=True,
+        error=lambda line: ValidationFailed("host_evaluation", line),
     )  # fmt: skip
     for line in report["warnings"]:
         log.warning("%s", line)
