@@ -135,7 +135,7 @@ def odl_fleet(params: FleetParams = DEFAULT_PARAMS) -> FleetOutcome | None:
     candidate = fleet.final_model()
     reference = stages.choose_reference(recipe.name, p.group)
     evaluation = pt.evaluate(recipe, prep, candidate, reference)
-    last = fleet.rounds[-1]["took_part"]
+    last = _serving(fleet)
     summary = fleet.summary()
     info = {"flow_run_id": run_id, "input_key": inp.key, "fleet": summary, "start_from": fleet.start}
     if summary["privacy"] is not None:  # the registry entry states the ε the model was trained under
@@ -155,6 +155,16 @@ def odl_fleet(params: FleetParams = DEFAULT_PARAMS) -> FleetOutcome | None:
     name = "Promoted" if decision.promote else "Not promoted"
     message = verdict_message(promotion.version, decision, served)
     return Completed(data=outcome, name=name, message=message)
+
+
+def _serving(fleet: FleetRun | BufferedRun) -> list[str]:
+    """The boards the promoted model rolls out to: those of the last round (a board that dropped out
+    may be down); in the buffered mode every board that sent an update (the last aggregation holds
+    only K arrivals, and the run stopped the other boards' jobs, not the boards)."""
+    if isinstance(fleet, BufferedRun):
+        arrived = {b for rec in fleet.rounds for b in rec["took_part"]}
+        return sorted(arrived)
+    return fleet.rounds[-1]["took_part"]
 
 
 def _run_rounds(fleet: FleetRun, boards: list[Board], inp: stages.Inputs, prep: Prepared) -> None:
