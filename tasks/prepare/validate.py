@@ -10,7 +10,6 @@ recipe's batch size, so its peak RSS is what a board would see; ``validation.jso
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import math
@@ -20,28 +19,20 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-import numpy as np
-import onnx
-from onnx import numpy_helper
-
-from tasks.errors import ValidationFailed, ort_message
+from tasks.errors import ValidationFailed
 from tasks.paths import PROJECT_ROOT
 from tasks.prepare import graph_file
 from tasks.prepare.data_checks import check_data, model_classes
-from tasks.prepare.feeds import Feeds, data_file, example_arrays
-from tasks.prepare.messages import layer_of
-from tasks.prepare.ort_parent import RunFailed, stop_if_interrupted
+from tasks.prepare.ort_parent import stop_if_interrupted
 from tasks.prepare.probe_failures import crash_check, failed_check, where_probe_died
 from tasks.prepare.rehearse import check_join, inference_paths
-from tasks.prepare.supervise import graph_io, run_graph, supervised
+from tasks.prepare.supervise import supervised
 from tasks.prepare.teacher import check_budget, rehearse_teacher
-from tasks.prepare.torch_model import build_model
-from tasks.prepare.tracing import model_outputs
+from tasks.prepare.torch_compare import compare_with_torch
 from tasks.recipe.load import recipe_hash
 from tasks.recipe.schema import Recipe
 
 log = logging.getLogger(__name__)
-MATCH_TOL = 1e-3
 SPLIT_TOL = 1e-3  # relative: the split and the full eval graph fuse the same float32 ops differently,
 # more so with depth (ConvMixer-768/32 at random init: 2.1e-4); a wrong split differs by far more
 MEMORY_MARGIN = (1.05, 16.0)  # board estimate = peak * 1.05 + 16 MB (allocator and board-side slack;
@@ -50,7 +41,6 @@ PROBE_TIMEOUT_S = 600
 REPEAT_STEPS = 12  # steps on one batch for "loss falls"; the first and last AVERAGED are compared
 AVERAGED = 3
 ZERO_LOSS = 1e-6  # a loss this small cannot fall: the model already fits the batch
-COMPARED = 16  # samples the inference model and PyTorch are compared on
 
 
 def run_probe(recipe: Recipe, out_dir: Path, manifest: dict, steps: int) -> dict[str, Any]:
@@ -162,90 +152,6 @@ def check_losses(report: dict[str, Any], batchnorm: str | None = None) -> str | 
 
 def _short(values: list[float]) -> str:
     return "[" + ", ".join(f"{v:.4g}" for v in values[:6]) + (", ...]" if len(values) > 6 else "]")
-
-
-def compare_with_torch(recipe: Recipe, inference_path: Path, manifest: dict) -> dict[str, Any]:
-    """Load the trained weights into the PyTorch model and compare outputs with the inference model."""
-    if recipe.model.kind == "onnx":
-        return {"skipped": "model.kind is onnx: no PyTorch model to compare with"}
-    import torch  # torch (heavy) only when a PyTorch model is built or run
-
-    model = build_model(recipe)
-    state = model.state_dict()
-    trained = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(inference_path)).graph.initializer}
-    loaded = {k: torch.from_numpy(trained[k].copy()) for k in state if k in trained}
-    missing = [n for n in manifest["trainable"] if n not in loaded]
-    if missing:
-        raise ValidationFailed(
-            "inference_matches_torch",
-            f"trained parameters {missing[:4]} have no PyTorch counterpart of the same name",
-        )
-    state.update(loaded)  # in place: the dict keeps the module versions some models check (MNASNet)
-    model.load_state_dict(state)
-    inputs = example_arrays(recipe, recipe.model.input_names, n=COMPARED)
-    ort_out, again = _inference_twice(recipe, inference_path, inputs, manifest["inference_output_names"])
-    if not all(np.array_equal(a, b) for a, b in zip(ort_out, again, strict=True)):
-        raise ValidationFailed("inference_matches_torch", _random_nodes(inference_path))
-    with torch.no_grad():
-        out = model(*[torch.from_numpy(np.ascontiguousarray(a)) for a in inputs])
-    outs = model_outputs(out)
-    outs = outs[1:] if recipe.loss.kind == "embedded" else outs
-    diff = max(float(np.abs(o.numpy() - r).max()) for o, r in zip(outs, ort_out, strict=True))
-    # float32 rounding grows with the outputs' magnitude and with depth: the tolerance does too
-    # (1e-3 up to |y| = 1 and 50 weighted layers, x sqrt(layers / 50) beyond: ResNet-152 differs
-    # by 1.1e-4 of its output scale once its BatchNorms are frozen into Mul/Add, timm's
-    # ConvMixer-768/32 at random init by 4.2e-4; a wrong weight or operator differs by far more)
-    scale = max(1.0, *(float(np.abs(o.numpy()).max()) for o in outs))
-    layers = sum(n.op_type in ("Conv", "Gemm", "MatMul") for n in onnx.load(str(inference_path)).graph.node)
-    tol = MATCH_TOL * scale * max(1.0, math.sqrt(layers / 50))
-    if not diff < tol:
-        raise ValidationFailed(
-            "inference_matches_torch",
-            f"max abs diff {diff:.3g} >= {tol:.3g} (= {MATCH_TOL} x max(1, max |output| = {scale:.3g}) x "
-            f"max(1, sqrt({layers} layers / 50))) between the exported inference model and PyTorch with the same weights",
-        )
-    return {
-        "max_abs_diff": diff,
-        "tolerance": tol,
-        "output_scale": scale,
-        "compared_samples": len(inputs[0]),
-        "loaded_tensors": len(loaded),
-    }
-
-
-def _inference_twice(
-    recipe: Recipe, path: Path, inputs: list[np.ndarray], outputs: list[str]
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """The inference model's ``outputs`` on ``inputs``, computed twice, in the stage's child."""
-    failed = functools.partial(ValidationFailed, "inference_matches_torch")
-    with supervised("validation", error=failed):
-        try:
-            names = [name for name, _, _ in graph_io(path)[0]]
-            feeds = Feeds(
-                dict(zip(names, inputs, strict=False)), f"{COMPARED} samples of {data_file(recipe)[0]}"
-            )
-            what = "running the probe's exported inference model"
-            first, again = (run_graph(path, feeds, what, outputs) for _ in range(2))
-            return list(first.values()), list(again.values())
-        except RunFailed as exc:
-            raise failed(
-                f"the exported inference model does not run: {ort_message(exc.error)[:300]}"
-            ) from exc
-
-
-def _random_nodes(inference_path: Path) -> str:
-    """Why the exported model answers twice differently: its random nodes and their layers."""
-    nodes = [
-        n.name
-        for n in onnx.load(str(inference_path)).graph.node
-        if n.op_type.startswith(("Random", "Bernoulli"))
-    ]
-    layers = sorted({layer_of(n) for n in nodes})
-    return (
-        f"the exported inference model gives two different answers to the same input: {len(nodes)} random "
-        f"node(s) in layers {layers[:4]}{' ...' if len(layers) > 4 else ''}; make those layers deterministic "
-        "at export (eval mode), as the pipeline does for submodules that drop paths at random"
-    )
 
 
 def validate(recipe: Recipe, out_dir: Path, *, steps: int = 5) -> dict:
