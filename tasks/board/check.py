@@ -32,15 +32,14 @@ from typing import Any
 import device_agent.ort
 from tasks.board import check_probe
 from tasks.board.agent import agent_hash
+from tasks.board.check_clock import clock_skew, judge_clock, parse_date
 from tasks.board.check_items import (
     FAIL,
     SKIPPED,
     WRITE_MB,
     Check,
-    clock_skew,
     fail,
     judge_agent,
-    judge_clock,
     judge_disk,
     judge_numpy,
     judge_ort,
@@ -48,7 +47,6 @@ from tasks.board.check_items import (
     judge_ram,
     judge_training_api,
     judge_write,
-    parse_date,
 )
 from tasks.board.check_ssh import open_link
 from tasks.board.inventory import Board

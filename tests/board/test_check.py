@@ -17,6 +17,7 @@ import pytest
 
 from device_agent.protocol import PROTOCOL_VERSION
 from flows.cli import main
+from tasks.board import check_clock as clock
 from tasks.board import check_items as ci
 from tasks.board.agent import install_agent
 from tasks.board.check import ITEMS, check_board, exit_code, report, run_probe
@@ -39,14 +40,14 @@ def statuses(checks: list[ci.Check]) -> dict[str, str]:
 
 
 def test_clock_skew_is_corrected_by_half_the_round_trip() -> None:
-    assert ci.parse_date("1700000000.250000000\n") == (1700000000.25, 1e-9)
-    assert ci.parse_date("1700000000\n") == (1700000000.5, 1.0)  # BusyBox without %N
-    assert ci.parse_date("1700000000.N") == (1700000000.5, 1.0)
+    assert clock.parse_date("1700000000.250000000\n") == (1700000000.25, 1e-9)
+    assert clock.parse_date("1700000000\n") == (1700000000.5, 1.0)  # BusyBox without %N
+    assert clock.parse_date("1700000000.N") == (1700000000.5, 1.0)
     with pytest.raises(ValueError):
-        ci.parse_date("date: invalid format")
-    skew, unc = ci.clock_skew(sent=100.0, received=100.2, board_time=103.1)
+        clock.parse_date("date: invalid format")
+    skew, unc = clock.clock_skew(sent=100.0, received=100.2, board_time=103.1)
     assert skew == pytest.approx(3.0) and unc == pytest.approx(0.1)
-    assert ci.clock_skew(100.0, 100.2, 100.5, resolution=1.0)[1] == pytest.approx(0.6)
+    assert clock.clock_skew(100.0, 100.2, 100.5, resolution=1.0)[1] == pytest.approx(0.6)
 
 
 @pytest.mark.parametrize(
@@ -54,7 +55,7 @@ def test_clock_skew_is_corrected_by_half_the_round_trip() -> None:
     [(0.2, "PASS"), (-0.99, "PASS"), (1.5, "WARN"), (-4.9, "WARN"), (5.1, "FAIL"), (-300, "FAIL")],
 )
 def test_clock_thresholds(skew: float, status: str) -> None:
-    check = ci.judge_clock(skew, 0.01)
+    check = clock.judge_clock(skew, 0.01)
     assert check.status == status and ("behind" if skew < 0 else "ahead of") in check.value
     assert status == "PASS" or ("chrony" in check.fix and "timedatectl" in check.fix)
     assert (check.code == HostExit.INCOMPATIBLE) == (status == "FAIL")
