@@ -32,7 +32,7 @@ from tasks.board.inventory import BOARD_NAME_PATTERN, Board, get_group, load_inv
 from tasks.fleet.buffered import BufferedRun
 from tasks.fleet.rounds import FleetRun, check_fleet
 from tasks.judge.decision import headline, verdict_message
-from tasks.judge.report import gate_md
+from tasks.judge.report_gate import gate_md
 from tasks.prefect import boards as boards_overview
 from tasks.prefect import fleet as ft
 from tasks.prefect import tasks as pt

@@ -99,7 +99,7 @@ def test_keys_and_tables():
 
 def test_the_gate_table_lists_every_check_failing_first_and_flags_drops():
     from tasks.judge.decision import Decision
-    from tasks.judge.report import gate_md
+    from tasks.judge.report_gate import gate_md
 
     checks = [
         {"kind": "min_gain", "name": "min_gain", "holds": True, "text": "map50 0.0069 vs 0.0029"},
