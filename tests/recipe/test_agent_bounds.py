@@ -16,7 +16,8 @@ import pytest
 
 from device_agent import jobspec, prefix_spec
 from device_agent.protocol import TASKS, SpecError, TrainParams
-from tasks.recipe.schema import BoardFormat, Task
+from tasks.recipe.data_table import BoardFormat
+from tasks.recipe.schema import Task
 from tasks.recipe.training import CACHE_DTYPES, CACHE_STORES, OptimizerSpec, ScheduleSpec, TrainingSpec
 
 # TrainParams field -> the recipe field it is built from (tasks.prepare.board_job.train_params)
