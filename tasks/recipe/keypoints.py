@@ -107,5 +107,3 @@ def keypoints_rules(recipe: Any) -> Iterator[tuple[str, str, object]]:
         yield "promotion.metric", f"a metric the host evaluation reports for task 'keypoints' ({', '.join(KEYPOINT_METRICS)} or 'loss')", metric  # fmt: skip
     if recipe.data.board_dataset is not None and recipe.data.board_format != "npz-shards":
         yield "data.board_format", "'npz-shards' for task 'keypoints' (an image folder's labels are classes, not keypoints)", recipe.data.board_format  # fmt: skip
-    if recipe.training.runtime != "ort-training":
-        yield "training.runtime", "'ort-training' for task 'keypoints'", recipe.training.runtime

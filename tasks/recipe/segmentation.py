@@ -114,5 +114,3 @@ def segmentation_rules(recipe: Any) -> Iterator[tuple[str, str, object]]:
             "'npz-shards' for task 'segmentation' (an image folder's labels are classes, not masks)",
             recipe.data.board_format,
         )
-    if recipe.training.runtime != "ort-training":
-        yield "training.runtime", "'ort-training' for task 'segmentation'", recipe.training.runtime

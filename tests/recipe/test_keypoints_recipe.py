@@ -27,7 +27,6 @@ BAD = [  # (change to the keypoints recipe, field named in the error, words of t
     ({"loss": {"kind": "l1"}}, "loss.kind", "mse (heatmaps against Gaussian targets)"),
     ({"promotion": {"metric": "accuracy"}}, "promotion.metric", "'oks_ap', 'pck' or 'loss'"),
     ({"promotion": {"metric": "miou"}}, "promotion.metric", "miou needs task = 'segmentation'"),
-    ({"training": {"runtime": "autograd"}}, "training.runtime", "'ort-training' for task 'keypoints'"),
     (
         {"data": {"train": None, "board_dataset": "datasets/poses", "board_format": "image-folder"}},
         "data.board_format",

@@ -22,7 +22,6 @@ BAD = [  # (change to the segmentation recipe, field named in the error, words o
     ({"model": {"num_classes": None}}, "model.num_classes", "required for task 'segmentation'"),
     ({"loss": {"kind": "mse"}}, "loss.kind", "cross-entropy, dice, cross-entropy+dice"),
     ({"promotion": {"metric": "accuracy"}}, "promotion.metric", "'miou', 'pixel_accuracy' or 'loss'"),
-    ({"training": {"runtime": "autograd"}}, "training.runtime", "'ort-training' for task 'segmentation'"),
     (
         {"data": {"train": None, "board_dataset": "datasets/masks", "board_format": "image-folder"}},
         "data.board_format",

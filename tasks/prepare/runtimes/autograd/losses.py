@@ -5,7 +5,8 @@ label feed named ``labels`` for cross-entropy, ``target`` for the others; ``bce-
 ORT's own formula, ``-(t log s(x) + (1 - t) log(1 - s(x)))``); ``distillation`` is the formula of
 :mod:`tasks.prepare.distillation`; ``embedded`` is the model's first output. A ``custom`` onnxblock
 loss is ONNX, not PyTorch: it trains here only through its PyTorch twin (``loss.torch``), a callable
-taking the model's outputs and then its label feeds, each by its graph name. Each plan also says
+taking the model's outputs and then its label feeds, each by its graph name. A segmentation or
+keypoints recipe's loss is its task's (:mod:`.task_losses`), labels fed as ``labels``. Each plan also says
 what the step returns after the loss: the model's outputs, as ORT's training graph returns them.
 """
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from tasks.errors import RecipeError
 from tasks.prepare.feeds import recipe_sample
+from tasks.prepare.runtimes.autograd.task_losses import task_loss
 from tasks.prepare.torch_model import load_ref
 from tasks.recipe.schema import Recipe
 
@@ -73,6 +75,10 @@ def plan(recipe: Recipe, outputs: tuple[Any, ...], batch: int) -> LossPlan:
         raise RecipeError("loss.kind", f"a custom or embedded loss for a model with {len(outputs)} outputs "
                           f"({names}); '{kind}' takes exactly one", kind)  # fmt: skip
     out = outputs[0]
+    if recipe.task in ("segmentation", "keypoints"):
+        fn, name, fallback = task_loss(recipe, out, names[0])
+        label = _example(recipe, LABELS, 1, batch, fallback, fallback.dtype)
+        return LossPlan(lambda o, lab: (fn(o[0], lab[0]), o), [(LABELS, label)], names, name)
     if kind == "distillation":
         if out.dim() != 2:
             raise RecipeError("loss.kind", "'distillation' for a model with one [batch, classes] output",
