@@ -2,13 +2,16 @@
 ``CheckpointState`` and ``Optimizer`` are to the ORT runtime.
 
 A checkpoint is one ``.npz`` file: ``param/<name>`` (the trainable tensors), ``opt/step``,
-``opt/m/<name>`` and ``opt/v/<name>`` (AdamW's moments, with the optimizer state), ``properties``
-(the trainer's progress, as JSON). It is written to a temporary name, fsync'd and renamed.
+``opt/m/<name>`` and ``opt/v/<name>`` (AdamW's moments, or SGD's momentum buffer in ``m``, with
+the optimizer state), ``properties`` (the trainer's progress, as JSON). It is written to a temporary
+name, fsync'd and renamed.
 
 The optimizers are ONNX Runtime's, to the float32 operation (``tests/runtimes`` compares them with
 its optimizer graphs): SGD ``w -= lr * g``; AdamW (``AdamWOptimizer``, mode 1, bias correction):
 ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g g``, ``w -= lr_t * m / (sqrt(v) + eps)`` with
-``lr_t = lr sqrt(1 - b2^t) / (1 - b1^t)``, then ``w -= lr * wd * w`` on the updated weight.
+``lr_t = lr sqrt(1 - b2^t) / (1 - b1^t)``, then ``w -= lr * wd * w`` on the updated weight. SGD with
+``momentum`` (which ONNX Runtime's SGD lacks) is ``torch.optim.SGD``'s, dampening 0: ``m = g`` at
+the first step, then ``m = mu m + g``; ``w -= lr * m``, or ``w -= lr * (g + mu m)`` with ``nesterov``.
 """
 
 from __future__ import annotations
@@ -119,9 +122,19 @@ class Optimizer:
         for name, grad in grads.items():
             param = state.parameters[name]
             if self.spec["kind"] == "sgd":
-                param.data = param.data - self.lr * grad
+                param.data = param.data - self.lr * self._momentum(name, grad, opt)
             else:
                 param.data = self._adamw(name, param.data, grad, opt)
+
+    def _momentum(self, name: str, g: np.ndarray, opt: dict[str, Any]) -> np.ndarray:
+        """SGD's direction: the gradient, or torch.optim.SGD's momentum buffer (Nesterov's look-ahead)."""
+        mu = F32(self.spec.get("momentum", 0.0))
+        if mu == 0:
+            return g
+        buf = opt["m"].get(name)
+        buf = g.copy() if buf is None else mu * buf + g
+        opt["m"][name] = buf
+        return g + mu * buf if self.spec.get("nesterov", False) else buf
 
     def _adamw(self, name: str, w: np.ndarray, g: np.ndarray, opt: dict[str, Any]) -> np.ndarray:
         b1, b2 = (F32(b) for b in self.spec["betas"])

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import AfterValidator, Field, WithJsonSchema, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from tasks.recipe.fields import REF_PATTERN, Int, Number, Ref, Text, Texts, present, recipe_table
+from tasks.recipe.fields import REF_PATTERN, Bool, Int, Number, Ref, Text, Texts, present, recipe_table
 from tasks.recipe.messages import Expect, expected
 
 BUILTIN_LOSSES = ("mse", "cross-entropy", "bce-with-logits", "l1")
@@ -164,6 +164,16 @@ class OptimizerSpec:
     kind: Optimizer = Field("adamw", description="adamw | sgd")
     lr: LearningRate = 1e-3
     weight_decay: Number = Field(0.01, ge=0, le=1, description="adamw only")
+    momentum: Number = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="sgd with training.runtime = 'autograd': torch.optim.SGD's momentum (dampening 0; "
+        "ONNX Runtime's SGD has none)",
+    )
+    nesterov: Bool = Field(
+        False, description="sgd with momentum > 0: Nesterov momentum, as torch.optim.SGD's"
+    )
 
 
 @recipe_table("schedule")
@@ -232,9 +242,30 @@ def runtime_rules(recipe: Any) -> Iterator[tuple[str, str, object]]:
             f"a PyTorch twin of the custom loss {loss.factory} for training.runtime = 'autograd'",
             None,
         )
+    yield from _momentum_rules(recipe)
     if loss.torch is not None and loss.kind != "custom":
         yield (
             "loss.torch",
             "only with loss.kind = 'custom:module:factory' (the twin of that loss)",
             loss.torch,
         )
+
+
+def _momentum_rules(recipe: Any) -> Iterator[tuple[str, str, object]]:
+    """``optimizer.momentum`` and ``optimizer.nesterov``: SGD's, on the autograd runtime only."""
+    optimizer = recipe.optimizer
+    if optimizer.momentum > 0 and optimizer.kind != "sgd":
+        yield (
+            "optimizer.momentum",
+            "0 with optimizer.kind = 'adamw' (momentum is SGD's)",
+            optimizer.momentum,
+        )
+    elif optimizer.momentum > 0 and recipe.training.runtime != "autograd":
+        yield (
+            "optimizer.momentum",
+            "0 with training.runtime = 'ort-training' (ONNX Runtime's SGD has no momentum; "
+            "training.runtime = 'autograd' has it)",
+            optimizer.momentum,
+        )
+    if optimizer.nesterov and optimizer.momentum == 0:
+        yield ("optimizer.nesterov", "false unless optimizer.momentum > 0 (Nesterov needs a momentum)", True)

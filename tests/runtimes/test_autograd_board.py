@@ -26,7 +26,11 @@ SLOW = {"ODL_AGENT_STEP_DELAY_S": "0.05"}
 
 @pytest.fixture
 def autograd_job(autograd_digits):
-    recipe, prepared = autograd_digits
+    return _job_maker(autograd_digits)
+
+
+def _job_maker(prepared_recipe):
+    recipe, prepared = prepared_recipe
 
     def make(job_id, **train):
         spec, files = build_job_spec(recipe, prepared, job_id)
@@ -70,7 +74,10 @@ def _final(jdir) -> CheckpointState:
 
 
 @pytest.mark.slow
-def test_sigkill_then_start_is_bit_identical(agent_board, autograd_job, no_ort_training):
+@pytest.mark.parametrize("prepared", ["autograd_digits", "autograd_digits_momentum"])
+def test_sigkill_then_start_is_bit_identical(agent_board, prepared, request, no_ort_training):
+    """AdamW's moments, or SGD's momentum buffer, come back from the checkpoint bit for bit."""
+    autograd_job = _job_maker(request.getfixturevalue(prepared))
     ref_spec, files = autograd_job("ref", epochs=EPOCHS, checkpoint_every=5)
     ref_dir, ref = run_job(agent_board, ref_spec, files, env=no_ort_training)
     spec, _ = autograd_job("killed", epochs=EPOCHS, checkpoint_every=5)
@@ -94,6 +101,7 @@ def test_sigkill_then_start_is_bit_identical(agent_board, autograd_job, no_ort_t
         assert np.array_equal(got.parameters[name].data, p.data), name
         assert np.array_equal(got.optimizer["m"][name], want.optimizer["m"][name]), name
     assert got.optimizer["step"] == want.optimizer["step"] == EPOCHS * 13
+    assert got.optimizer["m"] and all(np.abs(m).max() > 0 for m in got.optimizer["m"].values())
     assert (jdir / "inference.onnx").read_bytes() == (ref_dir / "inference.onnx").read_bytes()
     starts = [e["data"] for e in read_events(jdir / "events.jsonl") if e["type"] == "started"]
     assert len(starts) == 2 and 0 < starts[1]["resumed_from_step"] <= status["step"]

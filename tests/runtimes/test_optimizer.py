@@ -129,3 +129,40 @@ def test_a_checkpoint_gives_back_what_was_saved(tmp_path_factory, tensors, step,
         assert np.array_equal(back.optimizer["v"][name], tensor * tensor)
     assert back.optimizer["step"] == step and back.properties == props
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no temporary file left
+
+
+@pytest.mark.parametrize(("momentum", "nesterov"), [(0.9, False), (0.5, True), (0.0, False)])
+def test_sgd_with_momentum_steps_as_torch_optim_sgd(momentum, nesterov):
+    """Each step, from the same gradients and with the rate changed as a schedule changes it, moves
+    the weights where torch.optim.SGD (dampening 0) moves them; the buffer is the optimizer's ``m``."""
+    import torch  # the reference optimizer; the agent's code under test never imports it
+
+    rng = np.random.default_rng(3)
+    start = {
+        "w": rng.standard_normal((CLASSES, FEATURES)).astype(np.float32),
+        "b": np.zeros(CLASSES, np.float32),
+    }
+    params = {n: torch.tensor(a, requires_grad=True) for n, a in start.items()}
+    reference = torch.optim.SGD(list(params.values()), lr=0.1, momentum=momentum, nesterov=nesterov)
+    module = _Gradients(CheckpointState(start))
+    optimizer = Optimizer({"kind": "sgd", "lr": 0.1, "momentum": momentum, "nesterov": nesterov}, module)
+    for step in range(STEPS):
+        lr = 0.1 * (1 - step / STEPS)  # a decaying schedule, set before each step as the trainer does
+        optimizer.set_learning_rate(lr)
+        for group in reference.param_groups:
+            group["lr"] = float(np.float32(lr))
+        module.grads = {n: rng.standard_normal(a.shape).astype(np.float32) for n, a in start.items()}
+        for name, p in params.items():
+            p.grad = torch.from_numpy(module.grads[name].copy())
+        reference.step()
+        optimizer.step()
+        for name, p in params.items():
+            got = module.state.parameters[name].data
+            assert got.dtype == np.float32
+            np.testing.assert_allclose(
+                got, p.detach().numpy(), rtol=1e-6, atol=1e-7, err_msg=f"{name} at {step + 1}"
+            )
+            if momentum:
+                buf = reference.state[p]["momentum_buffer"].numpy()
+                np.testing.assert_allclose(module.state.optimizer["m"][name], buf, rtol=1e-6, atol=1e-7)
+    assert (module.state.optimizer["m"] == {}) == (momentum == 0)

@@ -9,6 +9,7 @@ from tasks.recipe.load import load_recipe, parse_recipe
 from tests.fixtures_prepare import RECIPES
 
 AUTOGRAD = {"training.runtime": "autograd"}
+SGD = {"optimizer.kind": "sgd"}
 
 
 def test_the_default_runtime_is_ort_training():
@@ -27,6 +28,30 @@ def test_the_default_runtime_is_ort_training():
             "only with loss.kind = 'custom:module:factory'",
         ),
         ("digits.toml", {"training.runtime": "torch"}, "training.runtime", "'ort-training' or 'autograd'"),
+        (
+            "digits.toml",
+            {**SGD, "optimizer.momentum": 0.9},
+            "optimizer.momentum",
+            "ONNX Runtime's SGD has no momentum",
+        ),
+        (
+            "digits.toml",
+            {**AUTOGRAD, "optimizer.momentum": 0.9},
+            "optimizer.momentum",
+            "optimizer.kind = 'adamw'",
+        ),
+        (
+            "digits.toml",
+            {**AUTOGRAD, **SGD, "optimizer.momentum": 1.0},
+            "optimizer.momentum",
+            "a number in [0, 1)",
+        ),
+        (
+            "digits.toml",
+            {**AUTOGRAD, **SGD, "optimizer.nesterov": True},
+            "optimizer.nesterov",
+            "momentum > 0",
+        ),
         (
             "two_head_custom_loss.toml",
             {**AUTOGRAD, "loss.torch": "not a ref"},
@@ -63,3 +88,13 @@ def test_a_custom_loss_without_its_twin_is_refused_for_autograd():
     assert (
         parse_recipe({**raw, "training": {}}, recipe.source).loss.torch is None
     )  # the ORT runtime needs none
+
+
+def test_sgd_momentum_reaches_the_autograd_step_spec():
+    from tasks.prepare.runtimes.autograd.build import optimizer
+
+    recipe = load_recipe(
+        RECIPES / "digits.toml", {**AUTOGRAD, **SGD, "optimizer.momentum": 0.9, "optimizer.nesterov": True}
+    )
+    assert optimizer(recipe) == {"kind": "sgd", "lr": 1e-3, "momentum": 0.9, "nesterov": True}
+    assert optimizer(load_recipe(RECIPES / "digits.toml", {**AUTOGRAD, **SGD}))["momentum"] == 0.0

@@ -95,11 +95,12 @@ def forward_once(recipe: Recipe, model: Any, inputs: tuple[Any, ...]) -> None:
 
 def optimizer(recipe: Recipe) -> dict[str, Any]:
     """The optimizer exactly as the recipe and the ORT path's graphs have it (SGD: no weight decay,
-    no momentum; AdamW: bias correction, the decay after the step, as ORT's AdamW mode 1)."""
+    torch.optim.SGD's momentum when the recipe sets one; AdamW: bias correction, the decay after the
+    step, as ORT's AdamW mode 1)."""
     spec = recipe.optimizer
     if spec.kind == "adamw":
         return {"kind": "adamw", "lr": spec.lr, **ADAMW, "weight_decay": spec.weight_decay}
-    return {"kind": "sgd", "lr": spec.lr}
+    return {"kind": "sgd", "lr": spec.lr, "momentum": spec.momentum, "nesterov": spec.nesterov}
 
 
 def torch_names(trainable: list[str], model: Any) -> None:
