@@ -148,16 +148,20 @@ def split_check(api: Any, cfg: dict, feeds: dict[str, np.ndarray]) -> dict[str, 
 
     art, split = Path(cfg["artifacts_dir"]), cfg["split"]
     files = split["files"]
-    full_module = module_of(
-        str(art / "training_model.onnx"), str(art / "checkpoint"), str(art / "eval_model.onnx")
-    )
+    runtime = cfg.get("runtime", "ort-training")
+    if runtime != "ort-training":  # the board's runtime over the full and the split files
+        full_module, suffix_module = (_runtime(cfg | {"files": f})[1].eval() for f in (cfg["files"], files))
+    else:
+        full_module = module_of(
+            str(art / "training_model.onnx"), str(art / "checkpoint"), str(art / "eval_model.onnx")
+        )
+        suffix_module = module_of(files["training_model"], files["checkpoint"], files["eval_model"])
     full = eval_loss(full_module, feeds)
     prefix = load_onnxruntime().InferenceSession(files["prefix_model"], providers=["CPUExecutionProvider"])
     (cut,) = prefix.run([split["cut"]], {n: feeds[n] for n in split["prefix_inputs"]})
-    suffix_module = module_of(files["training_model"], files["checkpoint"], files["eval_model"])
     part = eval_loss(suffix_module, {**feeds, split["cut"]: cut})
     paths = split.get("inference_paths")
-    if paths:
+    if paths and runtime == "ort-training":  # the autograd runtime writes the whole model either way
         full_module.export_model_for_inferencing(paths["full"], cfg["inference_outputs"])
         suffix_module.export_model_for_inferencing(paths["suffix"], cfg["inference_outputs"])
     return {"full_eval_loss": full, "split_eval_loss": part}

@@ -158,11 +158,12 @@ def split(model: onnx.ModelProto, cut: Cut) -> tuple[onnx.ModelProto, onnx.Model
     inputs = [i.name for i in model.graph.input if i.name in reads]
     prefix = extract(model, inputs, [cut.tensor])
     suffix = extract(model, [cut.tensor, *cut.passthrough], [o.name for o in model.graph.output])
-    _batch_dim_symbolic(suffix.graph.input[0])
+    batch_dim_symbolic(suffix.graph.input[0])
     return prefix, suffix
 
 
-def _batch_dim_symbolic(value: onnx.ValueInfoProto) -> None:
+def batch_dim_symbolic(value: onnx.ValueInfoProto) -> None:
+    """Make the first axis of ``value`` a symbol (``batch``) when the graph fixed it."""
     dims = value.type.tensor_type.shape.dim
     if dims and not dims[0].dim_param:
         dims[0].dim_param = "batch"

@@ -36,6 +36,8 @@ def check_join(recipe: Recipe, out_dir: Path, manifest: dict) -> dict[str, Any] 
     cache = manifest.get("prefix_cache") or {}
     if not cache.get("enabled"):
         return "no frozen-prefix split: retrieval keeps the board's inference model as it is"
+    if manifest.get("runtime") == "autograd":
+        return "the autograd runtime's board writes the whole inference model (its template holds the prefix)"
     out_dir = Path(out_dir)
     paths = {k: Path(v) for k, v in inference_paths(out_dir).items()}
     joined = out_dir / "validation_joined.onnx"

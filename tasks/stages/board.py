@@ -117,7 +117,12 @@ def train(
             link, board, spec, files, record, deployed=True, end_orphans=end_orphans, deadline=deadline,
             stats=stats,
         )  # fmt: skip
-    prefix = files.get(spec.prefix.model.sha256) if spec.prefix is not None else None
+    # the prefix retrieval joins to the board's suffix (the autograd runtime's board writes the whole model)
+    prefix = (
+        files.get(spec.prefix.model.sha256)
+        if spec.prefix is not None and spec.runtime != "autograd"
+        else None
+    )
     return Training(board.name, result.job_id, result, tuple(events), prefix, stats.reconnects)
 
 

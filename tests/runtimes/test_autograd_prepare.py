@@ -50,7 +50,12 @@ def test_the_manifest_has_the_ort_path_s_keys(autograd_digits, prepared_digits):
         "inference_template",
         "model",
     }
-    assert manifest["prefix_cache"]["enabled"] is False
+    cache, ort_cache = manifest["prefix_cache"], ort["prefix_cache"]  # the frozen conv1 + ReLU in both
+    assert cache["enabled"] and ort_cache["enabled"] and cache["feature_shape"] == ort_cache["feature_shape"]
+    assert set(cache["files"]) == {*manifest["files"], "prefix_model"} - {"model"}
+    assert (
+        cache["files"]["checkpoint"] == manifest["files"]["checkpoint"]
+    )  # the split trains the same tensors
 
 
 def test_step_files_are_what_step_json_says(autograd_digits):

@@ -13,7 +13,8 @@ that name (one line for one without), and writes into ``artifacts/``:
 * ``step.json``, what the board's runtime (``device_agent.runtimes.autograd``) reads: feeds,
   trainable tensors, noise inputs, outputs, gradients, the optimizer as the recipe says, offsets;
 
-and ``manifest.json`` with the ORT path's keys (``runtime`` = ``autograd``, no frozen-prefix cache).
+and ``manifest.json`` with the ORT path's keys (``runtime`` = ``autograd``); the frozen-prefix
+cache's split steps are :mod:`.prefix_split`'s.
 Nothing here imports ``onnxruntime.training``.
 """
 
@@ -35,6 +36,7 @@ from tasks.prepare.feeds import data_file, feed_keys
 from tasks.prepare.ort_training import check_board_loadable, file_entry, onnx_opset
 from tasks.prepare.param_chains import split_shared_initializers
 from tasks.prepare.priors import PRIORS_FILE, write_priors
+from tasks.prepare.runtimes.autograd.prefix_split import split_steps
 from tasks.prepare.runtimes.autograd.steps import (
     EVAL_FILE,
     TRAIN_FILE,
@@ -171,6 +173,7 @@ def generate(recipe: Recipe, model_onnx: Path, out_dir: Path) -> dict[str, Any]:
     }
     (out_dir / FILES["step"]).write_text(json.dumps(spec, indent=2))
     manifest = _manifest(recipe, out_dir, graph, trainable, frozen, counts, steps, inference)
+    manifest["prefix_cache"] = split_steps(recipe, out_dir, spec, manifest["files"], params)
     manifest["warnings"] += rnn_dropout(model)
     for line in manifest["warnings"]:
         log.warning("%s", line)
@@ -207,9 +210,5 @@ def _manifest(recipe: Recipe, out_dir: Path, graph: Any, trainable: list[str], f
         "fixups": {},
         "trainable_layers": trainable_layers(graph, trainable, counts),
         "decompositions_checked": steps.checked,
-        "prefix_cache": {
-            "enabled": False,
-            "reason": "the autograd runtime trains the whole graph (no frozen-prefix cache yet)",
-        },
         "warnings": [],
     }
