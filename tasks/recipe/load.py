@@ -21,6 +21,7 @@ from pydantic_core import core_schema
 
 from tasks.errors import RecipeError
 from tasks.recipe.fields import NAME_PATTERN
+from tasks.recipe.host_runtime import check_runtime
 from tasks.recipe.messages import recipe_error, unknown_key
 from tasks.recipe.schema import Recipe
 
@@ -58,7 +59,8 @@ def apply_overrides(data: dict, overrides: dict[str, object]) -> dict:
 
 
 def load_recipe(path: Path | str, overrides: dict[str, object] | None = None) -> Recipe:
-    """Read a recipe TOML file, apply dotted-key overrides, validate and return it."""
+    """Read a recipe TOML file, apply dotted-key overrides, validate and return it; a runtime this
+    host's Python cannot build (``ort-training`` on Python >= 3.12) is refused here, before anything runs."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text())
@@ -66,7 +68,9 @@ def load_recipe(path: Path | str, overrides: dict[str, object] | None = None) ->
         raise RecipeError("recipe", "an existing recipe file", str(path)) from exc
     except tomllib.TOMLDecodeError as exc:
         raise RecipeError("recipe", f"valid TOML ({exc})", source=str(path)) from exc
-    return parse_recipe(apply_overrides(data, overrides or {}), path)
+    recipe = parse_recipe(apply_overrides(data, overrides or {}), path)
+    check_runtime(recipe, str(path))
+    return recipe
 
 
 def recipe_hash(recipe: Recipe) -> str:
