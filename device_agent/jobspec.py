@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from device_agent.keypoints_spec import KeypointsScoring
 from device_agent.names import valid_job_id
 from device_agent.prefix_spec import PrefixSpec
 from device_agent.privacy_spec import LocalPrivacy
@@ -167,7 +168,7 @@ class TrainParams:
 
 
 JOB_KEYS = {VERSION_KEY, "job_id", "recipe_name", "artifacts", "train_data", "eval_data", "train", "task",
-            "ignore_index",
+            "ignore_index", "keypoints",
             "output_names", "feeds", "memory_estimate_mb", "num_classes", "prefix", "teacher", "runtime",
             "privacy"}  # fmt: skip
 
@@ -190,6 +191,7 @@ class JobSpec:
     prefix: PrefixSpec | None = None  # frozen-prefix caching: the artifacts train the suffix
     teacher: TeacherSpec | None = None  # labels the unlabeled shards of train_data before training
     ignore_index: int | None = None  # segmentation: the label of pixels no loss counts (not a class)
+    keypoints: KeypointsScoring | None = None  # keypoints: the recipe's PCK threshold and decoding
     privacy: LocalPrivacy | None = None  # a fleet round's local DP: only a clipped, noised update leaves
     runtime: str = DEFAULT_RUNTIME  # how the trainer steps: one of RUNTIME_ARTIFACTS
     protocol_version: int = PROTOCOL_VERSION
@@ -213,6 +215,7 @@ class JobSpec:
             | ({"prefix": self.prefix.to_dict()} if self.prefix else {})
             | ({"teacher": self.teacher.to_dict()} if self.teacher else {})
             | ({"ignore_index": self.ignore_index} if self.ignore_index is not None else {})
+            | ({"keypoints": self.keypoints.to_dict()} if self.keypoints else {})
             | ({"privacy": self.privacy.to_dict()} if self.privacy else {})
             | ({"runtime": self.runtime} if self.runtime != DEFAULT_RUNTIME else {})
         )
@@ -268,6 +271,7 @@ class JobSpec:
             prefix=PrefixSpec.from_dict(d["prefix"]) if d.get("prefix") is not None else None,
             teacher=TeacherSpec.from_dict(d["teacher"]) if d.get("teacher") is not None else None,
             ignore_index=get_field(d, "ignore_index", int, "", None),
+            keypoints=KeypointsScoring.from_dict(d["keypoints"]) if d.get("keypoints") is not None else None,
             privacy=LocalPrivacy.from_dict(d["privacy"]) if d.get("privacy") is not None else None,
             runtime=runtime,
             protocol_version=version,

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-PCK_THRESHOLD = 0.1  # the board's PCK: within this share of the labelled keypoints' box's larger side
+from device_agent.keypoints_spec import PCK_THRESHOLD
+
 MIN_SIDE = 1.0  # input pixels: a box of one labelled keypoint still has a scale
 
 
@@ -65,9 +66,9 @@ def pck_hits(
 
 
 def image_pck(out: np.ndarray, labels: np.ndarray, input_hw: tuple[int, int],
-              threshold: float = PCK_THRESHOLD) -> np.ndarray:  # fmt: skip
+              threshold: float = PCK_THRESHOLD, subpixel: bool = True) -> np.ndarray:  # fmt: skip
     """Each image's share of labelled keypoints ``out`` places within ``threshold`` (0 for an image
     without a labelled keypoint)."""
-    hit, _ = pck_hits(decode(out, input_hw)[0], labels, threshold)
+    hit, _ = pck_hits(decode(out, input_hw, subpixel)[0], labels, threshold)
     labelled = labels[..., 2] > 0
     return (hit & labelled).sum(axis=1) / np.maximum(labelled.sum(axis=1), 1)

@@ -10,7 +10,8 @@ it and is re-exported here:
 * :mod:`device_agent.names` — the one rule for names (``NAME``: job ids, board, recipe, dataset
   and report names), its refusal line (``BadName``) and ``valid_job_id``;
 * :mod:`device_agent.jobspec` — what the host sends: ``JobSpec`` (``job.json``) with its
-  ``DataRef`` and ``TrainParams`` (and :mod:`device_agent.prefix_spec`'s ``PrefixSpec``);
+  ``DataRef`` and ``TrainParams`` (and :mod:`device_agent.prefix_spec`'s ``PrefixSpec``,
+  :mod:`device_agent.keypoints_spec`'s ``KeypointsScoring``);
 * :mod:`device_agent.messages` — what the agent answers: ``Event`` (``events.jsonl``),
   ``JobResult``/``FileRef`` (``result.json``), ``BoardInfo`` (``info``), ``BlobListing``
   (``blobs``).
@@ -49,6 +50,7 @@ from device_agent.jobspec import (
     JobSpec,
     TrainParams,
 )
+from device_agent.keypoints_spec import KeypointsScoring
 from device_agent.messages import BlobListing, BoardInfo, Event, FileRef, JobResult
 from device_agent.names import (
     BOARD_PATH_ALLOWED,
@@ -170,7 +172,7 @@ __all__ = [
     "AGENT_VERSION", "ARTIFACT_KEYS", "RUNTIME_ARTIFACTS", "BOARD_PATH_ALLOWED", "BLOBS_DIR", "BLOB_TMP_PREFIX", "BLOB_TMP_RE", "EVENT_TYPES",
     "EXIT_HELP", "NAME", "NAME_PATTERN", "NEVER_RETRY", "PROTOCOL_VERSION", "SHA256_RE", "STALE_TMP_S", "TASKS",
     "V1_VERSION_KEYS", "VERSION_KEY", "BadName", "BlobListing", "BlobRef", "BoardInfo", "DataFile", "DataRef", "Event",
-    "ExitCode", "FileRef", "JobResult", "JobSpec", "NameRule", "PrefixSpec", "SpecError", "TeacherSpec", "TrainParams", "blob_tmp_name",
+    "ExitCode", "FileRef", "JobResult", "JobSpec", "KeypointsScoring", "NameRule", "PrefixSpec", "SpecError", "TeacherSpec", "TrainParams", "blob_tmp_name",
     "board_path_ok", "check_board_path", "check_version", "file_sha256", "get_field", "parse_json", "read_version", "reject_unknown", "typed_fields",
     "valid_blob_name", "valid_job_id",
 ]  # fmt: skip

@@ -31,6 +31,7 @@ from device_agent.events import EventLog
 from device_agent.hold import Hold
 from device_agent.jobdir import JobDir
 from device_agent.keypoints import image_pck
+from device_agent.keypoints_spec import KeypointsScoring
 from device_agent.protocol import ExitCode, JobSpec
 from device_agent.schedule import lr_at
 
@@ -86,6 +87,7 @@ class Trainer:
         self._lr: float | None = None  # the rate last given to the optimizer
         self._counts_accuracy = spec.task in ACCURACY_TASKS
         self._input_hw = tuple(sess.inputs[0].shape[-2:])  # keypoints: the pixels labels are given in
+        self._scoring = spec.keypoints or KeypointsScoring()  # keypoints: the recipe's PCK
         self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # (logits, labels) not counted yet
         self._pending_cap = PENDING_STEPS
         self._chunk_steps, self._chunk_sized = 1, False  # steps whose rows one take gathers
@@ -189,16 +191,15 @@ class Trainer:
         """Add the correct predictions of the kept steps to ``progress.correct``."""
         if self._pending:
             progress.correct += _count_correct(
-                self.spec.task, self._pending, self.spec.ignore_index, self._input_hw
+                self.spec.task, self._pending, self.spec.ignore_index, self._input_hw, self._scoring
             )
             self._pending.clear()
 
     def _correct(self, outs: Any, batch: list[np.ndarray]) -> int:
         if self.spec.task not in ACCURACY_TASKS or not isinstance(outs, tuple) or len(outs) < 2:
             return 0
-        return _correct_of(
-            self.spec.task, np.asarray(outs[1]), batch[1], self.spec.ignore_index, self._input_hw
-        )
+        spec, hw = self.spec, self._input_hw
+        return _correct_of(spec.task, np.asarray(outs[1]), batch[1], spec.ignore_index, hw, self._scoring)
 
     def _has_accuracy(self) -> bool:
         return self.spec.task in ACCURACY_TASKS and len(self.sess.module.output_names()) > 1
@@ -259,13 +260,14 @@ class Trainer:
 
 
 def _correct_of(task: str, logits: np.ndarray, labels: np.ndarray, ignore: int | None = None,
-                input_hw: tuple = ()) -> float:  # fmt: skip
+                input_hw: tuple = (), scoring: KeypointsScoring | None = None) -> float:  # fmt: skip
     """Correct predictions of one batch: argmax = label (classification), sign = label (binary);
     segmentation: each image's pixel accuracy (argmax over axis 1 = label, ignored pixels left out),
-    keypoints: each image's PCK (``input_hw``: the input's pixels), summed, so that ``correct / seen``
-    is their mean over the images."""
+    keypoints: each image's PCK (``input_hw``: the input's pixels; ``scoring``: the recipe's
+    threshold and decoding), summed, so that ``correct / seen`` is their mean over the images."""
     if task == "keypoints":
-        return float(image_pck(logits, labels, input_hw).sum())
+        scoring = scoring or KeypointsScoring()
+        return float(image_pck(logits, labels, input_hw, scoring.pck_threshold, scoring.subpixel).sum())
     if task == "segmentation":
         kept = labels != ignore if ignore is not None else np.ones(labels.shape, bool)
         hits = ((logits.argmax(axis=1) == labels) & kept).reshape(len(labels), -1).sum(axis=1)
@@ -276,12 +278,11 @@ def _correct_of(task: str, logits: np.ndarray, labels: np.ndarray, ignore: int |
     return int(((logits.reshape(-1) > 0) == (labels.reshape(-1) > 0.5)).sum())
 
 
-def _count_correct(
-    task: str, pending: list[tuple[np.ndarray, np.ndarray]], ignore: int | None = None, input_hw: tuple = ()
-) -> float:
+def _count_correct(task: str, pending: list[tuple[np.ndarray, np.ndarray]], ignore: int | None = None,
+                   input_hw: tuple = (), scoring: KeypointsScoring | None = None) -> float:  # fmt: skip
     """``_correct_of`` summed over several batches, in a few numpy calls when their shapes allow."""
     if task in ("segmentation", "keypoints"):
-        return sum(_correct_of(task, lg, lb, ignore, input_hw) for lg, lb in pending)
+        return sum(_correct_of(task, lg, lb, ignore, input_hw, scoring) for lg, lb in pending)
     logits = [lg for lg, _ in pending]
     if task == "classification" and all(lb.ndim == 2 for _, lb in pending):  # soft labels: their top class
         pending = [(lg, lb.argmax(axis=-1)) for lg, lb in pending]

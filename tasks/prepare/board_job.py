@@ -13,6 +13,7 @@ from device_agent.protocol import (
     BlobRef,
     DataRef,
     JobSpec,
+    KeypointsScoring,
     PrefixSpec,
     SpecError,
     TeacherSpec,
@@ -105,11 +106,20 @@ def build_job_spec(
         if recipe.task in ("classification", "segmentation")
         else 0,
         ignore_index=segmentation_of(recipe).ignore_index if recipe.task == "segmentation" else None,
+        keypoints=_keypoints(recipe),
         prefix=prefix,
         teacher=_teacher(recipe, prepared, files),
         runtime=runtime,
     )
     return spec, files
+
+
+def _keypoints(recipe: Recipe) -> KeypointsScoring | None:
+    """A keypoints job's scoring: the recipe's PCK threshold and heatmap decoding."""
+    spec = recipe.keypoints
+    if recipe.task != "keypoints" or spec is None:
+        return None
+    return KeypointsScoring(float(spec.pck_threshold), bool(spec.subpixel))
 
 
 def _memory_estimate(validation: dict) -> float:

@@ -19,7 +19,7 @@ EXPORTS = {
     "AGENT_VERSION", "ARTIFACT_KEYS", "RUNTIME_ARTIFACTS", "BLOBS_DIR", "BLOB_TMP_PREFIX", "BLOB_TMP_RE", "BOARD_PATH_ALLOWED", "EVENT_TYPES",
     "EXIT_HELP", "NAME", "NAME_PATTERN", "NEVER_RETRY", "PROTOCOL_VERSION", "SHA256_RE", "STALE_TMP_S", "TASKS",
     "V1_VERSION_KEYS", "VERSION_KEY", "BadName", "BlobListing", "BlobRef", "BoardInfo", "DataFile", "DataRef", "Event",
-    "ExitCode", "FileRef", "JobResult", "JobSpec", "NameRule", "PrefixSpec", "SpecError", "TeacherSpec", "TrainParams", "blob_tmp_name",
+    "ExitCode", "FileRef", "JobResult", "JobSpec", "KeypointsScoring", "NameRule", "PrefixSpec", "SpecError", "TeacherSpec", "TrainParams", "blob_tmp_name",
     "board_path_ok", "check_board_path", "check_version", "file_sha256", "get_field", "parse_json", "read_version", "reject_unknown", "typed_fields",
     "valid_blob_name", "valid_job_id",
 }  # fmt: skip
