@@ -2,7 +2,9 @@
 #   make demo   runs the main job end to end on the embedded defaults
 #   make test   installs what the tests need and runs them
 SHELL := /bin/bash
-PY ?= python3.11
+# Python 3.11 runs both training runtimes; 3.12 and 3.13 the autograd runtime only (onnxruntime-training
+# has no wheel for them: constraints.txt puts plain onnxruntime in its place). The first one found wins.
+PY ?= $(or $(firstword $(foreach v,3.11 3.13 3.12,$(shell command -v python$(v) 2>/dev/null))),python3.11)
 VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip install -q --disable-pip-version-check -c constraints.txt
@@ -14,11 +16,11 @@ export ODL_HOME ?= $(CURDIR)/.odl
 .PHONY: demo nightly teacher teacher-detection segmentation keypoints fleet down test install system-deps lint clean
 
 $(STAMP): pyproject.toml constraints.txt deploy/system-packages.txt
-	@command -v $(PY) >/dev/null || { echo "need $(PY) (Python 3.11)"; exit 1; }
+	@command -v $(PY) >/dev/null || { echo "need python3.11 (both training runtimes) or python3.13/3.12 (autograd only)"; exit 1; }
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	@echo "installing Python packages from constraints.txt into $(VENV) (first time: a few minutes)"
 	@set -o pipefail; $(PIP) -e '.[test]' $(QUIET)
-	@! $(BIN)/pip show -q onnxruntime 2>/dev/null || { echo "plain onnxruntime is installed beside onnxruntime-training: remove it"; exit 1; }
+	@! { $(BIN)/pip show -q onnxruntime && $(BIN)/pip show -q onnxruntime-training; } 2>/dev/null || { echo "plain onnxruntime is installed beside onnxruntime-training: remove it"; exit 1; }
 	@touch $(STAMP)
 
 install: $(STAMP) system-deps
