@@ -17,6 +17,11 @@ as with the last repeat alone; repeating a false positive adds points of lower p
 same recall, which never set the envelope. So cumulative sums of weights give the same precision
 at the 101 recall thresholds as listing the repeats (the tests compare with pycocotools on
 duplicated image lists).
+
+Records marked ``"ties": "grouped"`` (keypoints: a coordinate output has no confidence, so every
+instance scores 1) rank tied detections as one block, as scikit-learn's average precision does:
+they enter the precision/recall curve together, at the block's last cumulative counts, so the AP
+does not depend on the order of the test images (pycocotools orders ties by image).
 """
 
 from __future__ import annotations
@@ -87,15 +92,17 @@ def map_from_records(
     use = np.arange(len(thresholds)) if wanted is None else np.flatnonzero(np.isclose(thresholds, wanted))
     if not len(use):
         raise EvaluationError(f"{metric}: the evaluation has no IoU threshold {wanted}")
-    per_class = np.stack([_class_ap(c, counts, use) for c in records["classes"]], axis=1)
+    grouped = records.get("ties") == "grouped"
+    per_class = np.stack([_class_ap(c, counts, use, grouped) for c in records["classes"]], axis=1)
     with np.errstate(invalid="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a resample without ground truth: NaN -> 0
         value = np.nan_to_num(np.nanmean(per_class, axis=1), nan=0.0)
     return {metric: value, "per_class": per_class}
 
 
-def _class_ap(c: dict[str, Any], counts: np.ndarray, use: np.ndarray) -> np.ndarray:
-    """One class's AP averaged over the IoU thresholds ``use``, per resample (NaN: no ground truth)."""
+def _class_ap(c: dict[str, Any], counts: np.ndarray, use: np.ndarray, grouped: bool = False) -> np.ndarray:
+    """One class's AP averaged over the IoU thresholds ``use``, per resample (NaN: no ground truth);
+    ``grouped``: tied scores count as one block."""
     npig = counts @ np.asarray(c["gt"], np.float64)
     out = np.full(len(counts), np.nan)
     has_gt = npig > 0
@@ -103,6 +110,8 @@ def _class_ap(c: dict[str, Any], counts: np.ndarray, use: np.ndarray) -> np.ndar
         out[has_gt] = 0.0
         return out
     order = np.argsort(-np.asarray(c["score"]), kind="mergesort")
+    ranked = -np.asarray(c["score"])[order]
+    block_end = np.searchsorted(ranked, ranked, side="right") - 1 if grouped else np.arange(len(order))
     image = np.asarray(c["image"])[order]
     match = np.asarray(c["match"], np.int64)[order]
     ignore = np.asarray(c["ignore"], np.int64)[order]
@@ -111,8 +120,8 @@ def _class_ap(c: dict[str, Any], counts: np.ndarray, use: np.ndarray) -> np.ndar
     for j, t in enumerate(use):
         hit = (match >> t) & 1 == 1
         kept = (ignore >> t) & 1 == 0
-        tp = np.cumsum(weights * (hit & kept), axis=1)
-        fp = np.cumsum(weights * (~hit & kept), axis=1)
+        tp = np.cumsum(weights * (hit & kept), axis=1)[:, block_end]
+        fp = np.cumsum(weights * (~hit & kept), axis=1)[:, block_end]
         with np.errstate(invalid="ignore", divide="ignore"):
             recall = tp / npig[:, None]
         precision = tp / (tp + fp + np.spacing(1))

@@ -4,12 +4,17 @@ coordinates ``[N, K, 2]`` against COCO labels ``[N, K, 3]`` (:mod:`tasks.recipe.
 
 * Decoding: the board's own (:func:`device_agent.keypoints.decode`: a heatmap's argmax cell centre,
   a quarter cell towards the higher neighbour with ``subpixel``, the peak as its score; coordinates
-  as they are); the instance's score (which ranks it for AP) is the mean of its keypoints' scores.
+  as they are); the instance's score (which ranks it for AP) is the mean of its keypoints' scores:
+  a heatmap's peak values. Coordinates carry no confidence, so every instance scores 1: tied
+  instances rank as one block (:mod:`tasks.judge.coco_resample`'s grouped ties), the AP of a model
+  that ranks nothing, the same whatever the test images' order (pycocotools would order them by
+  image, making the AP depend on which images come first).
 * AP: each test image is one image of one instance (COCO's ``person`` category); pycocotools'
   ``COCOeval(iouType="keypoints")`` with the recipe's OKS sigmas scores it, the ground truth's
   ``area`` being its labelled keypoints' bounding box (the scale OKS divides by; an image without a
   labelled keypoint is ignored, as COCO ignores ``num_keypoints = 0``). ``oks_ap`` is AP at OKS
-  .50:.95, ``oks_ap50`` and ``oks_ap75`` at one threshold (area "all", COCO's 20 detections).
+  .50:.95, ``oks_ap50`` and ``oks_ap75`` at one threshold (area "all", COCO's 20 detections),
+  accumulated from the matches as the gate's bootstrap accumulates them.
 * PCK: a labelled keypoint is right within ``pck_threshold`` of its box's larger side; ``pck`` is
   the mean over images of each image's share.
 
@@ -27,9 +32,9 @@ import numpy as np
 
 from device_agent.keypoints import MIN_SIDE, boxes, decode, pck_hits
 from tasks.errors import EvaluationError
-from tasks.judge.coco_resample import match_records
+from tasks.judge.coco_resample import map_from_records, match_records
 from tasks.prepare.keypoints_loss import gaussian_targets
-from tasks.recipe.keypoints import KeypointsSpec, keypoint_names, oks_sigmas
+from tasks.recipe.keypoints import OKS_METRICS, KeypointsSpec, keypoint_names, oks_sigmas
 
 
 def check_keypoint_pair(out: np.ndarray, labels: np.ndarray, count: int) -> str:
@@ -86,19 +91,18 @@ def coco_keypoints_eval(pred: np.ndarray, scores: np.ndarray, labels: np.ndarray
     return ev
 
 
-def oks_aps(ev: Any) -> dict[str, float]:
-    """``oks_ap`` (OKS .50:.95), ``oks_ap50``, ``oks_ap75`` of an accumulated COCOeval (area "all", the
-    last maxDets: what ``summarize()`` prints first); 0 where nothing counts."""
-    precision = ev.eval["precision"][:, :, 0, 0, -1]  # [OKS thresholds, recall points]
-    thresholds = np.asarray(ev.params.iouThrs)
+def keypoint_records(ev: Any) -> dict[str, Any]:
+    """The per-image COCO matches of an evaluated COCOeval, tied instance scores grouped."""
+    return {**match_records(ev), "ties": "grouped"}
 
-    def mean(p: np.ndarray) -> float:
-        return round(float(p[p > -1].mean()), 6) if (p > -1).any() else 0.0
 
+def oks_aps(records: dict[str, Any]) -> dict[str, float]:
+    """``oks_ap`` (OKS .50:.95), ``oks_ap50``, ``oks_ap75`` of :func:`keypoint_records` (area "all",
+    the last maxDets: what ``summarize()`` prints first, ties grouped); 0 where nothing counts."""
+    ones = np.ones((1, records["images"]))
     return {
-        "oks_ap": mean(precision),
-        "oks_ap50": mean(precision[np.isclose(thresholds, 0.5)]),
-        "oks_ap75": mean(precision[np.isclose(thresholds, 0.75)]),
+        name: round(float(map_from_records(records, ones, metric)[metric][0]), 6)
+        for name, metric in OKS_METRICS.items()
     }
 
 
@@ -108,7 +112,7 @@ def keypoint_metrics(out: np.ndarray, labels: np.ndarray, spec: KeypointsSpec,
     (``examples``) and the per-image COCO matches and PCK (``per_sample``) of ``out`` against ``labels``."""
     kind = check_keypoint_pair(out, labels, spec.count)
     pred, peak = decode(out, input_hw, spec.subpixel)
-    ev = coco_keypoints_eval(pred, peak.mean(axis=1), labels, oks_sigmas(spec))
+    records = keypoint_records(coco_keypoints_eval(pred, peak.mean(axis=1), labels, oks_sigmas(spec)))
     labelled = labels[..., 2] > 0
     if not labelled.any():
         raise EvaluationError("keypoints test set: no labelled keypoint (every visibility is 0)")
@@ -123,13 +127,13 @@ def keypoint_metrics(out: np.ndarray, labels: np.ndarray, spec: KeypointsSpec,
             "pck": round(float(hit[seen, k].mean()), 6), "error_px": round(float(dist[seen, k].mean()), 4)}  # fmt: skip
     shown = np.flatnonzero(images)[: spec.examples]
     return {
-        **oks_aps(ev),
+        **oks_aps(records),
         "pck": round(float(per_image.mean()), 6),
         "per_keypoint": per_keypoint,
         "keypoint_names": list(names),
         "output": kind,
         "examples": [{"index": int(i), "keypoints": pred[i].round(3).tolist()} for i in shown],
-        "per_sample": {"keypoints": match_records(ev), "pck": per_image.round(6).tolist()},
+        "per_sample": {"keypoints": records, "pck": per_image.round(6).tolist()},
     }
 
 
