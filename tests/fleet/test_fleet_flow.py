@@ -100,3 +100,37 @@ def _trainable(ckpt: Path) -> dict[str, np.ndarray]:
     from tasks.checkpoint import checkpoint_weights
 
     return checkpoint_weights(ckpt, trainable_only=True)
+
+
+def test_rounds_under_the_autograd_runtime(prefect_harness, fleet_group):
+    """training.runtime = 'autograd': each round's global checkpoint is an npz (the split's, the frozen
+    prefix cached on the boards), the aggregate is the boards' sample-weighted mean and round 2 starts
+    from round 1's aggregate."""
+    from flows.fleet import FleetParams, odl_fleet
+    from tasks.checkpoint import autograd_checkpoint
+    from tasks.paths import state_dir
+
+    params = FleetParams(
+        group="trio", rounds=2, min_boards=2, epochs=1, overrides={"training.runtime": "autograd"}
+    )
+    state = odl_fleet(params, return_state=True)
+    assert state.is_completed(), state.message
+    out = state.result()
+    rounds = out.summary["rounds"]
+    assert [r["took_part"] for r in rounds] == [["f0", "f1"], ["f0", "f1"]]
+    run = next(p for p in state_dir("fleet").iterdir() if (p / "rounds.json").is_file()
+               and json.loads((p / "rounds.json").read_text())["run_id"] == out.summary["run_id"])  # fmt: skip
+    for rec in rounds:
+        folder = run / f"round-{rec['round']:03d}"
+        assert autograd_checkpoint(folder / "global.ckpt") and autograd_checkpoint(folder / "aggregate.ckpt")
+        ups = [(_weights(folder / b / "trainable.npz"), rec["boards"][b]["samples"]) for b in ("f0", "f1")]
+        total = sum(n for _, n in ups)
+        for name, w in _trainable(folder / "aggregate.ckpt").items():
+            assert np.allclose(w, sum(u[name].astype(np.float64) * n / total for u, n in ups), atol=1e-6), (
+                name
+            )
+    agg1, start2 = (
+        _trainable(run / "round-001" / "aggregate.ckpt"),
+        _trainable(run / "round-002" / "global.ckpt"),
+    )
+    assert agg1.keys() == start2.keys() and all(np.array_equal(agg1[k], start2[k]) for k in agg1)

@@ -19,7 +19,8 @@ def _decision(promote: bool = True) -> Decision:
     return Decision(promote, "accuracy", 0.9, 0.1, "base", 0.8, 0.0, "test")
 
 
-def _scaled_model(src: Path, out: Path, factor: float) -> Path:
+def scaled_model(src: Path, out: Path, factor: float) -> Path:
+    """``src`` with every float initializer multiplied by ``factor`` (a version unlike the base)."""
     model = onnx.load(str(src))
     for init in model.graph.initializer:
         arr = numpy_helper.to_array(init)
@@ -34,7 +35,7 @@ def current_version(tmp_path, prepared_digits):
     from tasks import stages
 
     base = stages.base_model(prepared_digits)
-    model = _scaled_model(base, tmp_path / "trained.onnx", 1.5)
+    model = scaled_model(base, tmp_path / "trained.onnx", 1.5)
     reg = Registry(tmp_path / "registry")
     reg.record("digits", "vboard", model, {"accuracy": 0.9}, _decision())
     return reg, reg.current("digits", "vboard")
@@ -61,7 +62,7 @@ def test_checkpoint_gets_every_weight_of_the_current_version(tmp_path, prepared_
 
 def test_a_modified_registry_model_is_refused(tmp_path, prepared_digits, current_version):
     _, version = current_version
-    _scaled_model(version.model, version.model, 2.0)  # edited in place after it was recorded
+    scaled_model(version.model, version.model, 2.0)  # edited in place after it was recorded
     with pytest.raises(RegistryError, match="sha256 .* differs .* v0001.*start_from"):
         build_warm_checkpoint(prepared_digits.artifacts_dir / "checkpoint", version, tmp_path / "c")
 

@@ -26,12 +26,16 @@ def _prepared(tmp_path, changes):
     return recipe, prepare(recipe, tmp_path / "out")
 
 
-def test_every_test_set_is_evaluated_and_int8_made(tmp_path):
+@pytest.mark.parametrize("runtime", ["ort-training", "autograd"])
+def test_every_test_set_is_evaluated_and_int8_made(tmp_path, runtime):
+    """Under either runtime: the autograd runtime's inference model is its template byte-patched."""
     (tmp_path / "data").mkdir()
     calib = tmp_path / "calib.npz"
     np.savez(calib, x=np.random.default_rng(0).standard_normal((8, 1, 4, 4)).astype(np.float32))
     recipe, prep = _prepared(tmp_path, {"quantize": {"calibration": str(calib), "samples": 8},
-                                        "data": {"extra_tests": {"again": "data/test.npz"}}})  # fmt: skip
+                                        "data": {"extra_tests": {"again": "data/test.npz"}},
+                                        "training": {"runtime": runtime}})  # fmt: skip
+    assert prep.manifest.get("runtime", "ort-training") == runtime
     report = rehearse_judging(recipe, prep)
     assert report["samples"] == SAMPLES
     assert set(report) == {"samples", "test", "again", "int8", "held_out", "warnings"}
