@@ -216,7 +216,7 @@ class TrainingSpec:
         "ort-training",
         description="ort-training: ONNX Runtime's training graphs (onnxruntime-training on host and board) | "
         "autograd: the train step from PyTorch's autograd as a plain ONNX graph any onnxruntime runs, the "
-        "optimizer in numpy on the board (PyTorch models only; no frozen-prefix cache yet)",
+        "optimizer in numpy on the board, SGD with momentum too (PyTorch models only)",
     )
 
 
