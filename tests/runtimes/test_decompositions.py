@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from tasks.errors import ArtifactError
 from tasks.prepare.runtimes.autograd import decompositions as dec
-from tasks.prepare.runtimes.autograd import op_checks
+from tasks.prepare.runtimes.autograd import fast_grads, op_checks
 from tasks.prepare.runtimes.autograd.op_checks import TensorArg, Use, check_recorded, check_use, recording
 
 aten = torch.ops.aten
@@ -70,10 +70,15 @@ def test_convolution_backward_equals_pytorch(config, seed):
     want = aten.convolution_backward(
         gy, x, w, bias, stride, padding, dilation, transposed, out_pad, groups, mask
     )
-    got = dec.convolution_backward(
-        gy, x, w, bias, stride, padding, dilation, transposed, out_pad, groups, mask
-    )
-    _close(got, want)
+    # the weight gradient from stacked patches, per kernel offset, then as a convolution
+    for patches, columns in ((fast_grads.PATCH_BYTES, 10**9), (fast_grads.PATCH_BYTES, 0), (0, 0)):
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(fast_grads, "PATCH_BYTES", patches)
+            m.setattr(fast_grads, "FEW_COLUMNS", columns)
+            got = dec.convolution_backward(
+                gy, x, w, bias, stride, padding, dilation, transposed, out_pad, groups, mask
+            )
+        _close(got, want)
 
 
 @st.composite
@@ -201,3 +206,79 @@ def test_a_max_pool_s_use_is_checked_with_the_indices_of_its_forward():
         )
     assert [u.op for u in uses] == [aten.adaptive_max_pool2d_backward.default]
     assert max(check_recorded(uses).values()) < TOL
+
+
+def _traced_uses(fn, *args) -> list[Use]:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with recording() as uses:
+        make_fx(fn, decomposition_table=op_checks.recorded_table(), tracing_mode="symbolic")(*args)
+    return uses
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.integers(1, 4), min_size=1, max_size=4),
+    st.sampled_from([0.0, 0.5, -1.0]),
+    st.integers(0, 2**16),
+)
+def test_threshold_backward_equals_pytorch_at_and_around_the_threshold(shape, threshold, seed):
+    x = (torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * 2).round() / 2  # values at it
+    g = torch.randn(shape)
+    assert torch.equal(
+        fast_grads.threshold_backward(g, x, threshold), aten.threshold_backward(g, x, threshold)
+    )
+
+
+def test_threshold_backward_is_recorded_and_checked():
+    uses = _traced_uses(
+        lambda x: torch.func.grad(lambda t: t.relu().pow(2).sum())(x), torch.randn(7, 3, 8, 8)
+    )
+    assert [u.op for u in uses] == [aten.threshold_backward.default]
+    assert max(check_recorded(uses).values()) < TOL
+
+
+POOLED = """
+import torch
+from torch import nn
+
+
+class Pooled(nn.Module):  # conv -> ReLU -> max pool -> linear
+    def __init__(self, num_classes=3):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.head = nn.Linear(16, num_classes)
+
+    def forward(self, x):
+        return self.head(torch.flatten(nn.functional.max_pool2d(torch.relu(self.conv(x)), 2), 1))
+
+
+def pooled(num_classes=3):
+    return Pooled(num_classes)
+"""
+
+
+@pytest.mark.slow
+def test_the_step_graph_has_no_per_pixel_where_and_no_weight_gradient_convolution(tmp_path):
+    """The train step of conv -> ReLU -> 2x2 max pool -> linear, everything trained: one Conv (the
+    forward's: the weight gradient is MatMuls), no per-pixel Where (ReLU's backward is a product;
+    the cross-entropy's per-sample ones stay), and the preparation's own checks pass (the step
+    equals PyTorch's)."""
+    import onnx
+
+    from tasks.prepare.pipeline import prepare
+    from tests.prepare.kit import tiny_recipe
+
+    changes = {"model": {"callable": "pooledmodels:pooled"}, "trainable": {"strategy": "all"},
+               "training": {"runtime": "autograd"}}  # fmt: skip
+    recipe = tiny_recipe(tmp_path, changes)
+    (tmp_path / "pooledmodels.py").write_text(POOLED)
+    done = prepare(recipe, tmp_path / "out")
+    assert done.validation["passed"]
+    step = onnx.load(str(done.artifacts_dir / "train_step.onnx"))
+    ops = [n.op_type for n in step.graph.node]
+    assert ops.count("Conv") == 1, ops
+    inferred = onnx.shape_inference.infer_shapes(step).graph.value_info
+    rank = {v.name: len(v.type.tensor_type.shape.dim) for v in inferred}
+    where = [rank.get(n.output[0]) for n in step.graph.node if n.op_type == "Where"]
+    assert where and all(r is not None and r <= 2 for r in where), where

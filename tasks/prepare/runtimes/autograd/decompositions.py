@@ -15,6 +15,9 @@ Each is built here from operators the ONNX exporter writes (Conv, ConvTranspose,
   constant window matrices of each spatial axis;
 * a max pool's (adaptive, and 3d) adds the output gradient at the positions its indices name.
 
+:mod:`.fast_grads` holds the forms chosen for ONNX Runtime's speed (a weight gradient as one matrix
+product, ReLU's backward as a product).
+
 :func:`table` gives them with PyTorch's core decompositions; :mod:`.op_checks` compares each one
 with PyTorch's own kernel on the configurations a model uses.
 """
@@ -24,6 +27,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from tasks.prepare.runtimes.autograd import fast_grads
 
 
 def _aten() -> Any:
@@ -45,7 +50,10 @@ def _conv_input_grad(grad: Any, weight: Any, size: Sequence[int], stride: Sequen
 def _conv_weight_grad(inp: Any, grad: Any, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
                       dilation: Sequence[int], groups: int) -> Any:  # fmt: skip
     """The weight gradient ``[C_out, C_in / groups, *kernel]`` of ``grad = conv(inp, w)``: the input's
-    channels as the batch, the output gradient as the kernel, stride and dilation swapped."""
+    channels as the batch, the output gradient as the kernel, stride and dilation swapped (or, for one
+    group and small patches, one matrix product: :func:`.fast_grads.patch_weight_grad`)."""
+    if fast_grads.patch_weight_grad_fits(inp, grad, kernel, groups):
+        return fast_grads.patch_weight_grad(inp, grad, kernel, stride, padding, dilation)
     nd = len(kernel)
     n, cin, cout = inp.shape[0], inp.shape[1], grad.shape[1]
     cin_g, cout_g = cin // groups, cout // groups
@@ -226,4 +234,5 @@ def own_table() -> dict[Any, Callable[..., Any]]:
         aten.adaptive_max_pool2d_backward.default: _adaptive_max2d,
         aten.adaptive_max_pool3d_backward.default: _adaptive_max3d,
         aten.max_pool3d_with_indices_backward.default: _max_pool3d_backward,
+        aten.threshold_backward.default: fast_grads.threshold_backward,
     }
