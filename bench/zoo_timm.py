@@ -12,6 +12,7 @@ judging rehearsals. Rows are ``pass``, ``specific`` (a one-line PipelineError na
     .venv/bin/python bench/zoo_timm.py                 # every family (~1 h on 2 cores)
     .venv/bin/python bench/zoo_timm.py --quick 4 --seed 0   # a seeded sample (CI)
     .venv/bin/python bench/zoo_timm.py --models levit_128s,fastvit_t8
+    .venv/bin/python bench/zoo_timm.py --runtime both   # each model under both training runtimes
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import table, write_results  # noqa: E402
+from bench._sides import add_runtime_argument, runtimes_of, summary  # noqa: E402
 from tasks.paths import PROJECT_ROOT  # noqa: E402
 from tests.corpus.generator import UNSPECIFIC  # noqa: E402
 
@@ -114,19 +116,19 @@ def _size(name: str) -> tuple[int, dict]:
     raise RuntimeError(f"no input size in {SIZES} accepted")
 
 
-def child(name: str, work: Path) -> dict:
-    """Prepare one timm model in ``work`` at the smallest size its forward and the exporter take;
-    the row of the table."""
+def child(name: str, work: Path, runtime: str = "ort-training") -> dict:
+    """Prepare one timm model in ``work`` under the training ``runtime`` at the smallest size its
+    forward and the exporter take; the row of the table."""
     size, kwargs = _size(name)
     for bigger in [s for s in SIZES if s > size]:  # the smallest input the exporter takes too
-        row = _prepare_at(name, size, kwargs, work)
+        row = _prepare_at(name, size, kwargs, work, runtime)
         if row["result"] == "pass" or "cannot export" not in row.get("message", ""):
             return row
         size, kwargs = bigger, ({"img_size": bigger} if kwargs else {})
-    return _prepare_at(name, size, kwargs, work)
+    return _prepare_at(name, size, kwargs, work, runtime)
 
 
-def _prepare_at(name: str, size: int, kwargs: dict, work: Path) -> dict:
+def _prepare_at(name: str, size: int, kwargs: dict, work: Path, runtime: str) -> dict:
     """Prepare ``name`` at input ``size`` in a fresh ``work`` subfolder; the row of the table."""
     import numpy as np
     import timm
@@ -155,7 +157,8 @@ def _prepare_at(name: str, size: int, kwargs: dict, work: Path) -> dict:
         f'input_shape = [3, {size}, {size}]\nweights = "weights.pt"\n'
         + (f"[model.kwargs]\n{kw}" if kw else "")
         + '[trainable]\nstrategy = "last-conv+classifier"\n[loss]\nkind = "cross-entropy"\n'
-        '[training]\nbatch_size = 4\nepochs = 1\n[data]\ntrain = "data/train.npz"\ntest = "data/test.npz"\n'
+        "[training]\nbatch_size = 4\nepochs = 1\n"
+        f'runtime = "{runtime}"\n[data]\ntrain = "data/train.npz"\ntest = "data/test.npz"\n'
     )
     row: dict = {"model": name, "size": size}
     start = time.perf_counter()
@@ -171,10 +174,10 @@ def _prepare_at(name: str, size: int, kwargs: dict, work: Path) -> dict:
     return row
 
 
-def run_one(name: str, family: str, params: int) -> dict:
+def run_one(name: str, family: str, params: int, runtime: str = "ort-training") -> dict:
     """``child`` in a subprocess; a crash or timeout is a raw row."""
     with tempfile.TemporaryDirectory(prefix="odl-timm-") as tmp:
-        cmd = [sys.executable, __file__, "--child", name, "--work", tmp]
+        cmd = [sys.executable, __file__, "--child", name, "--work", tmp, "--runtime", runtime]
         start = time.perf_counter()
         try:
             proc = subprocess.run(
@@ -188,10 +191,19 @@ def run_one(name: str, family: str, params: int) -> dict:
         except subprocess.TimeoutExpired:
             row = {"model": name, "result": "raw", "message": f"timeout: no result in {CHILD_TIMEOUT_S} s"}
         row.setdefault("seconds", round(time.perf_counter() - start, 1))
-    row.update(family=family, params=params)
+    row.update(family=family, params=params, name=name, runtime=runtime)
     if row["result"] == "specific" and UNSPECIFIC.search(row.get("message", "")):
         row["result"] = "raw"
     return row
+
+
+def _figures(rows: list[dict], runtimes: tuple[str, ...], seconds: float) -> dict:
+    """The result file's figures: counts over every (model, runtime) row, then per runtime."""
+    counts = {k: sum(r["result"] == k for r in rows) for k in ("pass", "specific", "raw")}
+    n = max(1, len(rows))
+    return {"families": len(rows) // len(runtimes), **counts, "pass_ratio": counts["pass"] / n,
+            "pass_or_specific_ratio": (counts["pass"] + counts["specific"]) / n, **summary(rows, runtimes)[0],
+            "wall_s": round(seconds), "rows": rows}  # fmt: skip
 
 
 def main() -> int:
@@ -205,11 +217,10 @@ def main() -> int:
     )
     ap.add_argument("--skip", type=Path, help="a results JSON whose models are not run again")
     ap.add_argument("--out", type=Path, help="result JSON (default bench/results/zoo_timm.json)")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    add_runtime_argument(ap, child=True)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.work)))
+        print(json.dumps(child(args.child, args.work, args.runtime)))
         return 0
     rows_in = (
         families(args.refresh, args.split_families)
@@ -221,27 +232,29 @@ def main() -> int:
         rows_in = [r for r in rows_in if r[0] not in done]
     if args.quick:
         rows_in = random.Random(args.seed).sample(rows_in, min(args.quick, len(rows_in)))
-    rows = []
+    rows, runtimes, start = [], runtimes_of(args.runtime), time.perf_counter()
     for name, family, params in rows_in:
-        rows.append(run_one(name, family, params))
-        r = rows[-1]
-        print(
-            f"{name:32s} {r.get('size', 0):4d}px {r['seconds']:7.1f}s {r['result']:8s} {r.get('message', '')[:140]}",
-            flush=True,
-        )
-    counts = {k: sum(r["result"] == k for r in rows) for k in ("pass", "specific", "raw")}
-    n = max(1, len(rows))
-    figures = {"families": len(rows), **counts, "pass_ratio": counts["pass"] / n,
-               "pass_or_specific_ratio": (counts["pass"] + counts["specific"]) / n, "rows": rows}  # fmt: skip
+        for runtime in runtimes:
+            rows.append(run_one(name, family, params, runtime))
+            r = rows[-1]
+            print(f"{name:32s} {runtime:12s} {r.get('size', 0):4d}px {r['seconds']:7.1f}s {r['result']:8s} "
+                  f"{r.get('message', '')[:140]}", flush=True)  # fmt: skip
+        write_results(
+            "zoo_timm", _figures(rows, runtimes, time.perf_counter() - start), args.out
+        )  # kept so far
+    figures = _figures(rows, runtimes, time.perf_counter() - start)
     path = write_results("zoo_timm", figures, args.out)
     for r in rows:
         r["params_m"] = round(r["params"] / 1e6, 2)
         r["short"] = (r.get("message") or r["result"])[:110]
-    print(table(rows, [("family", "family"), ("model", "model"), ("params_m", "params (M)"), ("size", "px"),
+    print(table(rows, [("family", "family"), ("model", "model"), ("runtime", "runtime"), ("params_m", "params (M)"), ("size", "px"),
                        ("trainable", "trainable"), ("seconds", "s"), ("short", "result")]))  # fmt: skip
-    print(f"coverage: {counts['pass']}/{len(rows)} pass ({figures['pass_ratio']:.0%}), "
-          f"{counts['pass'] + counts['specific']}/{len(rows)} pass or specific ({figures['pass_or_specific_ratio']:.0%})")  # fmt: skip
-    print(f"figures: {path}")
+    n = len(rows)
+    print(f"coverage: {figures['pass']}/{n} pass ({figures['pass_ratio']:.0%}), "
+          f"{figures['pass'] + figures['specific']}/{n} pass or specific ({figures['pass_or_specific_ratio']:.0%})")  # fmt: skip
+    print(
+        f"{figures['families']} models, {figures['wall_s']} s\n{summary(rows, runtimes)[1]}\nfigures: {path}"
+    )
     return 0
 
 

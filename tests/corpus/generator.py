@@ -92,8 +92,8 @@ def architectures(draw: st.DrawFn) -> dict:
     return spec
 
 
-def recipe_dict(spec: dict) -> dict:
-    """The recipe of a spec (written beside its module, gen_model.py)."""
+def recipe_dict(spec: dict, runtime: str = "ort-training") -> dict:
+    """The recipe of a spec (written beside its module, gen_model.py), trained by ``runtime``."""
     base = {
         "name": "generated",
         "task": "classification",
@@ -101,7 +101,7 @@ def recipe_dict(spec: dict) -> dict:
         "trainable": {"strategy": spec["strategy"], "batchnorm": spec.get("batchnorm", "frozen")},
         "loss": {"kind": "cross-entropy"},
         "optimizer": {"kind": "adamw", "lr": 0.01},
-        "training": {"batch_size": 8, "epochs": 1},
+        "training": {"batch_size": 8, "epochs": 1, "runtime": runtime},
         "data": {"make": "gen_model:make", "train": "data/train.npz", "test": "data/test.npz"},
     }
     if "family" in spec:
@@ -113,12 +113,12 @@ def recipe_dict(spec: dict) -> dict:
     return base
 
 
-def write_spec(spec: dict, folder: Path) -> Path:
+def write_spec(spec: dict, folder: Path, runtime: str = "ort-training") -> Path:
     """The spec as a recipe folder (module, recipe.toml); returns the recipe path."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "data").mkdir(exist_ok=True)
     (folder / "gen_model.py").write_text(MODULE.format(spec=json.dumps(spec)))
-    raw = recipe_dict(spec)
+    raw = recipe_dict(spec, runtime)
     tables = {k: v for k, v in raw.items() if isinstance(v, dict)}
     lines = [f"{k} = {toml_value(v)}" for k, v in raw.items() if k not in tables]
     for name, table in tables.items():
@@ -137,10 +137,10 @@ def outcome(exc: BaseException | None) -> tuple[str, str]:
     return "raw", f"{type(exc).__name__}: {text or traceback.format_exception_only(exc)[-1].strip()}"
 
 
-def prepare_spec(spec: dict, folder: Path) -> tuple[str, str]:
-    """Prepare the spec's recipe in ``folder`` (in this process; ORT's training probe runs in its
-    own) and classify what happened."""
-    recipe_path = write_spec(spec, folder)
+def prepare_spec(spec: dict, folder: Path, runtime: str = "ort-training") -> tuple[str, str]:
+    """Prepare the spec's recipe in ``folder`` under the training ``runtime`` (in this process;
+    ONNX Runtime's graph runs happen in their own) and classify what happened."""
+    recipe_path = write_spec(spec, folder, runtime)
     sys.modules.pop("gen_model", None)  # each example imports its own module
     try:
         prepare(load_recipe(recipe_path), folder / "out")
