@@ -92,7 +92,7 @@ def cuts(model: onnx.ModelProto, inputs: list[str], others: set[str]) -> Iterato
                     yield name
 
 
-def _renamed(model: onnx.ModelProto, old: str, inputs: list[str]) -> onnx.ModelProto:
+def renamed(model: onnx.ModelProto, old: str, inputs: list[str]) -> onnx.ModelProto:
     """A copy of ``model`` whose tensor ``old`` is :data:`CUT`; the batch size read from ``inputs``
     is read from it too (``inputs`` empty: not)."""
     copy = onnx.ModelProto()
@@ -173,14 +173,14 @@ def split_steps(recipe: Recipe, out_dir: Path, spec: dict[str, Any], files: dict
              "eval": _suffix(steps["eval"], match, inputs, others["eval"])}  # fmt: skip
     _check(steps, split, feeds, cut)
     return _write(
-        recipe, out_dir, spec, files, _renamed(prefix, found, []), split, cut, len(prefix.graph.node)
+        recipe, out_dir, spec, files, renamed(prefix, found, []), split, cut, len(prefix.graph.node)
     )
 
 
 def _suffix(model: onnx.ModelProto, cut: str, inputs: list[str], others: list[str]) -> onnx.ModelProto:
-    renamed = _renamed(model, cut, inputs)
+    at_cut = renamed(model, cut, inputs)
     have = {i.name for i in model.graph.input}
-    suffix = extract(renamed, [CUT, *(n for n in others if n in have)], [o.name for o in model.graph.output])
+    suffix = extract(at_cut, [CUT, *(n for n in others if n in have)], [o.name for o in model.graph.output])
     batch_dim_symbolic(suffix.graph.input[0])
     return suffix
 
