@@ -2,11 +2,13 @@
 builds one of these models and its data; a spec without one is an image classifier of
 tests/corpus/blocks.py.
 
-Families: ``tokens`` (int64 token ids -> Embedding -> GRU/LSTM, uni- or bidirectional, stacked with
-dropout or not -> mean or last step -> Linear), ``conv_rnn`` (a Conv1d over [N, 3, T] signals, then a
-GRU/LSTM, then a Linear), ``audio`` (raw frames through registered DFT and mel buffers, log-mel,
-Conv1d, Linear), ``dscnn`` (keyword spotting's depthwise-separable CNN with BatchNorm, from random
-init, on loud and quiet 'spectrograms' whose statistics the init does not fit).
+Families: ``tokens`` (int64 token ids -> Embedding, with a padding id or not -> GRU/LSTM, uni- or
+bidirectional, stacked with dropout or not -> mean or last step -> Linear), ``conv_rnn`` (a Conv1d
+front end over [N, 3, T] signals, one layer or wav2vec's strided stack with GroupNorm and GELU, then
+a GRU/LSTM, then a Linear), ``audio`` (raw frames through registered DFT and mel buffers, log-mel,
+then a Conv1d or a GRU over the frames, Linear), ``dscnn`` (keyword spotting's depthwise-separable
+CNN with BatchNorm, from random init, on loud and quiet 'spectrograms' whose statistics the init
+does not fit).
 
 :func:`expected` says what prepare must do with each spec: ``pass``, or the one line (a regex) the
 recipe is refused with: a frozen recurrent layer between trainable ones, a buffer named as a
@@ -44,7 +46,7 @@ class Recurrent(nn.Module):
 class TokenNet(nn.Module):
     def __init__(self, spec: dict, classes: int):
         super().__init__()
-        self.emb = nn.Embedding(VOCAB, 8)
+        self.emb = nn.Embedding(VOCAB, 8, padding_idx=0 if spec.get("padding") else None)
         self.seq = Recurrent(8, spec)
         self.fc = nn.Linear(self.seq.out, classes)
 
@@ -55,7 +57,12 @@ class TokenNet(nn.Module):
 class ConvRecurrent(nn.Module):
     def __init__(self, spec: dict, classes: int):
         super().__init__()
-        self.conv = nn.Conv1d(3, 8, 3, padding=1)
+        if spec.get("front") == "strided":  # wav2vec's feature encoder: strided convs, GroupNorm, GELU
+            self.conv = nn.Sequential(
+                nn.Conv1d(3, 8, 3, 2, 1), nn.GroupNorm(1, 8), nn.GELU(), nn.Conv1d(8, 8, 3, 2, 1)
+            )
+        else:
+            self.conv = nn.Conv1d(3, 8, 3, padding=1)
         self.seq = Recurrent(8, spec)
         self.fc = nn.Linear(self.seq.out, classes)
 
@@ -85,11 +92,16 @@ class AudioNet(nn.Module):
     def __init__(self, spec: dict, classes: int):
         super().__init__()
         self.frontend = MelFrontEnd(spec.get("mels", 4))
-        self.conv = nn.Conv1d(spec.get("mels", 4), 8, 3, padding=1)
+        self.gru = spec.get("head") == "gru"  # a GRU over the log-mel frames, else a Conv1d
+        mels = spec.get("mels", 4)
+        self.body = nn.GRU(mels, 8, batch_first=True) if self.gru else nn.Conv1d(mels, 8, 3, padding=1)
         self.fc = nn.Linear(8, classes)
 
     def forward(self, x):
-        return self.fc(F.relu(self.conv(self.frontend(x))).mean(2))
+        mel = self.frontend(x)
+        if self.gru:
+            return self.fc(self.body(mel.transpose(1, 2))[0].mean(1))
+        return self.fc(F.relu(self.body(mel)).mean(2))
 
 
 class DSCNN(nn.Module):
@@ -126,9 +138,14 @@ def sequence_architectures(draw: st.DrawFn) -> dict:
     spec: dict = {"family": family, "loss": "cross-entropy"}
     if family in ("tokens", "conv_rnn"):
         spec |= draw(rnn_spec())
+        if family == "tokens":
+            spec["padding"] = draw(st.booleans())
+        else:
+            spec["front"] = draw(st.sampled_from(["single", "strided"]))
         spec["strategy"] = draw(st.sampled_from(["last-conv+classifier", "all", "classifier", "frozen-rnn"]))
     elif family == "audio":
         spec["mels"] = draw(st.sampled_from([4, 6]))
+        spec["head"] = draw(st.sampled_from(["conv", "gru"]))
         spec["strategy"] = draw(st.sampled_from(["last-conv+classifier", "all", "buffer-named"]))
     else:
         spec["blocks"] = draw(st.sampled_from([1, 2, 3]))
