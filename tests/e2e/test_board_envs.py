@@ -3,7 +3,8 @@
 Each supported plain onnxruntime version (``deploy/board-requirements-plain.txt``) on each
 architecture: the board reports its machine, its onnxruntime and no training API, through
 ``odl board check`` and ``odl board info``; an ORT-training job is refused in one line before anything
-reaches the board; an InferenceSession on the board gives the host's numbers.
+reaches the board; an InferenceSession on the board gives the host's numbers; an autograd-runtime
+job trains there with the losses of the host's replay (the oldest version and the newest).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from tests.fixtures_board import odl_home_env, session_board
 pytestmark = [pytest.mark.board, pytest.mark.slow]
 
 MACHINES = {"x86_64": "x86_64", "arm64": "aarch64"}
+DIGITS = Path(__file__).resolve().parents[2] / "recipes" / "digits.toml"
 ENVS = [(arch, version) for arch in MACHINES for version in plain_versions()]
 CASES = 6  # random models per board, all run by one board process
 RUN_MODELS = r"""
@@ -127,6 +129,54 @@ def test_ort_training_job_is_refused_in_one_line_before_any_upload(arm64_board: 
         assert str(err.value) == want
         assert conn.run(["ls", "-A", fresh.root]).stdout.split() == ["agent"]  # no blobs/, no jobs/
         conn.run(["rm", "-rf", fresh.root])
+
+
+@pytest.fixture(scope="module")
+def autograd_job(virtual_board_home: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The digits recipe under the autograd runtime, one epoch (13 steps), and its losses replayed by
+    the agent on this host (x86_64, the oldest plain onnxruntime): (spec, files, step -> loss)."""
+    from tasks.recipe.load import load_recipe
+    from tasks.stages.prepare import inputs, job_spec, prepare
+    from tasks.vboard.boardenv import choose, ensure_env
+    from tests.fixtures_board import BOARD_ENVS
+
+    with odl_home_env(virtual_board_home):
+        recipe = load_recipe(DIGITS, {"training.runtime": "autograd"})
+        inp = inputs(recipe)
+        spec, files = job_spec(inp, prepare(inp), f"autograd-envs-{os.getpid()}")
+    train = dataclasses.replace(spec.train, epochs=1, log_every=1, checkpoint_every=0)
+    spec = dataclasses.replace(spec, train=train, eval_data=None)
+    folder = tmp_path_factory.mktemp("replay")
+    python = ensure_env(choose("x86_64", "plain"), folder / "unused", BOARD_ENVS).python
+    host = Board(name="replay", transport="local", root=str(folder / "odl"), python=python)
+    events: list = []
+    with connect(host) as conn:
+        drive_job(conn, host, spec, files, events.append)
+    return spec, files, _step_losses((e.type, e.data) for e in events)
+
+
+def test_an_autograd_job_trains_on_the_board_with_the_losses_of_the_hosts_replay(
+    plain_board: Board, autograd_job
+) -> None:
+    if (plain_board.arch, plain_board.ort_version) == ("aarch64", plain_versions()[0]):
+        pytest.skip("trained through odl/full with its replay by tests/e2e/test_arm64_autograd.py")
+    spec, files, host = autograd_job
+    events: list = []
+    with connect(plain_board) as conn:
+        _, result = drive_job(conn, plain_board, spec, files, events.append)
+    assert result.status == "finished" and result.versions["machine"] == plain_board.arch
+    assert result.versions["onnxruntime"] == plain_board.ort_version
+    board = _step_losses((e.type, e.data) for e in events)
+    both = board.keys() & host.keys()  # step events are thinned by time: the steps both reported
+    assert len(both) >= 3 and max(both) == result.steps == 13, (sorted(board), sorted(host))
+    worst = max(abs(board[k] - host[k]) / abs(host[k]) for k in both)
+    print(f"{plain_board.arch}, onnxruntime {plain_board.ort_version}: {len(both)} step losses, largest "
+          f"relative difference to the host's replay {worst:.2g}")  # fmt: skip
+    assert worst <= 1e-4, f"{plain_board.arch}, onnxruntime {plain_board.ort_version}: {worst:.3g}"
+
+
+def _step_losses(events) -> dict[int, float]:
+    return {int(d["step"]): float(d["loss"]) for kind, d in events if kind == "step" and "loss" in d}
 
 
 def _random_model(rng: np.random.Generator, path: Path) -> Path:
