@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from device_agent.errors import AgentError
-from device_agent.ort import load_training_api
+from device_agent.ort import load_onnxruntime, load_training_api, session_options
 from device_agent.protocol import ExitCode
 from device_agent.runtimes.autograd import AutogradApi
 from device_agent.schedule import step_seeder
@@ -61,7 +61,8 @@ def open_runtime(runtime: str, paths: dict[str, Path], checkpoint: Path) -> Open
     try:
         api = api or AutogradApi(paths["step"], paths["inference_template"])
         state = api.CheckpointState.load_checkpoint(str(checkpoint))
-        module = api.Module(str(paths[train]), state, str(paths[evaluate]))
+        options = {} if runtime == "autograd" else {"session_options": session_options(load_onnxruntime())}
+        module = api.Module(str(paths[train]), state, str(paths[evaluate]), **options)
         optimizer = api.Optimizer(str(paths[optim]), module)
     except Exception as exc:  # noqa: BLE001 - ORT raises RuntimeError, Fail, InvalidArgument...
         raise AgentError(ExitCode.ARTIFACT_INVALID, f"artifacts do not load in ONNX Runtime: {exc}") from exc

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from device_agent.ort import load_onnxruntime
+from device_agent.ort import load_onnxruntime, session_options
 from device_agent.runtimes.state import CheckpointState, Optimizer
 
 NAME = "autograd"
@@ -50,10 +50,8 @@ class Module:
     def _session(self, training: bool) -> Any:
         if training not in self._sessions:
             ort = load_onnxruntime()
-            options = ort.SessionOptions()
-            options.log_severity_level = 3
             self._sessions[training] = ort.InferenceSession(
-                self._paths[training], options, providers=["CPUExecutionProvider"]
+                self._paths[training], session_options(ort), providers=["CPUExecutionProvider"]
             )
         return self._sessions[training]
 
