@@ -54,7 +54,7 @@ from tasks.recipe.segmentation import SegmentationSpec
 log = logging.getLogger(__name__)
 
 EVAL_TASKS = ("classification", "binary", "regression", "segmentation", "keypoints", "embedded")
-EVAL_CACHE_VERSION = 8  # bump when evaluate() changes what it reports
+EVAL_CACHE_VERSION = 9  # bump when evaluate() changes what it reports
 
 
 def confusion_matrix(y_true: np.ndarray, y_pred: np.ndarray, n_classes: int) -> np.ndarray:
