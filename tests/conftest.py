@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tasks.recipe.host_runtime import why_no_ort_training
+
 pytest_plugins = [
     "tests.fixtures_prepare",
     "tests.fixtures_agent",
@@ -22,13 +24,23 @@ pytest_plugins = [
 ]
 
 E2E = Path(__file__).parent / "e2e"
+# the fixtures that prepare recipes for the ORT-training runtime (digits.toml and the others default
+# to it): a test that uses one needs onnxruntime-training on the host
+ORT_TRAINING_FIXTURES = {"digits_recipe", "prepared_digits", "prepared_embedded", "prepared_two_head",
+                         "prepared_mobilenet"}  # fmt: skip
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test of ``tests/e2e/`` as ``e2e``."""
+    """Mark every test of ``tests/e2e/`` as ``e2e``; on a host without onnxruntime-training (Python
+    >= 3.12 has no wheel of it) skip, with that reason, the tests marked ``ort_training`` and those
+    that use an ORT-training preparation."""
+    why = why_no_ort_training()
     for item in items:
         if E2E in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.e2e)
+        uses = ORT_TRAINING_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if why and (uses or item.get_closest_marker("ort_training")):
+            item.add_marker(pytest.mark.skip(reason=f"needs onnxruntime-training: {why}"))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -91,11 +91,20 @@ class AgentBoard:
 
 @pytest.fixture(scope="session")
 def board_python() -> Path:
-    """Python of the torch-free board venv (built once, reused across sessions)."""
+    """Python of the torch-free board venv (built once, reused across sessions): numpy +
+    onnxruntime-training-cpu; on a host without onnxruntime-training (no wheel for Python >= 3.12)
+    numpy + the newest plain onnxruntime of deploy/board-requirements-plain.txt, which trains
+    autograd jobs (the tests of ORT-training jobs are skipped there: tests/conftest.py)."""
+    from tasks.board.check_items import PLAIN_REQUIREMENTS, pins
+    from tasks.recipe.host_runtime import why_no_ort_training
     from tasks.vboard.venv import ensure_board_venv
     from tests.fixtures_board import BOARD_VENV  # shared with the virtual board
 
-    return ensure_board_venv(BOARD_VENV)
+    if why_no_ort_training() is None:
+        return ensure_board_venv(BOARD_VENV)
+    plain = pins(PLAIN_REQUIREMENTS)
+    wanted = (f"numpy=={plain['numpy'][0]}", f"onnxruntime=={plain['onnxruntime'][-1]}")
+    return ensure_board_venv(BOARD_VENV.with_name(BOARD_VENV.name + "-plain"), wanted)
 
 
 @pytest.fixture

@@ -7,8 +7,17 @@ from pathlib import Path
 import pytest
 
 from tasks.paths import PROJECT_ROOT
+from tasks.recipe.host_runtime import why_no_ort_training
 
 RECIPES = PROJECT_ROOT / "recipes"
+
+
+def needs_ort_training() -> None:
+    """Skip the rest of a test (what it checked so far stands) where the host has no
+    onnxruntime-training: its ORT-training half cannot run there (no wheel for Python >= 3.12)."""
+    why = why_no_ort_training()
+    if why:
+        pytest.skip(f"the ORT-training half needs onnxruntime-training: {why}")
 
 
 @pytest.fixture(scope="session")

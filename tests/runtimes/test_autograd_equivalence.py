@@ -28,6 +28,7 @@ RECIPE_FIXTURES = {
 
 
 @pytest.mark.slow
+@pytest.mark.ort_training  # the ORT runtime's preparations (RECIPE_FIXTURES) are its reference
 @pytest.mark.parametrize("recipe_file", list(RECIPE_FIXTURES))
 def test_fifty_steps_equal_the_ort_runtime_s(request, tmp_path, agent_board, no_ort_training, recipe_file):
     ort_prepared = request.getfixturevalue(RECIPE_FIXTURES[recipe_file])

@@ -15,6 +15,7 @@ from tasks.prepare.runtimes.autograd.losses import builtin, distillation
 
 N, C = 6, 4
 TEMPERATURE = 2.5
+pytestmark = pytest.mark.ort_training  # each loss is compared with ONNX Runtime's training graph
 
 
 def _scaled_model() -> onnx.ModelProto:

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from tasks.prepare.torch_model import build_model
+from tests.fixtures_prepare import needs_ort_training
 from tests.runtimes.kit import odl
 
 GRAD_TOL = 1e-5
@@ -22,6 +23,7 @@ def test_preparation_needs_no_onnxruntime_training(autograd_digits, no_ort_train
     _, prepared = autograd_digits
     assert prepared.validation["passed"]
     assert prepared.manifest["runtime"] == "autograd"
+    needs_ort_training()
     # the blocker itself works: the ORT runtime cannot prepare in the same process tree
     proc = odl(["artifacts", "recipes/digits.toml", "--model", str(prepared.model_onnx), "--out",
                 str(prepared.out_dir.parent / "ort")], no_ort_training)  # fmt: skip

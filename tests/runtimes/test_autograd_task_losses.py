@@ -19,6 +19,7 @@ from tasks.prepare.segmentation_loss import segmentation_loss
 N, C, SIDE = 3, 4, 5  # segmentation: batch, classes (the last one in no label), side
 K, INPUT, HEAT = 3, 8, 4  # keypoints: count, input side, heatmap side (stride 2)
 TOLERANCE = 1e-5
+pytestmark = pytest.mark.ort_training  # each loss is compared with ONNX Runtime's training graph
 
 
 def _scaled(shape: list[int]) -> onnx.ModelProto:

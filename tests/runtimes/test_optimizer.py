@@ -67,6 +67,7 @@ class _Gradients:
         return self.grads
 
 
+@pytest.mark.ort_training
 @pytest.mark.parametrize(
     ("kind", "weight_decay", "lr"),
     [("adamw", 0.01, 1e-2), ("adamw", 0.0, 3e-3), ("adamw", 0.3, 0.05), ("sgd", 0.0, 0.1)],

@@ -12,6 +12,7 @@ AUTOGRAD = {"training.runtime": "autograd"}
 SGD = {"optimizer.kind": "sgd"}
 
 
+@pytest.mark.ort_training  # digits.toml as it is (ort-training) loads only where the host can build it
 def test_the_default_runtime_is_ort_training():
     assert load_recipe(RECIPES / "digits.toml").training.runtime == "ort-training"
     assert load_recipe(RECIPES / "digits.toml", AUTOGRAD).training.runtime == "autograd"
@@ -78,6 +79,7 @@ def test_a_custom_loss_with_its_twin_loads():
     )
 
 
+@pytest.mark.ort_training  # loads two_head_custom_loss.toml as it is (ort-training)
 def test_a_custom_loss_without_its_twin_is_refused_for_autograd():
     recipe = load_recipe(RECIPES / "two_head_custom_loss.toml")
     raw = {**recipe.raw, "loss": {"kind": recipe.raw["loss"]["kind"]}, "training": {"runtime": "autograd"}}
