@@ -39,7 +39,7 @@ SPLIT_FILES = {  # artifacts/split/, beside the ORT runtime's split files
         ("step", "step.json"),
     )  # fmt: skip
 }
-CUT = "frozen_prefix"  # the cut's name in the split files: no tensor of an exported step has it
+CUT = "frozen_prefix"  # the cut's name in the split files (no split when a step has a tensor of that name)
 BATCH = 8  # rows of the recipe's data the checks run
 RTOL = 1e-4  # of each result's largest |value| (onnx_step's tolerance): ORT fuses the halves apart
 SPLIT_TOL = 1e-3  # the split steps against the full ones: validation's SPLIT_TOL, deep models' rounding
@@ -149,6 +149,9 @@ def split_steps(recipe: Recipe, out_dir: Path, spec: dict[str, Any], files: dict
     labels = [f["name"] for f in spec["feeds"] if f["name"] not in inputs]
     others = {"train": [*labels, *params, *(n["name"] for n in spec["noise"])]}
     others["eval"] = [*labels, *params, *(n["name"] for n in spec["eval_noise"])]
+    names = {t for m in steps.values() for n in m.graph.node for t in [*n.input, *n.output]}
+    if CUT in names | {i.name for m in steps.values() for i in [*m.graph.input, *m.graph.initializer]}:
+        return _off(recipe, f"the step graphs already have a tensor named {CUT!r}")
     found = next(cuts(steps["train"], inputs, set(others["train"])), None)
     if found is None:
         return _off(recipe, "no single tensor of the frozen part feeds the trainable part and the loss")
