@@ -13,7 +13,7 @@ import pytest
 from tasks.paths import PROJECT_ROOT
 from tasks.prepare import Prepared
 from tasks.prepare.ort_training import file_entry
-from tasks.prepare.runtimes.autograd.build import FILES, optimizer
+from tasks.prepare.runtimes.autograd.build import optimizer
 from tasks.recipe.load import load_recipe
 from tests.fixtures_prepare import RECIPES
 from tests.runtimes.kit import prepared_by_odl
@@ -54,15 +54,20 @@ def autograd_digits(tmp_path_factory: pytest.TempPathFactory, no_ort_training: d
 @pytest.fixture(scope="session")
 def autograd_digits_momentum(tmp_path_factory: pytest.TempPathFactory, autograd_digits):
     """The prepared autograd digits with SGD and Nesterov momentum (which only this runtime has):
-    the same step graphs, ``step.json``'s optimizer the one the momentum recipe prepares (the graphs do
-    not depend on the optimizer; a second ``odl prepare`` would add ~25 s): (recipe, Prepared)."""
+    the same step graphs, each ``step.json``'s optimizer (the full steps' and the frozen-prefix
+    split's) the one the momentum recipe prepares (the graphs do not depend on the optimizer; a
+    second ``odl prepare`` would add ~25 s): (recipe, Prepared)."""
     recipe = load_recipe(RECIPES / "digits.toml", {"training.runtime": "autograd", "optimizer.kind": "sgd",
                          "optimizer.lr": 0.05, "optimizer.momentum": 0.9, "optimizer.nesterov": True})  # fmt: skip
     out: Path = tmp_path_factory.mktemp("autograd_digits_momentum") / "prepared"
     shutil.copytree(autograd_digits[1].out_dir, out)
-    step = out / FILES["step"]
-    step.write_text(json.dumps({**json.loads(step.read_text()), "optimizer": optimizer(recipe)}, indent=2))
     manifest = json.loads((out / "manifest.json").read_text())
-    manifest["files"]["step"] = file_entry(step, FILES["step"])
+    for entries in (manifest["files"], manifest["prefix_cache"].get("files", {})):
+        if "step" in entries:
+            step = out / entries["step"]["path"]
+            step.write_text(
+                json.dumps({**json.loads(step.read_text()), "optimizer": optimizer(recipe)}, indent=2)
+            )
+            entries["step"] = file_entry(step, entries["step"]["path"])
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
     return recipe, Prepared.of(out, manifest, autograd_digits[1].validation)

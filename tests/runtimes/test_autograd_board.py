@@ -17,6 +17,7 @@ from onnx import numpy_helper
 from device_agent.events import read_events
 from device_agent.runtimes.state import CheckpointState
 from tasks.prepare.board_job import build_job_spec
+from tasks.prepare.runtimes.autograd.build import optimizer
 from tests.runtimes.kit import run_job, step_losses, trained
 
 STEPS = 50  # the issue's equivalence: 50 steps, losses within 1e-4 relative, weights within 1e-4
@@ -77,8 +78,10 @@ def _final(jdir) -> CheckpointState:
 @pytest.mark.parametrize("prepared", ["autograd_digits", "autograd_digits_momentum"])
 def test_sigkill_then_start_is_bit_identical(agent_board, prepared, request, no_ort_training):
     """AdamW's moments, or SGD's momentum buffer, come back from the checkpoint bit for bit."""
-    autograd_job = _job_maker(request.getfixturevalue(prepared))
+    pair = request.getfixturevalue(prepared)
+    recipe, autograd_job = pair[0], _job_maker(pair)
     ref_spec, files = autograd_job("ref", epochs=EPOCHS, checkpoint_every=5)
+    assert json.loads(files[ref_spec.artifacts["step"].sha256].read_text())["optimizer"] == optimizer(recipe)
     ref_dir, ref = run_job(agent_board, ref_spec, files, env=no_ort_training)
     spec, _ = autograd_job("killed", epochs=EPOCHS, checkpoint_every=5)
     jdir = agent_board.install(spec, files)
