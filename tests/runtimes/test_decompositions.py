@@ -238,6 +238,56 @@ def test_threshold_backward_is_recorded_and_checked():
     assert max(check_recorded(uses).values()) < TOL
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    st.integers(1, 3),
+    st.sampled_from([[2, 2], [3, 3], [2, 3], [2], [1, 1]]),
+    st.sampled_from(["tiled", "stride 1", "padded"]),
+    st.booleans(),
+    st.integers(0, 1),
+    st.integers(0, 2**16),
+)
+@example(2, [2, 2], "tiled", True, 0, 0)  # ReLU's zeros: windows of equal maxima
+@example(1, [2, 2], "tiled", False, 1, 0)  # a row and a column past the last window
+def test_max_pool2d_equals_pytorch_with_ties_and_no_indices_when_it_tiles(n, kernel, how, relu, extra, seed):
+    """Values, indices and the gradient equal PyTorch's kernel's; ties (after a ReLU, or rounded
+    values) go to the window's first maximum as PyTorch's kernel routes them."""
+    gen = torch.Generator().manual_seed(seed)
+    k = kernel * (2 // len(kernel))
+    x = torch.randn(n, 2, k[0] * 3 + extra, k[1] * 2 + extra, generator=gen)
+    x = x.relu() if relu else (x * 2).round() / 2  # many equal values either way
+    stride, padding = {"tiled": ([], [0]), "stride 1": ([1], [0]), "padded": (kernel, [k[0] // 2])}[how]
+    want_y, want_i = aten.max_pool2d_with_indices(x, kernel, stride, padding)
+    got = fast_grads.max_pool2d_with_indices(x, kernel, stride, padding)
+    if (stride or kernel) * (2 // len(stride or kernel)) == k and padding[0] == 0:  # windows tile x
+        assert torch.equal(got[0], want_y) and torch.equal(got[1], want_i)
+    else:
+        assert got is NotImplemented  # PyTorch's operator itself
+    gy = torch.randn(want_y.shape, generator=gen)
+    want = aten.max_pool2d_with_indices_backward(gy, x, kernel, stride, padding, [1], False, want_i)
+    got = fast_grads.max_pool2d_with_indices_backward(gy, x, kernel, stride, padding, [1], False, want_i)
+    assert torch.equal(got, want)
+
+
+def test_the_tiling_pool_is_recorded_and_checked_and_an_overlapping_one_is_pytorch_s():
+    def grad(x):
+        return torch.func.grad(lambda t: torch.nn.functional.max_pool2d(t.relu(), 2).pow(2).sum())(x)
+
+    uses = _traced_uses(grad, torch.randn(7, 3, 8, 8))
+    assert {u.op for u in uses} == {
+        aten.threshold_backward.default,
+        aten.max_pool2d_with_indices.default,
+        aten.max_pool2d_with_indices_backward.default,
+    }
+    assert max(check_recorded(uses).values()) < TOL
+    overlapping = _traced_uses(
+        lambda x: torch.func.grad(lambda t: torch.nn.functional.max_pool2d(t, 3, 2).sum())(x),
+        torch.randn(2, 3, 9, 9),
+    )
+    assert [u.op for u in overlapping] == [aten.max_pool2d_with_indices_backward.default]
+    assert max(check_recorded(overlapping).values()) < TOL
+
+
 POOLED = """
 import torch
 from torch import nn
@@ -259,11 +309,11 @@ def pooled(num_classes=3):
 
 
 @pytest.mark.slow
-def test_the_step_graph_has_no_per_pixel_where_and_no_weight_gradient_convolution(tmp_path):
+def test_the_step_graph_has_none_of_onnx_runtime_s_slow_nodes(tmp_path):
     """The train step of conv -> ReLU -> 2x2 max pool -> linear, everything trained: one Conv (the
-    forward's: the weight gradient is MatMuls), no per-pixel Where (ReLU's backward is a product;
-    the cross-entropy's per-sample ones stay), and the preparation's own checks pass (the step
-    equals PyTorch's)."""
+    forward's: the weight gradient is MatMuls), no MaxPool (indices), no per-pixel Where or
+    ScatterElements (the cross-entropy's per-sample ones stay), and the preparation's own checks
+    pass (the step equals PyTorch's)."""
     import onnx
 
     from tasks.prepare.pipeline import prepare
@@ -277,8 +327,12 @@ def test_the_step_graph_has_no_per_pixel_where_and_no_weight_gradient_convolutio
     assert done.validation["passed"]
     step = onnx.load(str(done.artifacts_dir / "train_step.onnx"))
     ops = [n.op_type for n in step.graph.node]
-    assert ops.count("Conv") == 1, ops
+    assert ops.count("Conv") == 1 and "MaxPool" not in ops, ops
     inferred = onnx.shape_inference.infer_shapes(step).graph.value_info
     rank = {v.name: len(v.type.tensor_type.shape.dim) for v in inferred}
-    where = [rank.get(n.output[0]) for n in step.graph.node if n.op_type == "Where"]
-    assert where and all(r is not None and r <= 2 for r in where), where
+    slow = [
+        (n.op_type, rank.get(n.output[0]))
+        for n in step.graph.node
+        if n.op_type in ("Where", "ScatterElements")
+    ]
+    assert slow and all(r is not None and r <= 2 for _, r in slow), slow  # the loss's: per sample

@@ -16,7 +16,7 @@ Each is built here from operators the ONNX exporter writes (Conv, ConvTranspose,
 * a max pool's (adaptive, and 3d) adds the output gradient at the positions its indices name.
 
 :mod:`.fast_grads` holds the forms chosen for ONNX Runtime's speed (a weight gradient as one matrix
-product, ReLU's backward as a product).
+product, ReLU's backward as a product, a tiling 2d max pool without indices).
 
 :func:`table` gives them with PyTorch's core decompositions; :mod:`.op_checks` compares each one
 with PyTorch's own kernel on the configurations a model uses.
@@ -213,12 +213,18 @@ def table() -> dict[Any, Callable[..., Any]]:
 
     aten = _aten()
     out = dict(core_aten_decompositions())
-    for op in (
-        aten.max_pool2d_with_indices_backward.default,
-        aten.native_dropout.default,
-    ):  # random: see .noise
+    for op in (aten.native_dropout.default,):  # random: see .noise
         out[op] = decomposition_table[op]
     out.update(own_table())
+    return out
+
+
+def forward_table() -> dict[Any, Callable[..., Any]]:
+    """:func:`table` for decomposing a model's forward before it is differentiated: without our forms
+    of forward operators (a tiling max pool), which must stay operators with their autograd formula
+    (differentiated, their strided slices would come back as ScatterND in the backward)."""
+    out = table()
+    out.pop(_aten().max_pool2d_with_indices.default)
     return out
 
 
@@ -235,4 +241,6 @@ def own_table() -> dict[Any, Callable[..., Any]]:
         aten.adaptive_max_pool3d_backward.default: _adaptive_max3d,
         aten.max_pool3d_with_indices_backward.default: _max_pool3d_backward,
         aten.threshold_backward.default: fast_grads.threshold_backward,
+        aten.max_pool2d_with_indices.default: fast_grads.max_pool2d_with_indices,
+        aten.max_pool2d_with_indices_backward.default: fast_grads.max_pool2d_with_indices_backward,
     }

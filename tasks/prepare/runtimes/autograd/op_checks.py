@@ -82,10 +82,10 @@ def _recorded_arg(value: Any) -> Any:
 def _recorder(op: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def call(*args: Any) -> Any:
-        uses = _USES.get()
-        if uses is not None:
+        uses, out = _USES.get(), fn(*args)
+        if uses is not None and out is not NotImplemented:  # NotImplemented: PyTorch's operator itself
             uses.append(Use(op, tuple(_recorded_arg(a) for a in args)))
-        return fn(*args)
+        return out
 
     return call
 
@@ -148,6 +148,9 @@ def _indexed(op: Any, args: list[Any]) -> list[Any]:
             x, list(g.shape[-3:])
         ),
         aten.max_pool3d_with_indices_backward.default: lambda x, g: aten.max_pool3d_with_indices(
+            x, *args[2:7]
+        ),
+        aten.max_pool2d_with_indices_backward.default: lambda x, g: aten.max_pool2d_with_indices(
             x, *args[2:7]
         ),
     }

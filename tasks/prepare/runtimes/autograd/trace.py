@@ -17,7 +17,7 @@ from typing import Any
 
 from tasks.errors import ModelError
 from tasks.prepare.messages import layer_of
-from tasks.prepare.runtimes.autograd.decompositions import table
+from tasks.prepare.runtimes.autograd.decompositions import forward_table
 from tasks.prepare.runtimes.autograd.op_checks import recorded_table
 from tasks.prepare.tracing import has_auxiliary_outputs, restored
 from tasks.prepare.user_code import user_code_error
@@ -80,7 +80,7 @@ def forward_graph(model: Any, inputs: tuple[Any, ...], training: bool, batchnorm
             raise named or ModelError(
                 f"torch.export cannot trace the model in {mode} mode: {_first_line(exc)}"
             ) from exc
-    return program.run_decompositions(table()).module()
+    return program.run_decompositions(forward_table()).module()
 
 
 def trace_step(forward: Any, step: StepInputs, *, grads: bool) -> Any:
