@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
 from device_agent.protocol import PROTOCOL_VERSION, BoardInfo
 from tasks.paths import PROJECT_ROOT
 
@@ -23,6 +25,7 @@ def test_board_venv_has_no_torch(board_python):
     assert proc.returncode != 0 and "No module named 'torch'" in proc.stderr
 
 
+@pytest.mark.ort_training  # the board venv of onnxruntime-training-cpu (a plain one where the host has none)
 def test_info_reports_versions_and_training_api(agent_board):
     run = agent_board.run("info")
     assert run.code == 0, run.err
