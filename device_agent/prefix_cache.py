@@ -21,7 +21,7 @@ import numpy as np
 
 from device_agent.checks import np_dtype
 from device_agent.errors import AgentError
-from device_agent.ort import load_onnxruntime
+from device_agent.ort import load_onnxruntime, session_options
 from device_agent.protocol import ExitCode, PrefixSpec
 from device_agent.sysinfo import free_disk_mb, meminfo_mb
 
@@ -30,10 +30,11 @@ RAM_SHARE = 0.5  # "auto" keeps the cache in RAM when it fits this share of the 
 
 
 def open_prefix(path: Path, spec: PrefixSpec) -> Any:
-    """An inference session of the prefix model (the same CPU kernels the training graph uses)."""
+    """An inference session of the prefix model (the same CPU kernels the training graph uses), its
+    worker not spinning between operators, as the training sessions' (it takes turns with them)."""
     ort = load_onnxruntime()
     try:
-        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(str(path), session_options(ort), providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - ORT raises several exception types
         raise AgentError(ExitCode.ARTIFACT_INVALID, f"prefix.model: does not load: {exc}") from exc
     have = [i.name for i in sess.get_inputs()]
