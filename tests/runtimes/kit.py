@@ -52,3 +52,15 @@ def trained(jdir: Path) -> dict[str, np.ndarray]:
     """A finished job's trained tensors (``trainable.npz``)."""
     with np.load(jdir / "trainable.npz") as npz:
         return dict(npz)
+
+
+def assert_trained_alike(got: Path, want: Path, steps: int) -> None:
+    """Two finished jobs trained alike: ``steps`` step losses each, equal within 1e-4 (relative),
+    and the same trained tensors, equal within 1e-4."""
+    losses, ort_losses = np.array(step_losses(got)), np.array(step_losses(want))
+    assert len(losses) == len(ort_losses) == steps
+    np.testing.assert_allclose(losses, ort_losses, rtol=1e-4)
+    weights, ort_weights = trained(got), trained(want)
+    assert weights.keys() == ort_weights.keys()
+    for name, w in ort_weights.items():
+        np.testing.assert_allclose(weights[name], w, rtol=0, atol=1e-4, err_msg=name)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-import numpy as np
 import onnx
 import pytest
 import torch
@@ -18,7 +17,7 @@ from tasks.prepare.runtimes.autograd.build import exported_weights
 from tasks.prepare.torch_model import build_model
 from tasks.recipe.load import load_recipe
 from tests.fixtures_prepare import RECIPES
-from tests.runtimes.kit import prepared_by_odl, run_job, step_losses, trained
+from tests.runtimes.kit import assert_trained_alike, prepared_by_odl, run_job
 
 STEPS = 50
 RECIPE_FIXTURES = {
@@ -50,10 +49,4 @@ def test_fifty_steps_equal_the_ort_runtime_s(request, tmp_path, agent_board, no_
         spec, files = build_job_spec(recipe, prep, name)
         spec = replace(spec, train=replace(spec.train, max_steps=STEPS, log_every=1))
         jobs[name] = run_job(agent_board, spec, files, env=env)[0]
-    got, want = np.array(step_losses(jobs["autograd"])), np.array(step_losses(jobs["ort"]))
-    assert len(got) == len(want) == STEPS
-    np.testing.assert_allclose(got, want, rtol=1e-4)
-    weights, ort_weights = trained(jobs["autograd"]), trained(jobs["ort"])
-    assert weights.keys() == ort_weights.keys()
-    for name, w in ort_weights.items():
-        np.testing.assert_allclose(weights[name], w, rtol=0, atol=1e-4, err_msg=name)
+    assert_trained_alike(jobs["autograd"], jobs["ort"], STEPS)
