@@ -6,8 +6,9 @@ with a key padding mask) through ``prepare`` as classifiers of 16 int64 token id
 domain), with the default strategy ``last-conv+classifier`` and the validation whose probe trains a
 few steps on the board's runtime; classified pass / specific (one line of the host error tree) / raw.
 
-``transformers`` is not in this project's venv, so its BERT-like configs are not swept; the hand
-written encoders stand for them (BERT's embeddings, post-norm blocks and tanh pooler).
+The hand-written encoders stand for BERT's idioms (embeddings, post-norm blocks, tanh pooler);
+``transformers``' own BERT, DistilBERT, ALBERT, RoBERTa and ELECTRA, built from configs, are swept
+by bench/hf_corpus.py (the ``bench`` extra).
 
     .venv/bin/python bench/token_corpus.py                       # the whole corpus (~1 min on 2 cores)
     .venv/bin/python bench/token_corpus.py --quick 3 --seed 100  # a seeded sample (the tests' smoke)

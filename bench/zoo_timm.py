@@ -174,22 +174,22 @@ def _prepare_at(name: str, size: int, kwargs: dict, work: Path, runtime: str) ->
     return row
 
 
-def run_one(name: str, family: str, params: int, runtime: str = "ort-training") -> dict:
-    """``child`` in a subprocess; a crash or timeout is a raw row."""
+def run_one(
+    name: str, family: str, params: int, runtime: str = "ort-training", timeout: float = CHILD_TIMEOUT_S
+) -> dict:
+    """``child`` in a subprocess; a crash or a ``timeout`` is a raw row."""
     with tempfile.TemporaryDirectory(prefix="odl-timm-") as tmp:
         cmd = [sys.executable, __file__, "--child", name, "--work", tmp, "--runtime", runtime]
         start = time.perf_counter()
         try:
-            proc = subprocess.run(
-                cmd, capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=CHILD_TIMEOUT_S
-            )
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=timeout)
             lines = proc.stdout.strip().splitlines()
             row = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
             if row is None:
                 tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
                 row = {"model": name, "result": "raw", "message": f"crash (exit {proc.returncode}): {tail}"}
         except subprocess.TimeoutExpired:
-            row = {"model": name, "result": "raw", "message": f"timeout: no result in {CHILD_TIMEOUT_S} s"}
+            row = {"model": name, "result": "raw", "message": f"timeout: no result in {timeout:g} s"}
         row.setdefault("seconds", round(time.perf_counter() - start, 1))
     row.update(family=family, params=params, name=name, runtime=runtime)
     if row["result"] == "specific" and UNSPECIFIC.search(row.get("message", "")):
@@ -218,6 +218,7 @@ def main() -> int:
     ap.add_argument("--skip", type=Path, help="a results JSON whose models are not run again")
     ap.add_argument("--out", type=Path, help="result JSON (default bench/results/zoo_timm.json)")
     add_runtime_argument(ap, child=True)
+    ap.add_argument("--timeout", type=float, default=CHILD_TIMEOUT_S, help="seconds per model and runtime")
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.work, args.runtime)))
@@ -235,7 +236,7 @@ def main() -> int:
     rows, runtimes, start = [], runtimes_of(args.runtime), time.perf_counter()
     for name, family, params in rows_in:
         for runtime in runtimes:
-            rows.append(run_one(name, family, params, runtime))
+            rows.append(run_one(name, family, params, runtime, args.timeout))
             r = rows[-1]
             print(f"{name:32s} {runtime:12s} {r.get('size', 0):4d}px {r['seconds']:7.1f}s {r['result']:8s} "
                   f"{r.get('message', '')[:140]}", flush=True)  # fmt: skip
