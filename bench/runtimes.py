@@ -12,9 +12,12 @@ autograd job runs in a process tree that cannot import ``onnxruntime.training`` 
 ``tests/runtimes`` runs it). A recipe the autograd runtime refuses is a row with its one line.
 
 Per recipe: the largest relative difference of the per-step losses, the largest absolute difference
-of the final trainable weights (from the first pair), and each runtime's samples/s (from the
-``WARMUP_STEPS``-th step event to the last) and peak RSS (VmHWM), the medians of ``--pairs``
-interleaved (ORT, autograd) pairs with their min-max range. A model with dropout has it turned off
+of the final trainable weights (from the first pair); the same between the autograd job and itself
+started from weights one ulp higher (how far float32 rounding alone carries the run, the scale the
+runtimes' difference is judged by); the largest difference of the autograd step's gradients from
+PyTorch's ``loss.backward()`` on one batch (relative to each gradient's largest value); and each
+runtime's samples/s (from the ``WARMUP_STEPS``-th step event to the last) and peak RSS (VmHWM),
+the medians of ``--pairs`` interleaved (ORT, autograd) pairs with their min-max range. A model with dropout has it turned off
 by a recipe override (listed in the table): the two runtimes draw their masks from different
 generators, so with dropout their losses differ by design. Writes bench/results/runtimes.json.
 
@@ -47,6 +50,7 @@ from bench._common import (  # noqa: E402
     tiled_npz,
     write_results,
 )
+from bench._runtime_checks import gradient_vs_torch, perturbed  # noqa: E402
 from tasks.paths import PROJECT_ROOT, state_dir  # noqa: E402
 
 RECIPES = ["digits.toml", "mobilenet_v2.toml", "two_head_custom_loss.toml", "embedded_loss.toml",
@@ -60,6 +64,8 @@ PAIRS = 5
 WARMUP_STEPS = 10  # step events before the timed window (session start, first allocations)
 COLUMNS = [("recipe", "recipe"), ("batch_size", "batch"), ("steps", "steps"), ("dropout", "dropout"),
            ("loss_rel_text", "loss max rel diff"), ("weight_abs_text", "weights max abs diff"),
+           ("ulp_loss_rel_text", "+1 ulp: loss"), ("ulp_weight_abs_text", "+1 ulp: weights"),
+           ("grad_text", "gradients vs torch"),
            ("ort_sps_text", "ORT samples/s"), ("autograd_sps_text", "autograd samples/s"),
            ("ort_rss_text", "ORT MB"), ("autograd_rss_text", "autograd MB")]  # fmt: skip
 
@@ -151,6 +157,10 @@ def jobs(recipe_file: str, steps: int, root: Path) -> tuple[dict[str, Any], dict
             files[data.blob.sha256] = root / "blobs" / data.blob.sha256
         params = replace(spec.train, epochs=1, max_steps=steps, checkpoint_every=0, log_every=1)
         out[runtime] = (replace(spec, eval_data=None, train=params), files, prepared)
+    try:  # the autograd step's gradients against PyTorch's on one batch
+        facts |= gradient_vs_torch(recipe, out["autograd"][2], recipe.training.batch_size)
+    except Exception as exc:  # noqa: BLE001 - the row then says why instead of a figure
+        facts["grad_text"] = one_line(exc)
     noise = json.loads((out["autograd"][2].artifacts_dir / "step.json").read_text()).get("noise")
     facts["dropout"] = ("off (override)" if recipe_file in NO_DROPOUT else "none") if not noise else "ON"
     facts["random_step_inputs"] = [n["name"] for n in noise or []]
@@ -213,6 +223,11 @@ def bench_recipe(recipe_file: str, steps: int, pairs: int, python: Path, root: P
         pairs,
     )
     row |= compare(*runs[0])
+    ulp = run_job(
+        python, root, *perturbed(ag_spec, ag_files, state_dir("cache", "bench", "runtimes")), blocked
+    )
+    chaos = compare(runs[0][1], ulp)  # the autograd job against itself from weights 1 ulp away
+    row |= {f"ulp_{k}": chaos.get(k) for k in ("loss_rel", "weight_abs", "loss_rel_text", "weight_abs_text")}
     row["repeatable"] = all(o["losses"] == runs[0][0]["losses"] and a["losses"] == runs[0][1]["losses"]
                             for o, a in runs)  # fmt: skip
     for i, name in enumerate(("ort", "autograd")):

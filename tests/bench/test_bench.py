@@ -152,6 +152,8 @@ def test_runtimes_bench_compares_ort_and_autograd(tmp_path: Path) -> None:
     assert row["recipe"] == "digits" and row["steps"] == 50 and figures["pairs"] == row["pairs"] == 1
     assert row["dropout"] == "none" and row["repeatable"]
     assert row["loss_rel"] < 1e-4 and row["weight_abs"] < 1e-4  # the runtimes' equivalence bounds
+    assert row["grad_vs_torch"] < 1e-5 and row["grad_worst_tensor"]  # the step's gradients are PyTorch's
+    assert 0 <= row["ulp_weight_abs"] < 1e-4  # the same job from weights 1 ulp away: rounding's own reach
     for name in ("ort", "autograd"):
         for figure in (row[f"{name}_samples_per_s"], row[f"{name}_peak_rss_mb"]):
             positive(figure, "median", "min", "max")
