@@ -22,6 +22,7 @@ import onnx
 from tasks.errors import ArtifactError
 from tasks.prepare.export import quiet_output
 from tasks.prepare.ort_training import check_board_loadable
+from tasks.prepare.runtimes.autograd import onnx_passes
 from tasks.prepare.runtimes.autograd.discrete import order_name, order_nodes, run_pinned, with_orders
 from tasks.prepare.runtimes.autograd.noise import NoiseInput
 from tasks.prepare.runtimes.autograd.trace import MAX_BATCH
@@ -102,7 +103,8 @@ def export_step(step: StepGraph, path: Path) -> None:
 
     def write() -> None:
         program = torch.onnx.export(module, args, dynamo=True, dynamic_shapes=(tuple(shapes),), input_names=names,
-                                    output_names=[*step.outputs, *extra], optimize=True)  # fmt: skip
+                                    output_names=[*step.outputs, *extra], optimize=False)  # fmt: skip
+        onnx_passes.optimize(program.model)  # what optimize=True does, the costly pass last
         program.save(str(path))
 
     exporting(f"the step {path.name}", write)
