@@ -42,13 +42,13 @@ def gradient_vs_torch(recipe: Any, prepared: Any, batch: int) -> dict[str, Any]:
     import onnxruntime  # the inference build's API, as the board's
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
+    from tasks.prepare.export.torch_model import build_model  # host code, loaded when the check runs
     from tasks.prepare.runtimes.autograd.build import (
         exported_weights,
     )  # host code, loaded when the check runs
     from tasks.prepare.runtimes.autograd.losses import plan  # host code, loaded when the check runs
     from tasks.prepare.runtimes.autograd.steps import model_inputs  # host code, loaded when the check runs
     from tasks.prepare.runtimes.autograd.trace import step_mode  # host code, loaded when the check runs
-    from tasks.prepare.torch_model import build_model  # host code, loaded when the check runs
 
     art = prepared.artifacts_dir
     step = json.loads((art / "step.json").read_text())

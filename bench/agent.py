@@ -49,7 +49,7 @@ BARE_LOOP = r"""
 import json, sys, time
 import numpy as np
 from device_agent.ort import load_onnxruntime, load_training_api
-from device_agent.data import epoch_permutation, steps_per_epoch
+from device_agent.data.readers import epoch_permutation, steps_per_epoch
 api = load_training_api()
 a = json.loads(sys.argv[1])
 state = api.CheckpointState.load_checkpoint(a["checkpoint"])
@@ -162,7 +162,7 @@ def bench_recipe(
 
 def _agent_run(python: Path, root: Path, jdir: Path, warm: int) -> dict:
     """Run the agent; samples/s from its step event ``warm`` to its last (the bare loop's window)."""
-    from device_agent.events import read_events
+    from device_agent.job.events import read_events
 
     result = run_agent(python, root, jdir)
     spec = json.loads((jdir / "job.json").read_text())

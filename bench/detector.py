@@ -9,13 +9,13 @@ graphs have a dynamic batch axis). For batch 4 and 8, in one run:
    steps after the warm-up (from its step events) and its peak RSS (``result.json``, VmHWM);
 2. a bare ONNX Runtime loop (``onnxruntime.training.api`` Module + Optimizer) over the same
    artifacts, data and batch order, in its own subprocess of the board venv (the bare loop and
-   the torch loop follow the agent's learning-rate schedule, device_agent.trainer.lr_at);
+   the torch loop follow the agent's learning-rate schedule, device_agent.job.trainer.lr_at);
 3. a PyTorch CPU loop in its own subprocess of the host venv: the same model with the exported
    weights, the manifest's trainable parameters, AdamW with the same lr and weight decay,
    BatchNorm in eval mode (the recipe freezes it), the same batches, ``torch.set_num_threads``
    equal to ONNX Runtime's default intra-op pool (the physical cores);
 4. the ratios agent / bare ORT and agent / torch;
-5. the offline validation's ``board_peak_estimate_mb`` (tasks.prepare.validate with
+5. the offline validation's ``board_peak_estimate_mb`` (tasks.prepare.validation.validate with
    ``training.batch_size`` overridden, as bench/memory.py, and ``data.train`` set to the tiled
    set the loops train on: its probe holds the whole set in RAM, and the agent's one epoch maps
    every row of it) vs the agent's measured peak RSS, target within +-15 %.
@@ -68,7 +68,7 @@ BARE_LOOP = r"""
 import json, sys, time
 import numpy as np
 from device_agent.ort import load_training_api
-from device_agent.data import epoch_permutation, load_npz_arrays
+from device_agent.data.readers import epoch_permutation, load_npz_arrays
 from device_agent.sysinfo import peak_rss_mb
 api = load_training_api()
 a = json.loads(sys.argv[1])
@@ -98,9 +98,9 @@ print(json.dumps({"samples_per_s": steps * bs / dt, "seconds": dt, "peak_rss_mb"
 TORCH_LOOP = r"""
 import json, sys, time
 import torch
-from device_agent.data import epoch_permutation, load_npz_arrays
+from device_agent.data.readers import epoch_permutation, load_npz_arrays
 from device_agent.sysinfo import peak_rss_mb
-from tasks.prepare.torch_model import build_model
+from tasks.prepare.export.torch_model import build_model
 from tasks.recipe.load import load_recipe
 a = json.loads(sys.argv[1])
 torch.set_num_threads(a["threads"])
@@ -160,7 +160,7 @@ def torch_weights(recipe: Any, prepared: Any) -> Path:
     import torch
     from onnx import numpy_helper
 
-    from tasks.prepare.torch_model import build_model
+    from tasks.prepare.export.torch_model import build_model
 
     own = build_model(recipe).state_dict()
     exported = {i.name: i for i in onnx.load(str(prepared.model_onnx)).graph.initializer}
@@ -193,7 +193,7 @@ def validation_report(recipe: Any, prepared: Any) -> dict[str, Any]:
 
 def agent_run(python: Path, root: Path, spec: Any, files: dict[str, Path], warmup: int) -> dict[str, Any]:
     """Run the agent; samples/s from the step event of the last warm-up step to the last step event."""
-    from device_agent.events import read_events
+    from device_agent.job.events import read_events
 
     jdir = install_job(root, spec, files)
     result = run_agent(python, root, jdir)
@@ -223,7 +223,7 @@ def measure_batch(
     python: Path,
 ) -> dict[str, Any]:
     """The three loops at one batch size (interleaved, best of ``repeats``) and validation's estimate."""
-    from device_agent.schedule import lr_at
+    from device_agent.job.schedule import lr_at
     from tasks.prepare.board_job import build_job_spec
     from tasks.recipe.load import load_recipe
 

@@ -1,7 +1,7 @@
 """Validation's predicted board peak RAM vs the measured peak RSS of the agent, mobilenet_v2, batch 1-32.
 
 The recipe is prepared once (the exported graphs have a dynamic batch axis); for each batch size
-the offline validation (tasks.prepare.validate, with ``training.batch_size`` overridden) predicts
+the offline validation (tasks.prepare.validation.validate, with ``training.batch_size`` overridden) predicts
 ``board_peak_estimate_mb``, then the device agent trains one epoch of the recipe's own 256
 training images at that batch size in the torch-free board venv, and its ``result.json``
 ``peak_rss_mb`` (VmHWM) is the measured peak. Prints estimate / measured per batch size (target:
@@ -72,7 +72,7 @@ def validation_report(recipe: Any, prepared: Any) -> dict[str, Any]:
     """``tasks.validate.validate`` at the recipe's batch size; when only the 'loss falls on a repeated
     batch' check fails (tiny batches with BatchNorm are noisy), the estimate of its training probe."""
     from tasks.errors import ValidationFailed
-    from tasks.prepare.validate import _figures, run_probe, validate
+    from tasks.prepare.validation.validate import _figures, run_probe, validate
 
     try:
         return validate(recipe, prepared.out_dir)

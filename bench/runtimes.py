@@ -81,7 +81,7 @@ def common_weights(recipe: Any, folder: Path) -> Path:
     state_dict file both runtimes start from."""
     import torch
 
-    from tasks.prepare.torch_model import build_model
+    from tasks.prepare.export.torch_model import build_model
 
     torch.manual_seed(0)
     path = folder / "weights.pt"
@@ -173,7 +173,7 @@ def run_job(
     """Run one job with the agent; its losses, trained tensors, samples/s and peak RSS."""
     import numpy as np
 
-    from device_agent.events import read_events
+    from device_agent.job.events import read_events
 
     jdir = install_job(root, spec, files)
     argv = [str(python), "-m", "device_agent", "--root", str(root), "run", str(jdir)]

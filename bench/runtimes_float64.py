@@ -33,10 +33,10 @@ def gradients(recipe_file: str, batch: int) -> tuple[object, dict[str, dict[str,
     from onnxruntime.training.api import CheckpointState, Module  # the ORT runtime's graphs, as onnx above
 
     from bench.runtimes import NO_DROPOUT, prepared_for  # host code, as onnx above
+    from tasks.prepare.export.torch_model import build_model  # host code, as onnx above
     from tasks.prepare.runtimes.autograd.build import exported_weights  # host code, as onnx above
     from tasks.prepare.runtimes.autograd.losses import plan  # host code, as onnx above
     from tasks.prepare.runtimes.autograd.trace import step_mode  # host code, as onnx above
-    from tasks.prepare.torch_model import build_model  # host code, as onnx above
     from tasks.recipe.load import load_recipe  # host code, as onnx above
 
     name = load_recipe(PROJECT_ROOT / "recipes" / recipe_file).name
@@ -85,8 +85,8 @@ def gradients(recipe_file: str, batch: int) -> tuple[object, dict[str, dict[str,
 
 def main() -> int:
     """Print the per-tensor table and the AdamW bounds."""
+    from device_agent.job.schedule import lr_at  # as TrainParams above
     from device_agent.jobspec import TrainParams  # the agent's own schedule, after ODL_HOME is set
-    from device_agent.schedule import lr_at  # as TrainParams above
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("recipe", help="a file of recipes/ that bench/runtimes.py has run")

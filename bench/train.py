@@ -50,9 +50,9 @@ COLUMNS = [("recipe", "recipe"), ("batch_size", "batch"), ("steps", "steps"),
 TORCH_LOOP = r"""
 import json, sys, time
 import torch
-from device_agent.data import epoch_permutation, load_npz_arrays
+from device_agent.data.readers import epoch_permutation, load_npz_arrays
 from device_agent.sysinfo import peak_rss_mb
-from tasks.prepare.torch_model import build_model
+from tasks.prepare.export.torch_model import build_model
 from tasks.recipe.load import load_recipe
 a = json.loads(sys.argv[1])
 torch.set_num_threads(a["threads"])
@@ -114,7 +114,7 @@ def agent_job(recipe_file: str, steps: int) -> tuple[Any, dict[str, Path], Path,
 
 def agent_throughput(python: Path, root: Path, spec: Any, files: dict[str, Path]) -> dict[str, float]:
     """Run the agent; samples/s from its ``WARMUP_STEPS``-th step event to the last, and its peak RSS."""
-    from device_agent.events import read_events
+    from device_agent.job.events import read_events
 
     jdir = install_job(root, spec, files)
     result = run_agent(python, root, jdir)
@@ -165,7 +165,7 @@ def cache_run(python: Path, recipe_file: str, mode: str, rows: int, epochs: int)
     epoch's seconds, the mean samples/s of the later ones (from the epoch events), peak RSS."""
     import statistics
 
-    from device_agent.events import read_events
+    from device_agent.job.events import read_events
     from tasks.prepare.board_job import build_job_spec
 
     recipe, prepared = prepared_recipe(recipe_file, mode)

@@ -8,10 +8,10 @@ import argparse
 import sys
 from typing import Any
 
-from device_agent.dataset_append import append_file
+from device_agent.data.dataset_append import append_file
 from device_agent.errors import AgentError
-from device_agent.jobdir import JobDir, lock_is_held, training_owner
-from device_agent.jobstate import job_status
+from device_agent.job.jobdir import JobDir, lock_is_held, training_owner
+from device_agent.job.jobstate import job_status
 from device_agent.models import install, status
 from device_agent.output import emit
 from device_agent.protocol import ExitCode

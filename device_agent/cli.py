@@ -18,9 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from device_agent import board_cmds
-from device_agent.blobstore import list_blobs, put_blob
+from device_agent.data.blobstore import list_blobs, put_blob
 from device_agent.errors import AgentError
-from device_agent.jobdir import (
+from device_agent.job.jobdir import (
     BOARD_LOCK_FD_ENV,
     LOCK_FD_ENV,
     JobDir,
@@ -31,10 +31,10 @@ from device_agent.jobdir import (
     open_lock,
     read_result,
 )
-from device_agent.jobstate import job_status, read_pid
+from device_agent.job.jobstate import job_status, read_pid
+from device_agent.job.supervise import cmd_supervise
 from device_agent.output import emit
 from device_agent.protocol import EXIT_HELP, NEVER_RETRY, ExitCode
-from device_agent.supervise import cmd_supervise
 from device_agent.sysinfo import board_info
 
 log = logging.getLogger("device_agent")

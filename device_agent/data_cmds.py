@@ -9,9 +9,9 @@ import argparse
 import logging
 import os
 
-from device_agent.datasets import list_dataset
+from device_agent.data.datasets import list_dataset
 from device_agent.errors import AgentError
-from device_agent.jobdir import (
+from device_agent.job.jobdir import (
     BOARD_LOCK_FD_ENV,
     JobDir,
     inherited_lock,
@@ -20,9 +20,9 @@ from device_agent.jobdir import (
     open_jobdir,
     open_lock,
 )
+from device_agent.job.runner import open_job, run_job, stored_outcome
 from device_agent.output import emit
 from device_agent.protocol import ExitCode
-from device_agent.runner import open_job, run_job, stored_outcome
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

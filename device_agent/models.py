@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from device_agent.atomic import fsync_dir
 from device_agent.errors import AgentError
-from device_agent.jobdir import fsync_dir
 from device_agent.protocol import NAME, ExitCode, SpecError, file_sha256, valid_blob_name
 
 VERSION_RE = re.compile(r"^v\d{4,}$")

@@ -1,7 +1,7 @@
 """``job.json``'s ``prefix``: the frozen prefix a job runs once per sample (frozen-prefix caching).
 
 The job's artifacts are then the training artifacts of the suffix, whose first input is the
-prefix's output; the agent feeds it from the cache (:mod:`device_agent.prefix_cache`).
+prefix's output; the agent feeds it from the cache (:mod:`device_agent.data.prefix_cache`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``job.json``'s ``teacher``: an ONNX model the agent runs over the job's unlabeled shards before
-training, and how its output becomes the student's labels (see :mod:`device_agent.teacher`).
+training, and how its output becomes the student's labels (see :mod:`device_agent.teacher.labels`).
 
 * ``labels = "hard"``: the teacher's top class, kept when its probability is at least
   ``threshold``; ``balance_cap`` > 0 keeps at most that many new samples per class (the most

@@ -2,7 +2,7 @@
 
 A recipe's ``models:<callable>`` resolves to the ``models.py`` beside that recipe, and while it
 loads and its callables run the recipe's folder is first on the import path
-(``tasks.prepare.torch_model.recipe_import_path``): a copy of this file next to a user's recipe
+(``tasks.prepare.export.torch_model.recipe_import_path``): a copy of this file next to a user's recipe
 works the same way and may import sibling modules or packages of that folder. Host-side only:
 torch and onnxruntime.training.onnxblock are fine here.
 """

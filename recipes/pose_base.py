@@ -1,6 +1,6 @@
 """The host pretraining of the reference keypoints model: :func:`unet.unet` with one output channel
 per keypoint, trained as a heatmap model (the same MSE against Gaussian targets as the recipe's
-training graph, :mod:`tasks.prepare.keypoints_loss`) until its OKS AP on held-out data reaches its
+training graph, :mod:`tasks.prepare.losses.keypoints`) until its OKS AP on held-out data reaches its
 target (:mod:`targets`: epoch by epoch, Adam with a decaying rate, at most MAX_EPOCHS)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 from device_agent.keypoints import decode
 from tasks.judge.keypoints import coco_keypoints_eval, oks_aps
-from tasks.prepare.keypoints_loss import gaussian_targets
+from tasks.prepare.losses.keypoints import gaussian_targets
 from tasks.recipe.keypoints import DEFAULT_SIGMA
 
 MAX_EPOCHS = 40

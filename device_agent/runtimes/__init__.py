@@ -1,6 +1,6 @@
 """How a job's trainer steps, behind one interface: ``onnxruntime.training.api``'s shape.
 
-* ``ort-training``: ONNX Runtime's training API itself (:func:`device_agent.ort.load_training_api`),
+* ``ort-training`` (:mod:`device_agent.runtimes.ort_training`): ONNX Runtime's training API itself,
   over ONNX Runtime's training, eval and optimizer graphs;
 * ``autograd`` (:mod:`device_agent.runtimes.autograd`): a plain ONNX train step run by
   ``onnxruntime.InferenceSession`` and a numpy optimizer; it never imports ``onnxruntime.training``.
@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from device_agent.errors import AgentError
-from device_agent.ort import load_onnxruntime, load_training_api, session_options
+from device_agent.ort import load_onnxruntime, session_options
 from device_agent.protocol import ExitCode
 from device_agent.runtimes.autograd import AutogradApi
-from device_agent.schedule import step_seeder
+from device_agent.runtimes.ort_training import step_seeder, training_api
 
 # the artifacts each runtime's Module and Optimizer load: (train graph, eval graph, optimizer)
 GRAPHS = {
@@ -41,23 +41,16 @@ class Opened:
     seeder: Any
 
 
-def _training_api() -> Any:
-    try:
-        return load_training_api()
-    except ImportError as exc:
-        raise AgentError(ExitCode.NO_TRAINING_API, f"onnxruntime training API unavailable: {exc}") from exc
-
-
 def checkpoint_state(runtime: str) -> Any:
     """The ``CheckpointState`` class that reads a ``runtime`` job's checkpoints."""
-    return AutogradApi.CheckpointState if runtime == "autograd" else _training_api().CheckpointState
+    return AutogradApi.CheckpointState if runtime == "autograd" else training_api().CheckpointState
 
 
 def open_runtime(runtime: str, paths: dict[str, Path], checkpoint: Path) -> Opened:
     """Load ``checkpoint`` and the job's graphs (``paths`` by artifact key) with ``runtime``;
     ARTIFACT_INVALID when they do not load, NO_TRAINING_API for an ORT job on a board without it."""
     train, evaluate, optim = GRAPHS[runtime]
-    api = None if runtime == "autograd" else _training_api()
+    api = None if runtime == "autograd" else training_api()
     try:
         api = api or AutogradApi(paths["step"], paths["inference_template"])
         state = api.CheckpointState.load_checkpoint(str(checkpoint))

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from device_agent.jobdir import atomic_savez
+from device_agent.atomic import atomic_savez
 
 F32 = np.float32
 

@@ -9,7 +9,7 @@ import json
 from tasks.prepare.datasets import ensure_datasets
 from tasks.prepare.pipeline import prepare
 from tasks.prepare.runtimes import export_model, generate
-from tasks.prepare.validate import validate
+from tasks.prepare.validation.validate import validate
 from tasks.recipe.load import load_recipe, parse_override
 from tasks.recipe.schema import Recipe
 from tasks.stages.rehearse import rehearse_judging

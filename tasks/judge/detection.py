@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 
 from device_agent import detection as det
-from device_agent.teacher_boxes import detections
+from device_agent.teacher.boxes import detections
 from tasks.errors import EvaluationError
 from tasks.judge.coco_resample import match_records, no_detection_records
 from tasks.judge.runtime import npz_arrays, session
-from tasks.prepare.teacher import teacher_outputs, wire_teacher
+from tasks.prepare.validation.teacher import teacher_outputs, wire_teacher
 from tasks.recipe.extras import DetectionSpec
 
 EXAMPLES = 4  # test images whose detections the metrics keep for the report's drawings
@@ -261,7 +261,7 @@ def _has_gt(test_npz: Path) -> bool:
 
 def teacher_box_metrics(model_onnx: Path, test_npz: Path, recipe: Any) -> dict[str, Any]:
     """COCO metrics of a detector teacher (class scores and corner boxes outputs) on the test set,
-    its detections made by the board's code (:func:`device_agent.teacher_boxes.detections`)."""
+    its detections made by the board's code (:func:`device_agent.teacher.boxes.detections`)."""
     spec, t = recipe.detection, recipe.teacher
     arrays = npz_arrays(Path(test_npz), ["x", "gt_boxes", "gt_labels"])
     x = np.asarray(arrays["x"], np.float32)

@@ -33,7 +33,7 @@ import numpy as np
 from device_agent.keypoints import MIN_SIDE, boxes, decode, pck_hits
 from tasks.errors import EvaluationError
 from tasks.judge.coco_resample import map_from_records, match_records
-from tasks.prepare.keypoints_loss import gaussian_targets
+from tasks.prepare.losses.keypoints import gaussian_targets
 from tasks.recipe.keypoints import OKS_METRICS, KeypointsSpec, keypoint_names, oks_sigmas
 
 
@@ -139,7 +139,7 @@ def keypoint_metrics(out: np.ndarray, labels: np.ndarray, spec: KeypointsSpec,
 
 def keypoint_losses(out: np.ndarray, labels: np.ndarray, input_hw: tuple[int, int],
                     heatmap_sigma: float) -> tuple[float, np.ndarray]:  # fmt: skip
-    """The training graph's keypoints MSE (:mod:`tasks.prepare.keypoints_loss`) of the whole test set
+    """The training graph's keypoints MSE (:mod:`tasks.prepare.losses.keypoints`) of the whole test set
     and of each image: against Gaussian targets for heatmaps, of the labelled coordinates otherwise."""
     check_keypoint_pair(out, labels, labels.shape[1])
     weight = (labels[..., 2] > 0).astype(np.float64)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from device_agent.checks import np_dtype
+from device_agent.data.checks import np_dtype
 from tasks.errors import EvaluationError
 from tasks.quiet import ort_session
 

@@ -1,5 +1,5 @@
 """The segmentation losses on the host, in numpy, as the board's graphs compute them
-(:mod:`tasks.prepare.segmentation_loss`): per-pixel cross-entropy over the pixels that are not
+(:mod:`tasks.prepare.losses.segmentation`): per-pixel cross-entropy over the pixels that are not
 ignored, soft Dice over softmax probabilities, or their sum.
 
 Each image's sums are kept (:func:`loss_sums`), so the same pass gives the test set's loss (the

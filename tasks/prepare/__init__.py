@@ -1,8 +1,9 @@
 """Host-side preparation of a recipe's job; :class:`Prepared` is what it leaves in a folder.
 
-The steps are modules of this package (``datasets`` -> ``export`` -> ``artifacts`` -> ``validate``);
+The steps are this package's modules and folders (``datasets`` -> ``export/`` -> ``runtimes/`` ->
+``validation/``; ``rewrites/`` fix graphs up, ``sandbox/`` runs ONNX Runtime in child processes);
 :func:`tasks.prepare.pipeline.prepare` runs them, cached per input hash or not. This module stays
-light (no onnx, no torch): the torch-free training probe (``python -m tasks.prepare.ort_probe``)
+light (no onnx, no torch): the torch-free training probe (``python -m tasks.prepare.validation.ort_probe``)
 imports it first.
 """
 

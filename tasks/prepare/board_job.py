@@ -24,7 +24,7 @@ from device_agent.protocol import (
 from tasks.checkpoint import checkpoint_weights, write_checkpoint
 from tasks.errors import ArtifactError, DataError, RecipeError
 from tasks.prepare import Prepared
-from tasks.prepare.teacher import wire_teacher
+from tasks.prepare.validation.teacher import wire_teacher
 from tasks.recipe.schema import Recipe
 from tasks.recipe.segmentation import segmentation_of
 

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tasks.errors import DataError, RecipeError
-from tasks.prepare.torch_model import load_ref
+from tasks.prepare.export.torch_model import load_ref
 from tasks.recipe.datafiles import recipe_files
 from tasks.recipe.schema import Recipe
 

@@ -10,8 +10,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from tasks.prepare.feeds import graph_feeds
-from tasks.prepare.ort_parent import RunFailed
-from tasks.prepare.supervise import run_shapes
+from tasks.prepare.sandbox.ort_parent import RunFailed
+from tasks.prepare.sandbox.supervise import run_shapes
 
 
 def attr(node: onnx.NodeProto, name: str, default: object) -> object:

@@ -1,8 +1,31 @@
-"""The ONNX versions of the pipeline: the opset the exporter writes, and the newest IR and opset
-the board's ONNX Runtime 1.19.2 loads."""
+"""The ONNX versions of the pipeline: the opset the exporter writes, the newest IR and opset the
+board's ONNX Runtime 1.19.2 loads, and the check that a graph of either runtime stays within them."""
 
 from __future__ import annotations
+
+import onnx
+
+from tasks.errors import ArtifactError
 
 OPSET = 17  # torch.onnx.export's opset_version
 MAX_IR = 10
 MAX_OPSET = 21
+
+
+def onnx_opset(model: onnx.ModelProto) -> int:
+    """The default-domain opset a model imports."""
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+
+
+def check_board_loadable(model: onnx.ModelProto, what: str) -> None:
+    """ArtifactError if ORT 1.19.2 (the board's) could not load ``model`` (IR > 10 or opset > 21)."""
+    if model.ir_version > MAX_IR:
+        raise ArtifactError(
+            f"{what} has ONNX IR version {model.ir_version}; ORT 1.19.2 on the board loads "
+            f"IR <= {MAX_IR} (was it written by onnx >= 1.18? pin onnx==1.17.0)"
+        )
+    if onnx_opset(model) > MAX_OPSET:
+        raise ArtifactError(
+            f"{what} uses opset {onnx_opset(model)}; ORT 1.19.2 on the board supports "
+            f"opset <= {MAX_OPSET} (export with opset 17)"
+        )

@@ -31,7 +31,7 @@ from tasks.prepare import Prepared
 from tasks.prepare.datasets import ensure_datasets
 from tasks.prepare.runtimes import export_model, generate
 from tasks.prepare.staging import remove_tree, staged
-from tasks.prepare.validate import validate as run_validation
+from tasks.prepare.validation.validate import validate as run_validation
 from tasks.recipe.datafiles import check_data_files, recipe_files
 from tasks.recipe.schema import Recipe
 

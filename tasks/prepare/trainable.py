@@ -20,9 +20,9 @@ from math import prod
 import onnx
 
 from tasks.errors import RecipeError
-from tasks.prepare.buffers import torch_buffers, torch_parameter_count
-from tasks.prepare.param_chains import FLOAT_TYPES, check_partition
-from tasks.prepare.recurrent import check_recurrent
+from tasks.prepare.export.buffers import torch_buffers, torch_parameter_count
+from tasks.prepare.rewrites.param_chains import FLOAT_TYPES, check_partition
+from tasks.prepare.rewrites.recurrent import check_recurrent
 from tasks.prepare.selection import last_feature_layer, layer_params, params_after, suffix_cut, weight_sources
 from tasks.recipe.schema import Recipe
 from tasks.recipe.training import TrainableSpec
@@ -40,7 +40,7 @@ def bn_statistics(model: onnx.ModelProto) -> set[str]:
 
 def parameters(model: onnx.ModelProto) -> dict[str, int]:
     """The float initializers a strategy may train, with their element counts: neither BatchNorm
-    running statistics nor a PyTorch model's registered buffers (:mod:`tasks.prepare.buffers`)."""
+    running statistics nor a PyTorch model's registered buffers (:mod:`tasks.prepare.export.buffers`)."""
     frozen = bn_statistics(model) | torch_buffers(model)
     return {k: v for k, v in float_params(model).items() if k not in frozen}
 

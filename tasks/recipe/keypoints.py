@@ -8,7 +8,7 @@ heatmaps ``[N, K, H, W]`` (any size dividing the input's: a keypoint is decoded 
 argmax, with a quarter-cell step towards the higher neighbour when ``subpixel``) or coordinates
 ``[N, K, 2]`` in the input's pixels.
 
-The loss (``[loss] kind = "mse"``) is built into the training graph (:mod:`tasks.prepare.keypoints_loss`):
+The loss (``[loss] kind = "mse"``) is built into the training graph (:mod:`tasks.prepare.losses.keypoints`):
 for heatmaps the mean squared error against Gaussian target heatmaps of ``sigma`` cells drawn from
 the labels inside the graph (so the board needs nothing but numpy and ONNX Runtime, and the data
 files hold the labels only); for coordinates the squared error of the labelled keypoints. The host

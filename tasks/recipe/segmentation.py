@@ -8,7 +8,7 @@ void and boundary pixels 255), and 255 survives a uint8 mask where -100 cannot b
 whose data uses -100 says ``ignore_index = -100``. The table may be left out: its defaults apply.
 
 The losses (``[loss] kind``) are ``cross-entropy`` (per pixel), ``dice`` or ``cross-entropy+dice``
-(:mod:`tasks.prepare.segmentation_loss`); the host reports mIoU, per-class IoU and pixel accuracy
+(:mod:`tasks.prepare.losses.segmentation`); the host reports mIoU, per-class IoU and pixel accuracy
 (:mod:`tasks.judge.segmentation`) and promotes on ``miou`` by default.
 """
 

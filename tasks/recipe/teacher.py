@@ -1,5 +1,5 @@
 """``[teacher]``: a model that labels the board's unlabeled shards on the board, before the student
-trains on them (:mod:`device_agent.teacher` does the labelling; this table says how).
+trains on them (:mod:`device_agent.teacher.labels` does the labelling; this table says how).
 
     [teacher]
     model = "data/digits-teacher/teacher.onnx"   # any ONNX the board's ONNX Runtime loads

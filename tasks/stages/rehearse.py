@@ -32,7 +32,7 @@ from tasks.judge.evaluate import evaluate, judged_as
 from tasks.judge.losses import HostLoss, host_loss
 from tasks.judge.quantize import quantize_int8
 from tasks.prepare import Prepared
-from tasks.prepare.child_call import call_in_child
+from tasks.prepare.sandbox.child_call import call_in_child
 from tasks.recipe.datafiles import load_arrays
 from tasks.recipe.schema import Recipe
 from tasks.stages.judge import inference_of, int8_loss
@@ -71,7 +71,7 @@ def rehearse_judging(recipe: Recipe, prep: Prepared) -> dict[str, Any]:
     """Evaluate the probe's inference model on ``SAMPLES`` of each test set and quantize it when
     asked; returns the figures per set (and ``int8``), or raises the ValidationFailed check
     ``host_evaluation`` / ``int8_quantization`` naming the set or the step. It runs in a child
-    process (:func:`tasks.prepare.child_call.call_in_child`): ONNX Runtime dying there (SIGFPE,
+    process (:func:`tasks.prepare.sandbox.child_call.call_in_child`): ONNX Runtime dying there (SIGFPE,
     SIGSEGV, the OOM killer) is the ``host_evaluation`` check's one line, not the end of ``odl``."""
     report = call_in_child(
         "tasks.stages.rehearse:rehearsal", recipe, prep,

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from device_agent.datasets import ShardDataset
-from device_agent.events import read_events
+from device_agent.data.datasets import ShardDataset
+from device_agent.job.events import read_events
 from device_agent.protocol import DataFile, DataRef, ExitCode
 
 DS = "datasets/digits"

@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from device_agent.checks import check_dataset
-from device_agent.data import InputSpec
+from device_agent.data.checks import check_dataset
+from device_agent.data.readers import InputSpec
 from device_agent.errors import AgentError
+from device_agent.job.trainer import _correct_of, _count_correct
 from device_agent.keypoints import decode, image_pck
 from device_agent.protocol import TASKS, ExitCode
-from device_agent.trainer import _correct_of, _count_correct
 
 INPUTS = [InputSpec("input", (None, 3, 8, 8), np.dtype(np.float32)),
           InputSpec("labels", (None, 5, 3), np.dtype(np.float32))]  # fmt: skip

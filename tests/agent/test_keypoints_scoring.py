@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from device_agent.job.trainer import _correct_of, _count_correct
 from device_agent.protocol import (
     RUNTIME_ARTIFACTS,
     BlobRef,
@@ -16,7 +17,6 @@ from device_agent.protocol import (
     SpecError,
     TrainParams,
 )
-from device_agent.trainer import _correct_of, _count_correct
 from tasks.paths import PROJECT_ROOT
 from tasks.prepare.board_job import _keypoints
 from tasks.recipe.load import load_recipe

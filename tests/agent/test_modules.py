@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from device_agent import board_cmds, cli, data_cmds, jobspec, messages, names, prefix_spec, protocol, wire
-from device_agent.checks import np_dtype
+from device_agent.data.checks import np_dtype
 from tasks.paths import PROJECT_ROOT
 
 EXPORTS = {

@@ -8,7 +8,7 @@ import signal
 import numpy as np
 import pytest
 
-from device_agent.events import read_events
+from device_agent.job.events import read_events
 from device_agent.ort import load_training_api
 
 EPOCHS = 6  # 13 steps per epoch on the digits recipe (400 samples, batch 32)

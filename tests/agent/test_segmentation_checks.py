@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from device_agent.checks import check_dataset
-from device_agent.data import InputSpec
+from device_agent.data.checks import check_dataset
+from device_agent.data.readers import InputSpec
 from device_agent.errors import AgentError
+from device_agent.job.trainer import _correct_of, _count_correct
 from device_agent.protocol import ExitCode
-from device_agent.trainer import _correct_of, _count_correct
 
 INPUTS = [InputSpec("input", (None, 3, 4, 4), np.dtype(np.float32)),
           InputSpec("labels", (None, 4, 4), np.dtype(np.int64))]  # fmt: skip

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from device_agent.checkpoints import latest_checkpoint
-from device_agent.events import read_events
+from device_agent.job.checkpoints import latest_checkpoint
+from device_agent.job.events import read_events
 from device_agent.protocol import ExitCode
 
 SLOW = {"ODL_AGENT_STEP_DELAY_S": "0.03"}

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from device_agent.protocol import BlobRef, DataFile, DataRef, TeacherSpec, file_sha256
-from device_agent.teacher import LABELS_DIR, select_rows
+from device_agent.teacher.labels import LABELS_DIR, select_rows
 from tests.agent.test_board_nightly import write_shard
 from tests.fixtures_prepare import RECIPES
 
@@ -188,7 +188,7 @@ def test_the_labelling_rule_keeps_the_confident_within_the_cap(logits, split, th
     """Properties of the rule over any outputs: every kept sample clears the threshold, no class
     passes the cap, a sample dropped by the cap is no more confident than its class's kept ones,
     and the counts add up."""
-    from device_agent.teacher import log_probs
+    from device_agent.teacher.labels import log_probs
 
     logp = log_probs(logits, "logits")
     parts = {"a": logp[:split], "b": logp[split:]}

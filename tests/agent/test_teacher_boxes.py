@@ -1,5 +1,5 @@
 """A detector teacher's outputs become detections on the board (issue 26): properties of
-:func:`device_agent.teacher_boxes.detections` over generated outputs, and the match to the student's
+:func:`device_agent.teacher.boxes.detections` over generated outputs, and the match to the student's
 priors giving back the boxes."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from device_agent import detection as det
 from device_agent.protocol import BlobRef, TeacherSpec
-from device_agent.teacher_boxes import detections
+from device_agent.teacher.boxes import detections
 
 
 def _spec(**kw) -> TeacherSpec:

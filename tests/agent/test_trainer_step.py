@@ -12,10 +12,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from device_agent.events import EventLog, read_events
+from device_agent.job.events import EventLog, read_events
+from device_agent.job.trainer import _correct_of, _count_correct
 from device_agent.ort import load_training_api
-from device_agent.schedule import has_random_ops
-from device_agent.trainer import _correct_of, _count_correct
+from device_agent.runtimes.ort_training import has_random_ops
 
 
 def test_accuracy_counted_over_several_steps_equals_the_per_step_count():
@@ -78,7 +78,7 @@ def test_dropout_job_resumed_from_a_checkpoint_matches_the_uninterrupted_run(age
 
 
 def test_step_lines_are_fsynced_in_the_background_other_events_at_once(tmp_path, monkeypatch):
-    import device_agent.events as events
+    import device_agent.job.events as events
 
     synced, real = [], os.fsync
     monkeypatch.setattr(events, "STEP_FSYNC_S", 0.01)
@@ -106,9 +106,9 @@ def test_rows_gathered_in_chunks_train_exactly_as_one_take_per_step(agent_board,
     same bits. The gathers are recorded to show each run chunked as intended."""
     import signal
 
-    import device_agent.trainer as trainer
-    from device_agent.jobdir import JobDir, load_spec
-    from device_agent.runner import run_job
+    import device_agent.job.trainer as trainer
+    from device_agent.job.jobdir import JobDir, load_spec
+    from device_agent.job.runner import run_job
 
     api = load_training_api()
     gathers: list[tuple[int, int]] = []  # (rows, bytes) of every gather of the current run

@@ -8,10 +8,10 @@ import stat
 import numpy as np
 import pytest
 
-from device_agent.data import epoch_permutation, load_npz_arrays
-from device_agent.events import EventLog, read_events
+from device_agent.data.readers import epoch_permutation, load_npz_arrays
+from device_agent.job.events import EventLog, read_events
+from device_agent.job.schedule import lr_at
 from device_agent.protocol import JobSpec, TrainParams, file_sha256
-from device_agent.schedule import lr_at
 from tasks.errors import ArtifactError, RecipeError
 
 

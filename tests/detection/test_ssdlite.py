@@ -33,7 +33,7 @@ def test_inference_model_decodes_like_torch(prepared_ssd):
     import torch
 
     from device_agent import detection as det
-    from tasks.prepare.torch_model import build_model
+    from tasks.prepare.export.torch_model import build_model
 
     recipe, done = prepared_ssd
     sess = onnxruntime.InferenceSession(
@@ -63,7 +63,7 @@ def test_inference_model_decodes_like_torch(prepared_ssd):
 
 
 def test_priors_are_written_beside_the_export(prepared_ssd):
-    from tasks.prepare.torch_model import build_model
+    from tasks.prepare.export.torch_model import build_model
 
     recipe, done = prepared_ssd
     priors = np.load(done.priors)

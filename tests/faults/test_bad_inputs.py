@@ -30,7 +30,7 @@ from tests.agent.test_bad_inputs import DATA_CASES
 
 @pytest.mark.parametrize(("arrays", "text"), DATA_CASES, ids=[c[1][:30] for c in DATA_CASES])
 def test_host_refuses_bad_training_data_before_upload(digits_recipe, prepared_digits, tmp_path, arrays, text):
-    from tasks.prepare.data_checks import check_data
+    from tasks.prepare.validation.data_checks import check_data
 
     bad = tmp_path / "train.npz"
     np.savez(bad, **arrays)

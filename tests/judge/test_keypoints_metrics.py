@@ -11,7 +11,7 @@ from tasks.errors import DataError, EvaluationError
 from tasks.judge.coco_resample import map_from_records
 from tasks.judge.gate import significance
 from tasks.judge.keypoints import keypoint_metrics
-from tasks.prepare.keypoints_loss import gaussian_targets
+from tasks.prepare.losses.keypoints import gaussian_targets
 from tasks.recipe.datafiles import check_keypoints
 from tasks.recipe.keypoints import DEFAULT_SIGMA, KeypointsSpec
 

@@ -11,7 +11,7 @@ import pytest
 from device_agent.keypoints import decode
 from tasks.judge.coco_resample import RECALL_POINTS, map_from_records, match_records
 from tasks.judge.keypoints import coco_keypoints_eval, keypoint_metrics
-from tasks.prepare.keypoints_loss import gaussian_targets
+from tasks.prepare.losses.keypoints import gaussian_targets
 from tasks.recipe.keypoints import DEFAULT_SIGMA, KeypointsSpec
 
 N, K = 10, 4

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from device_agent.events import read_events
+from device_agent.job.events import read_events
 from device_agent.protocol import Event
 from tasks.prefect import progress
 

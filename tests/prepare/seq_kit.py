@@ -126,9 +126,9 @@ class MelNet(nn.Module):
 def export_module(
     module: nn.Module, folder: Path, x: np.ndarray, changes: dict | None = None, classes: int = 3
 ):
-    """(recipe, exported ONNX model) of ``module`` through :func:`tasks.prepare.export.export_torch`,
+    """(recipe, exported ONNX model) of ``module`` through :func:`tasks.prepare.export.torchscript.export_torch`,
     with ``x`` (and labels) written as the recipe's train and test data."""
-    from tasks.prepare.export import export_torch
+    from tasks.prepare.export.torchscript import export_torch
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "data").mkdir(exist_ok=True)

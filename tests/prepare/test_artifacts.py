@@ -10,9 +10,9 @@ import onnx
 import pytest
 
 from tasks.errors import ArtifactError, DataError, ModelError, RecipeError
-from tasks.prepare.artifacts import generate
 from tasks.prepare.datasets import ensure_datasets
-from tasks.prepare.export import export_model
+from tasks.prepare.export.torchscript import export_model
+from tasks.prepare.runtimes.ort_training.artifacts import generate
 from tests.prepare.kit import TASKS, tiny_recipe
 
 

@@ -15,7 +15,7 @@ from onnx import numpy_helper
 from torch import nn
 
 from tasks.errors import RecipeError
-from tasks.prepare.bn_calibration import BATCH, batches, calibrated, measure
+from tasks.prepare.export.bn_calibration import BATCH, batches, calibrated, measure
 from tasks.recipe.load import parse_recipe
 from tests.prepare.kit import merge, tiny_recipe
 from tests.prepare.seq_kit import DSCNN
@@ -104,7 +104,7 @@ def test_random_init_ds_cnn_learns_on_frozen_statistics_only_once_they_are_measu
 
 
 def test_the_export_holds_the_measured_statistics(tmp_path):
-    from tasks.prepare.export import export_model
+    from tasks.prepare.export.torchscript import export_model
 
     x, y = _keywords(40, 1)
     (tmp_path / "data").mkdir()

@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 from tasks.errors import RecipeError
-from tasks.prepare.buffers import torch_buffers, torch_parameter_count
+from tasks.prepare.export.buffers import torch_buffers, torch_parameter_count
 from tasks.prepare.trainable import model_parameter_count, parameters, resolve_trainable
 from tasks.recipe.load import parse_recipe
 from tests.prepare.kit import merge
@@ -67,7 +67,7 @@ def test_an_onnx_file_without_the_record_keeps_its_float_initializers_as_paramet
 
 
 def test_the_manifest_counts_torchs_parameters(mel, tmp_path):
-    from tasks.prepare.artifacts import generate
+    from tasks.prepare.runtimes.ort_training.artifacts import generate
 
     module, recipe, _ = mel
     recipe = parse_recipe(merge(recipe.raw, {"trainable": {"strategy": "all"}}), recipe.source)

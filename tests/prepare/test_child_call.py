@@ -1,4 +1,4 @@
-"""One call of preparation in a fresh child (tasks.prepare.child_call): its value comes back, its
+"""One call of preparation in a fresh child (tasks.prepare.sandbox.child_call): its value comes back, its
 error comes back as the same class with its attributes, and a death by signal is one line naming
 the signal and what the call was doing; the judging rehearsal runs that way."""
 
@@ -15,8 +15,8 @@ from onnx import TensorProto, helper
 
 from tasks.errors import ModelError, RecipeError, ValidationFailed
 from tasks.exits import Interrupted
-from tasks.prepare.child_call import call_in_child
 from tasks.prepare.pipeline import prepare
+from tasks.prepare.sandbox.child_call import call_in_child
 from tasks.recipe.load import load_recipe
 from tasks.stages.rehearse import rehearse_judging
 from tests.prepare.kit import tiny_recipe

@@ -1,5 +1,5 @@
-"""Operators ONNX Runtime 1.19.2 cannot differentiate on the CPU (tasks.prepare.decompose and
-tasks.prepare.resize): each, placed after a trainable conv, fails without its rewrite, computes the
+"""Operators ONNX Runtime 1.19.2 cannot differentiate on the CPU (tasks.prepare.rewrites.decompose and
+tasks.prepare.rewrites.resize): each, placed after a trainable conv, fails without its rewrite, computes the
 same values after it, and trains."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.prepare import decompose, resize
 from tasks.prepare.graph import attr
+from tasks.prepare.rewrites import decompose, resize
 from tests.prepare.test_fixups import export, generate, run
 from tests.prepare.test_pooling import _train_step
 
@@ -99,7 +99,7 @@ TRANSPOSED = [
 
 @pytest.mark.parametrize("kw", TRANSPOSED, ids=[str(sorted(k.items())) for k in TRANSPOSED])
 def test_conv_transpose_becomes_the_conv_it_equals_and_trains(kw, tmp_path):
-    from tasks.prepare import conv_transpose
+    from tasks.prepare.rewrites import conv_transpose
 
     torch.manual_seed(0)
     model = export(Up(**kw).eval(), (3, 5, 5))
@@ -129,7 +129,7 @@ class BiLSTM(nn.Module):
 
 
 def test_bidirectional_lstm_becomes_two_forward_ones_and_trains(tmp_path):
-    from tasks.prepare import lstm
+    from tasks.prepare.rewrites import lstm
 
     torch.manual_seed(0)
     model = export(BiLSTM().eval(), (3, 5, 5))

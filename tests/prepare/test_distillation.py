@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-from tasks.prepare.distillation import distillation_loss, distillation_numpy
+from tasks.prepare.losses.distillation import distillation_loss, distillation_numpy
 
 
 def _loss_model(temperature: float, classes: int) -> onnx.ModelProto:

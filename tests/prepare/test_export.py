@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from tasks.errors import ModelError
-from tasks.prepare.export import check_onnx, export_torch
+from tasks.prepare.export.torchscript import check_onnx, export_torch
 from tasks.prepare.messages import export_failure
 from tests.prepare.kit import tiny_recipe
 
@@ -147,8 +147,8 @@ class AuxNet(nn.Module):
 def test_auxiliary_outputs_are_left_out_of_the_training_graph(tmp_path):
     import onnx
 
-    from tasks.prepare.artifacts import generate
-    from tasks.prepare.tracing import has_auxiliary_outputs
+    from tasks.prepare.export.tracing import has_auxiliary_outputs
+    from tasks.prepare.runtimes.ort_training.artifacts import generate
 
     recipe = tiny_recipe(tmp_path)
     model = AuxNet().eval()

@@ -13,9 +13,10 @@ import torch
 from torch import nn
 
 from tasks.errors import ArtifactError
-from tasks.prepare import batchnorm, fixups, messages
-from tasks.prepare.batchnorm import fix_batchnorm
-from tasks.prepare.ort_training import run_generate
+from tasks.prepare import messages
+from tasks.prepare.rewrites import batchnorm, fixups
+from tasks.prepare.rewrites.batchnorm import fix_batchnorm
+from tasks.prepare.runtimes.ort_training.generate import run_generate
 from tasks.prepare.trainable import bn_statistics, float_params
 from tests.prepare.kit import tiny_recipe
 

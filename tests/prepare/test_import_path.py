@@ -9,7 +9,7 @@ import pytest
 
 from tasks.errors import RecipeError
 from tasks.prepare.datasets import ensure_datasets
-from tasks.prepare.torch_model import build_model, load_ref, recipe_import_path
+from tasks.prepare.export.torch_model import build_model, load_ref, recipe_import_path
 from tests.prepare.kit import tiny_recipe
 
 SSD = """

@@ -9,16 +9,16 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from device_agent.checks import check_dataset
-from device_agent.data import InputSpec, NpzDataset
+from device_agent.data.checks import check_dataset
+from device_agent.data.prefix_cache import PrefixCache
+from device_agent.data.readers import InputSpec, NpzDataset
 from device_agent.errors import AgentError
-from device_agent.prefix_cache import PrefixCache
 from device_agent.prefix_spec import PrefixSpec
 from device_agent.protocol import BlobRef, TeacherSpec
-from device_agent.teacher import label_shards, labels_file
+from device_agent.teacher.labels import label_shards, labels_file
 from tasks.errors import DataError
 from tasks.judge.runtime import run_model
-from tasks.prepare.teacher import measure_memory, teacher_outputs
+from tasks.prepare.validation.teacher import measure_memory, teacher_outputs
 from tasks.recipe.datafiles import check_data_files
 from tests.prepare.kit import tiny_recipe
 
@@ -132,7 +132,7 @@ def test_export_without_data_makes_up_inputs_of_the_declared_dtype(tmp_path, dty
 
 
 def test_token_ids_beyond_the_embedding_are_one_line_naming_the_table(tmp_path):
-    from tasks.prepare.data_checks import check_token_ids, embedding_tables
+    from tasks.prepare.validation.data_checks import check_token_ids, embedding_tables
     from tests.prepare.seq_kit import TokenNet, export_module, token_ids
 
     export_module(TokenNet(vocab=20), tmp_path, token_ids(vocab=20))

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tasks.errors import RecipeError
 from tasks.judge.keypoints import keypoint_losses
-from tasks.prepare.keypoints_loss import keypoints_loss, output_kind
+from tasks.prepare.losses.keypoints import keypoints_loss, output_kind
 
 K, SIDE, HEAT = 3, 8, 4  # keypoints, input side, heatmap side (stride 2)
 

@@ -1,7 +1,7 @@
 """Parameters the exporter merged: PyTorch's TorchScript exporter stores equal parameters once (every
 fresh BatchNorm's weight of ones and bias of zeros, equal conv biases) and feeds each layer the one
 initializer through an ``Identity`` named as its own parameter. Preparation gives each its own
-initializer again (tasks.prepare.param_chains.split_shared_initializers), so a strategy trains the
+initializer again (tasks.prepare.rewrites.param_chains.split_shared_initializers), so a strategy trains the
 layers it names and no other: GoogLeNet under 'last-conv+classifier' failed with ORT's "Duplicate
 definition of name (conv2.bn.weight_grad)" when the merged one was selected."""
 
@@ -99,7 +99,7 @@ def test_split_keeps_what_the_graph_computes():
     """Three convs reading one zero bias through Identities: split, each has its own bias, the
     merged one is gone, and the graph computes the same."""
     from tasks.prepare.graph import quiet_session
-    from tasks.prepare.param_chains import split_shared_initializers
+    from tasks.prepare.rewrites.param_chains import split_shared_initializers
 
     rng = np.random.default_rng(0)
     nodes, inits, x = [], [numpy_helper.from_array(np.full(4, 0.5, np.float32), "merged")], "input"

@@ -1,4 +1,4 @@
-"""Transfer learning from an ONNX model the user did not train (tasks.prepare.onnx_in): the cut,
+"""Transfer learning from an ONNX model the user did not train (tasks.prepare.export.onnx_in): the cut,
 the new head, train_from, BatchNorm folded into the convolutions, opset conversion, external data,
 and a one-line error for every bad input."""
 
@@ -37,7 +37,7 @@ def _recipe(overrides=None):
 
 
 def _adapt(recipe, tmp_path) -> onnx.ModelProto:
-    from tasks.prepare.onnx_in import adapt_onnx
+    from tasks.prepare.export.onnx_in import adapt_onnx
 
     return onnx.load(str(adapt_onnx(recipe, tmp_path / "model.onnx")))
 
@@ -121,7 +121,7 @@ def _export_at(opset: int, path: Path) -> Path:
 
 @pytest.mark.parametrize(("opset", "expected"), [(11, 17), (13, 13), (21, 21)])
 def test_opsets_outside_13_21_are_converted(tmp_path, opset, expected):
-    from tasks.prepare.onnx_in import opset_of
+    from tasks.prepare.export.onnx_in import opset_of
 
     path = _export_at(opset, tmp_path / f"m{opset}.onnx")
     recipe = _recipe({"model.onnx": str(path)})
@@ -176,7 +176,7 @@ def _tiny_recipe(path: Path, **over):
 
 
 def test_a_newer_opset_than_the_board_runs_is_converted_down(tmp_path):
-    from tasks.prepare.onnx_in import opset_of
+    from tasks.prepare.export.onnx_in import opset_of
 
     assert opset_of(_adapt(_tiny_recipe(_tiny(tmp_path, "Relu", ir=10, opset=22)), tmp_path)) == 21
 
@@ -205,7 +205,7 @@ def test_bad_inputs_are_one_line_errors_naming_the_field(tmp_path):
 
 def test_an_op_without_gradient_after_train_from_is_named(tmp_path):
     """Floor has no gradient in ORT 1.19.2: training from g1 must differentiate through it."""
-    from tasks.prepare.artifacts import generate
+    from tasks.prepare.runtimes.ort_training.artifacts import generate
 
     path = _tiny(tmp_path, "Floor")
     recipe = _tiny_recipe(path, **{"loss.kind": "cross-entropy"})

@@ -1,4 +1,4 @@
-"""A layer's weight and bias read through chains of views (tasks.prepare.param_chains): selected
+"""A layer's weight and bias read through chains of views (tasks.prepare.rewrites.param_chains): selected
 with the layer, made initializers the board trains, trained by ORT; a parameter left out of both
 sets, or one the board cannot load, is one line."""
 
@@ -23,8 +23,8 @@ def _run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
 
 def _prepare_artifacts(model: onnx.ModelProto, layer: str, tmp_path, **over):
     """adapt_onnx + generate on ``model`` saved as a foreign file: (adapted model, manifest)."""
-    from tasks.prepare.artifacts import generate
-    from tasks.prepare.onnx_in import adapt_onnx
+    from tasks.prepare.export.onnx_in import adapt_onnx
+    from tasks.prepare.runtimes.ort_training.artifacts import generate
 
     path = tmp_path / "foreign.onnx"
     onnx.save(model, str(path))
@@ -71,7 +71,7 @@ def test_chained_parameters_train_with_their_layer(tmp_path_factory, layer, weig
     """Whatever views stand between a Conv's or Gemm's parameters and the layer, and whether they
     are stored as initializers or Constant nodes: the folded graph computes what the foreign one
     does, both parameters are trainable with train_from the layer, and ORT's training changes both."""
-    from tasks.prepare.param_chains import fold_parameter_chains
+    from tasks.prepare.rewrites.param_chains import fold_parameter_chains
 
     tmp_path = tmp_path_factory.mktemp("chain")
     foreign = chained_model(layer, weight_ops, bias_ops, tuple(constants))
@@ -100,7 +100,7 @@ def test_strategies_take_a_classifier_bias_read_through_an_identity():
 
 
 def test_a_parameter_in_neither_set_is_one_line():
-    from tasks.prepare.param_chains import check_partition
+    from tasks.prepare.rewrites.param_chains import check_partition
 
     model = chained_model("Conv", [], ["Identity"])
     with pytest.raises(ModelError) as info:
@@ -127,7 +127,7 @@ def test_a_trained_layer_reading_a_constant_bias_is_refused_in_one_line():
 def test_a_float16_parameter_the_board_cannot_load_is_named():
     """A float16 bias also read by something else than a cast to float stays float16: ORT 1.19.2's
     checkpoint cannot hold it, so adapting the model refuses it in one line naming it and its layer."""
-    from tasks.prepare.param_chains import check_checkpoint_dtypes, fold_parameter_chains
+    from tasks.prepare.rewrites.param_chains import check_checkpoint_dtypes, fold_parameter_chains
 
     model = chained_model("Conv", [], ["Cast16"])
     model.graph.node.append(
@@ -146,7 +146,7 @@ def test_a_float16_parameter_the_board_cannot_load_is_named():
 def test_a_bfloat16_bias_cast_to_float_becomes_its_float32_values():
     """bfloat16 is stored as the upper half of a float32: the conversion keeps its values, and the
     folded graph computes what the foreign one does (ORT casts the bfloat16 itself)."""
-    from tasks.prepare.param_chains import check_checkpoint_dtypes, fold_parameter_chains
+    from tasks.prepare.rewrites.param_chains import check_checkpoint_dtypes, fold_parameter_chains
 
     foreign = chained_model("Conv", [], ["Cast"])
     values = [1.5, -2.0, 0.25, 3.0]  # exact in bfloat16

@@ -1,4 +1,4 @@
-"""Fixed-kernel average pooling on the gradient path (tasks.prepare.pooling): ORT 1.19.2's
+"""Fixed-kernel average pooling on the gradient path (tasks.prepare.rewrites.pooling): ORT 1.19.2's
 AveragePoolGrad sizes its result from the static graph shape, so with a dynamic batch the gradient is
 empty and the next broadcasting Mul fails; the rewrite as a depthwise Conv computes the same values
 for every padding, count_include_pad and ceil_mode, and its gradient trains."""
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.prepare import batchnorm, pooling
+from tasks.prepare.rewrites import batchnorm, pooling
 from tests.prepare.test_fixups import export, generate, run
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from tasks.errors import ValidationFailed
 from tasks.prepare.pipeline import prepare
-from tasks.prepare.probe_failures import crash_check, forward_node
+from tasks.prepare.sandbox.probe_failures import crash_check, forward_node
 from tests.corpus.generator import UNSPECIFIC
 from tests.prepare.kit import merge, tiny_recipe
 

@@ -1,5 +1,5 @@
 """Plain recurrent layers (``nn.RNN``): ONNX Runtime 1.19.2 has no gradient for the RNN node, so
-one a gradient flows through is unrolled over its steps (tasks/prepare/rnn.py); the unrolled graph
+one a gradient flows through is unrolled over its steps (tasks/prepare/rewrites/rnn.py); the unrolled graph
 computes what the node computed, keeps the parameters' names, and a frozen RNN no gradient reaches
 stays as it is."""
 
@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from tasks.prepare.graph import quiet_session
-from tasks.prepare.rnn import rnns_unrolled
+from tasks.prepare.rewrites.rnn import rnns_unrolled
 from tests.prepare.seq_kit import export_module, signals
 
 

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tasks.errors import RecipeError
 from tasks.judge.segmentation_losses import loss_sums, set_loss
-from tasks.prepare.segmentation_loss import segmentation_loss
+from tasks.prepare.losses.segmentation import segmentation_loss
 
 CLASSES, SIDE = 3, 5
 
@@ -105,7 +105,7 @@ def test_a_wrong_output_shape_is_one_line_naming_the_loss():
 
 
 def test_a_classification_cross_entropy_on_per_pixel_scores_says_task_segmentation(tmp_path):
-    from tasks.prepare.ort_training import build_loss
+    from tasks.prepare.runtimes.ort_training.generate import build_loss
     from tasks.recipe.load import load_recipe
 
     recipe = load_recipe(Path(__file__).parents[2] / "recipes" / "segmentation.toml")

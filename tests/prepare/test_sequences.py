@@ -103,7 +103,7 @@ def test_frozen_recurrent_layer_between_trainable_ones_is_refused_by_name_with_a
 def test_a_frozen_rnn_between_trainable_layers_is_unrolled_not_refused(tmp_path):
     """ORT has no RNN gradient at all: the RNN is unrolled into plain operators, which pass a
     gradient with their weights frozen (the LSTM/GRU kernels crash there)."""
-    from tasks.prepare.rnn import rnns_unrolled
+    from tasks.prepare.rewrites.rnn import rnns_unrolled
 
     recipe, model = export_module(ConvGRU("rnn"), tmp_path, signals())
     names = ["encoder.conv.weight", "encoder.conv.bias", "fc.weight", "fc.bias"]

@@ -21,8 +21,8 @@ from tasks.errors import HostExit, ModelError
 from tasks.exits import Interrupted
 from tasks.prepare.feeds import DataSample, graph_feeds, representative
 from tasks.prepare.graph import observed_shapes
+from tasks.prepare.sandbox.supervise import run_graph, supervised
 from tasks.prepare.staging import staged
-from tasks.prepare.supervise import run_graph, supervised
 from tests.prepare.crash_kit import counting_div_graph, crash_recipe
 from tests.prepare.kit import tiny_recipe, write_recipe
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tasks.errors import ModelError, RecipeError
-from tasks.prepare.torch_model import build_model
+from tasks.prepare.export.torch_model import build_model
 from tests.prepare.kit import tiny_recipe
 
 TV = {

@@ -11,7 +11,7 @@ import pytest
 from flows.cli import main
 from tasks.errors import DataError, HostExit, ValidationFailed
 from tasks.prepare.pipeline import prepare
-from tasks.prepare.validate import validate
+from tasks.prepare.validation.validate import validate
 from tests.prepare.kit import tiny_recipe
 
 
@@ -81,7 +81,7 @@ def test_dropout_does_not_cry_wolf_and_the_check_is_deterministic(tmp_path):
     ],
 )
 def test_loss_falls_verdicts(repeat, outcome):
-    from tasks.prepare.validate import check_losses
+    from tasks.prepare.validation.validate import check_losses
 
     report = {"losses": [1.0], "repeat_losses": repeat, "eval_loss": 1.0}
     if outcome in (None, "already ~0"):

@@ -12,7 +12,7 @@ import pytest
 
 from tasks.paths import PROJECT_ROOT
 from tasks.prepare import Prepared
-from tasks.prepare.ort_training import file_entry
+from tasks.prepare.manifest import file_entry
 from tasks.prepare.runtimes.autograd.build import optimizer
 from tasks.recipe.load import load_recipe
 from tests.fixtures_prepare import RECIPES

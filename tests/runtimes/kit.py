@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from device_agent.events import read_events
+from device_agent.job.events import read_events
 from tasks.paths import PROJECT_ROOT
 
 

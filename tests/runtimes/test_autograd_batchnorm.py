@@ -8,8 +8,8 @@ import numpy as np
 import onnxruntime
 import torch
 
+from tasks.prepare.export.torch_model import build_model
 from tasks.prepare.pipeline import prepare
-from tasks.prepare.torch_model import build_model
 from tests.prepare.kit import tiny_recipe
 
 

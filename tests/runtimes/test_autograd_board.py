@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from device_agent.events import read_events
+from device_agent.job.events import read_events
 from device_agent.runtimes.state import CheckpointState
 from tasks.prepare.board_job import build_job_spec
 from tasks.prepare.runtimes.autograd.build import optimizer

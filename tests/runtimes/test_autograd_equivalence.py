@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from tasks.prepare.board_job import build_job_spec
+from tasks.prepare.export.torch_model import build_model
 from tasks.prepare.runtimes.autograd.build import exported_weights
-from tasks.prepare.torch_model import build_model
 from tasks.recipe.load import load_recipe
 from tests.fixtures_prepare import RECIPES
 from tests.runtimes.kit import assert_trained_alike, prepared_by_odl, run_job

@@ -10,7 +10,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from tasks.prepare.distillation import distillation_loss
+from tasks.prepare.losses.distillation import distillation_loss
 from tasks.prepare.runtimes.autograd.losses import builtin, distillation
 
 N, C = 6, 4

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from device_agent.events import read_events
+from device_agent.job.events import read_events
 from tasks.prepare.board_job import build_job_spec
 from tests.runtimes.kit import run_job, step_losses, trained
 

@@ -12,7 +12,7 @@ import onnxruntime
 import torch
 import torch.nn.functional as F
 
-from tasks.prepare.torch_model import build_model
+from tasks.prepare.export.torch_model import build_model
 from tests.fixtures_prepare import needs_ort_training
 from tests.runtimes.kit import odl
 

@@ -58,7 +58,7 @@ def random_prepared(tmp_path_factory):
 
 def _reference(recipe, weights, x, y, noise):
     """Loss and gradients by PyTorch with the masks the noise stands for, as each layer draws them."""
-    from tasks.prepare.torch_model import build_model
+    from tasks.prepare.export.torch_model import build_model
 
     model = build_model(recipe)  # a random init: the prepared checkpoint's values are loaded
     model.load_state_dict({n: torch.from_numpy(w) for n, w in weights.items()})

@@ -12,9 +12,9 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from tasks.prepare.keypoints_loss import keypoints_loss
+from tasks.prepare.losses.keypoints import keypoints_loss
+from tasks.prepare.losses.segmentation import segmentation_loss
 from tasks.prepare.runtimes.autograd.task_losses import keypoints, segmentation
-from tasks.prepare.segmentation_loss import segmentation_loss
 
 N, C, SIDE = 3, 4, 5  # segmentation: batch, classes (the last one in no label), side
 K, INPUT, HEAT = 3, 8, 4  # keypoints: count, input side, heatmap side (stride 2)

@@ -2,8 +2,8 @@
 interface for both.
 
 * ``ort-training`` (the default): the training-mode TorchScript export
-  (:func:`tasks.prepare.export.export_model`) and ONNX Runtime's training artifacts
-  (:func:`tasks.prepare.artifacts.generate`, through ``onnxruntime.training``); the board trains
+  (:func:`tasks.prepare.export.torchscript.export_model`) and ONNX Runtime's training artifacts
+  (:func:`tasks.prepare.runtimes.ort_training.artifacts.generate`, through ``onnxruntime.training``); the board trains
   with ``onnxruntime.training.api``.
 * ``autograd``: the eval-mode export and the train step from PyTorch's autograd as a plain ONNX
   graph (:mod:`tasks.prepare.runtimes.autograd`), no ``onnxruntime.training`` anywhere; the board
@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.prepare import artifacts, export
+from tasks.prepare.export import torchscript as export
 from tasks.prepare.runtimes.autograd.build import export_model as autograd_export
 from tasks.prepare.runtimes.autograd.build import generate as autograd_generate
-from tasks.prepare.supervise import supervised
+from tasks.prepare.runtimes.ort_training import artifacts
+from tasks.prepare.sandbox.supervise import supervised
 from tasks.recipe.schema import Recipe
 
 

@@ -53,7 +53,7 @@ class _AfterRunner(importlib.abc.MetaPathFinder):
     """Wraps the runner's module as it loads (once)."""
 
     def find_spec(self, name: str, path: object, target: object = None) -> object:
-        if name != "device_agent.runner":
+        if name != "device_agent.job.runner":
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)

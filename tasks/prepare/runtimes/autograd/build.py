@@ -29,13 +29,16 @@ import numpy as np
 from onnx import numpy_helper
 
 from tasks.errors import RecipeError
-from tasks.prepare.artifacts import trainable_layers
-from tasks.prepare.buffers import record_torch_state
-from tasks.prepare.export import check_onnx, load_onnx
+from tasks.prepare.export.buffers import record_torch_state
+from tasks.prepare.export.priors import PRIORS_FILE, write_priors
+from tasks.prepare.export.torch_model import build_model
+from tasks.prepare.export.torchscript import check_onnx, load_onnx
+from tasks.prepare.export.tracing import restored
+from tasks.prepare.export.user_code import forward_error
 from tasks.prepare.feeds import data_file, feed_keys
-from tasks.prepare.ort_training import check_board_loadable, file_entry, onnx_opset
-from tasks.prepare.param_chains import split_shared_initializers
-from tasks.prepare.priors import PRIORS_FILE, write_priors
+from tasks.prepare.manifest import file_entry, trainable_layers
+from tasks.prepare.onnx_versions import check_board_loadable, onnx_opset
+from tasks.prepare.rewrites.param_chains import split_shared_initializers
 from tasks.prepare.runtimes.autograd.prefix_split import split_steps
 from tasks.prepare.runtimes.autograd.steps import (
     EVAL_FILE,
@@ -45,10 +48,7 @@ from tasks.prepare.runtimes.autograd.steps import (
     model_inputs,
 )
 from tasks.prepare.runtimes.autograd.template import export_inference, write_template
-from tasks.prepare.torch_model import build_model
-from tasks.prepare.tracing import restored
 from tasks.prepare.trainable import model_parameter_count, resolve_trainable
-from tasks.prepare.user_code import forward_error
 from tasks.recipe.load import recipe_hash
 from tasks.recipe.schema import Recipe
 
@@ -84,7 +84,7 @@ def export_model(recipe: Recipe, out_dir: Path) -> Path:
 
 def forward_once(recipe: Recipe, model: Any, inputs: tuple[Any, ...]) -> None:
     """Run the model once in eval mode on ``inputs``: a forward that raises is one line naming the
-    user's code (:func:`tasks.prepare.user_code.forward_error`), before any exporter runs."""
+    user's code (:func:`tasks.prepare.export.user_code.forward_error`), before any exporter runs."""
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
     try:

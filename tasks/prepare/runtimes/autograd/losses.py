@@ -3,7 +3,7 @@
 The built-in losses reduce as ONNX Runtime's loss blocks do (``mean`` over every element; the
 label feed named ``labels`` for cross-entropy, ``target`` for the others; ``bce-with-logits`` with
 ORT's own formula, ``-(t log s(x) + (1 - t) log(1 - s(x)))``); ``distillation`` is the formula of
-:mod:`tasks.prepare.distillation`; ``embedded`` is the model's first output. A ``custom`` onnxblock
+:mod:`tasks.prepare.losses.distillation`; ``embedded`` is the model's first output. A ``custom`` onnxblock
 loss is ONNX, not PyTorch: it trains here only through its PyTorch twin (``loss.torch``), a callable
 taking the model's outputs and then its label feeds, each by its graph name. A segmentation or
 keypoints recipe's loss is its task's (:mod:`.task_losses`), labels fed as ``labels``. Each plan also says
@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from tasks.errors import RecipeError
+from tasks.prepare.export.torch_model import load_ref
 from tasks.prepare.feeds import recipe_sample
 from tasks.prepare.runtimes.autograd.task_losses import task_loss
-from tasks.prepare.torch_model import load_ref
 from tasks.recipe.schema import Recipe
 
 LABELS, TARGET = "labels", "target"
@@ -54,7 +54,7 @@ def builtin(kind: str, out: Any, label: Any) -> Any:
 
 
 def distillation(logits: Any, target: Any, temperature: float) -> Any:
-    """:mod:`tasks.prepare.distillation`'s loss: ``T^2 * mean_n(-sum_c t log_softmax(z / T))``."""
+    """:mod:`tasks.prepare.losses.distillation`'s loss: ``T^2 * mean_n(-sum_c t log_softmax(z / T))``."""
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
     logp = torch.log_softmax(logits / temperature, dim=-1)

@@ -20,8 +20,8 @@ import numpy as np
 import onnx
 
 from tasks.errors import ArtifactError
-from tasks.prepare.export import quiet_output
-from tasks.prepare.ort_training import check_board_loadable
+from tasks.prepare.export.torchscript import quiet_output
+from tasks.prepare.onnx_versions import check_board_loadable
 from tasks.prepare.runtimes.autograd import onnx_passes
 from tasks.prepare.runtimes.autograd.discrete import order_name, order_nodes, run_pinned, with_orders
 from tasks.prepare.runtimes.autograd.noise import NoiseInput

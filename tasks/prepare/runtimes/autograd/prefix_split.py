@@ -24,7 +24,8 @@ import numpy as np
 import onnx
 
 from tasks.errors import ArtifactError
-from tasks.prepare.ort_training import check_board_loadable, file_entry
+from tasks.prepare.manifest import file_entry
+from tasks.prepare.onnx_versions import check_board_loadable
 from tasks.prepare.prefix import SPLIT_DIR, batch_dim_symbolic, extract
 from tasks.prepare.runtimes.autograd.steps import EVAL_FILE, TRAIN_FILE, model_inputs
 from tasks.recipe.schema import Recipe

@@ -1,5 +1,5 @@
 """The segmentation and keypoints losses of the autograd runtime's step, in PyTorch: the ORT path's
-loss blocks (:mod:`tasks.prepare.segmentation_loss`, :mod:`tasks.prepare.keypoints_loss`) formula
+loss blocks (:mod:`tasks.prepare.losses.segmentation`, :mod:`tasks.prepare.losses.keypoints`) formula
 for formula, so both runtimes train a recipe on the same loss.
 
 * segmentation, scores ``[N, C, spatial...]``, labels int64 ``[N, spatial...]``: ``cross-entropy``
@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from tasks.prepare.keypoints_loss import heatmap_grid, output_kind
-from tasks.prepare.segmentation_loss import check_scores
+from tasks.prepare.losses.keypoints import heatmap_grid, output_kind
+from tasks.prepare.losses.segmentation import check_scores
 from tasks.recipe.schema import Recipe
 from tasks.recipe.segmentation import DICE_SMOOTH, SEGMENTATION_LOSSES, segmentation_of
 

@@ -21,9 +21,9 @@ from onnx import numpy_helper
 
 from device_agent.runtimes.state import CheckpointState
 from tasks.errors import ArtifactError
+from tasks.prepare.export.tracing import restored
 from tasks.prepare.onnx_versions import OPSET
 from tasks.prepare.runtimes.autograd.onnx_step import exporting
-from tasks.prepare.tracing import restored
 
 # the eval-mode export's opsets: the ORT path's first; the next only for an operator that needs it
 # (aten::col2im, F.fold, needs 18); the board's ONNX Runtime loads up to 21

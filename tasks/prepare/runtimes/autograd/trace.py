@@ -5,7 +5,7 @@ mode, BatchNorm as ``trainable.batchnorm`` says; eval: eval mode), decomposed to
 ``make_fx`` traces, over that graph, the function ``(feeds, trainable, frozen) -> (loss, outputs,
 gradients)`` that ``torch.func.grad_and_value`` makes of it (the eval step: ``(loss, outputs)``).
 The backward operators come out decomposed too (:mod:`.decompositions`), each use recorded for
-:mod:`.op_checks`. The model is given back exactly as it was (:func:`tasks.prepare.tracing.restored`).
+:mod:`.op_checks`. The model is given back exactly as it was (:func:`tasks.prepare.export.tracing.restored`).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.errors import ModelError
+from tasks.prepare.export.tracing import has_auxiliary_outputs, restored
+from tasks.prepare.export.user_code import user_code_error
 from tasks.prepare.messages import layer_of
 from tasks.prepare.runtimes.autograd.decompositions import forward_table
 from tasks.prepare.runtimes.autograd.op_checks import recorded_table
-from tasks.prepare.tracing import has_auxiliary_outputs, restored
-from tasks.prepare.user_code import user_code_error
 
 MAX_BATCH = 1 << 16
 # (model outputs, labels) -> (loss, the outputs the step returns after the loss)
