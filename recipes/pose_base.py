@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from device_agent.keypoints import decode
-from tasks.judge.keypoints import coco_keypoints_eval, oks_aps
+from tasks.judge.keypoints import coco_keypoints_eval, keypoint_records, oks_aps
 from tasks.prepare.losses.keypoints import gaussian_targets
 from tasks.recipe.keypoints import DEFAULT_SIGMA
 
@@ -25,7 +25,7 @@ def heldout_ap(model: torch.nn.Module, x: np.ndarray, y: np.ndarray) -> float:
         out = torch.cat([model(torch.from_numpy(x[i : i + 128])) for i in range(0, len(x), 128)]).numpy()
     pred, peak = decode(out, tuple(x.shape[-2:]))
     ev = coco_keypoints_eval(pred, peak.mean(axis=1), y, (DEFAULT_SIGMA,) * y.shape[1])
-    return oks_aps(ev)["oks_ap"]
+    return oks_aps(keypoint_records(ev))["oks_ap"]
 
 
 def pretrain_heatmaps(train: tuple[np.ndarray, np.ndarray], heldout: tuple[np.ndarray, np.ndarray], out: Path,
