@@ -162,13 +162,17 @@ def test_the_gate_rejects_detection_noise_and_names_its_interval(prepared_ssd, t
         d = decide(cand, ref, spec, "base")
         if d.gain < 0:  # the nudge lost a little: then the base gains by noise over the nudged model
             d = decide(ref, cand, spec, "nudged")
-        if d.gain > 0:
-            seen.add(seed)
-            assert not d.promote, d.reason
-            assert d.reason.startswith(
-                "FAIL significance: paired bootstrap over 64 test images: the map50 gain"
-            )
-            assert "which includes no gain" in d.reason
+        if d.gain > 0:  # the gate follows its own test: promoted only when the interval excludes 0
+            assert d.promote == (d.significance["low"] > 0), d.reason
+            if not d.promote:
+                seen.add(seed)
+                assert d.reason.startswith(
+                    "FAIL significance: paired bootstrap over 64 test images: the map50 gain"
+                )
+                assert "which includes no gain" in d.reason
         if seen:
             break
-    assert seen  # a noise "gain" in mAP@0.5 (either direction of the nudge) was met and refused
+    # a noise "gain" in mAP@0.5 (either direction of the nudge) was met and refused; a nudge whose gain
+    # happens to clear the 95 % interval (about 1 in 20, and mAP@0.5 of a barely trained detector moves
+    # with the evaluation's float rounding) is the test's own false positive, not a gate error
+    assert seen
