@@ -40,15 +40,18 @@ def _aten() -> Any:
     return torch.ops.aten
 
 
-def _hint(size: Any) -> int:
-    """A size as the example's value (the tracer makes sizes symbols), without a guard."""
+def example_size(size: Any) -> int:
+    """A size as an int: a symbolic one (the tracer makes every size a symbol) as the example's value
+    it stands for, read without adding a guard to the trace."""
     node = getattr(size, "node", None)
     return int(size) if node is None else int(node.hint)
 
 
 def patch_weight_grad_fits(inp: Any, grad: Any, kernel: Sequence[int], groups: int) -> bool:
     """Whether :func:`patch_weight_grad` applies: one group and a small patch matrix per sample."""
-    per_sample = _hint(inp.shape[1]) * math.prod(kernel) * math.prod(_hint(d) for d in grad.shape[2:])
+    per_sample = (
+        example_size(inp.shape[1]) * math.prod(kernel) * math.prod(example_size(d) for d in grad.shape[2:])
+    )
     return groups == 1 and per_sample * inp.element_size() <= PATCH_BYTES
 
 
@@ -72,7 +75,7 @@ def patch_weight_grad(inp: Any, grad: Any, kernel: Sequence[int], stride: Sequen
         slices.append(s)
     n, cin, cout, taps = inp.shape[0], inp.shape[1], grad.shape[1], len(slices)
     g = grad.reshape(n, cout, -1)
-    if _hint(cin) * taps <= FEW_COLUMNS:
+    if example_size(cin) * taps <= FEW_COLUMNS:
         cols = aten.stack.default(slices, 1).reshape(n, taps * cin, -1)
         w = aten.matmul.default(g, cols.transpose(1, 2)).sum(0).reshape(cout, taps, cin).transpose(1, 2)
     else:
@@ -99,7 +102,7 @@ def tiling_kernel(x: Any, kernel: Sequence[int], stride: Sequence[int] = (), pad
     k = _pair(kernel, kernel)
     if _pair(stride, k) != k or _pair(padding, [0]) != [0, 0] or _pair(dilation, [1]) != [1, 1]:
         return None
-    if ceil_mode and any(_hint(x.shape[-2 + i]) % k[i] for i in range(2)):
+    if ceil_mode and any(example_size(x.shape[-2 + i]) % k[i] for i in range(2)):
         return None
     return k
 
@@ -164,7 +167,7 @@ def max_pool2d_with_indices_backward(grad: Any, x: Any, kernel: Sequence[int], s
             for i in range(k[0])]  # fmt: skip
     full = aten.stack.default(rows, -2).reshape(*grad.shape[:-2], oh * k[0], ow * k[1])
     pad = [0, x.shape[-1] - ow * k[1], 0, x.shape[-2] - oh * k[0]]  # rows/columns no window reached
-    return aten.constant_pad_nd.default(full, pad) if any(_hint(p) for p in pad) else full
+    return aten.constant_pad_nd.default(full, pad) if any(example_size(p) for p in pad) else full
 
 
 def _torch() -> Any:

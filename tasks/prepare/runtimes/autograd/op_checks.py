@@ -19,6 +19,7 @@ from typing import Any
 
 from tasks.errors import ArtifactError
 from tasks.prepare.runtimes.autograd.decompositions import own_table, table
+from tasks.prepare.runtimes.autograd.fast_grads import example_size
 
 RTOL = 1e-4  # of the largest |value| of PyTorch's result (float32 sums in another order)
 
@@ -62,21 +63,14 @@ def recording() -> Iterator[list[Use]]:
         _USES.reset(token)
 
 
-def _size(value: Any) -> int:
-    """A size as an int: a symbolic one (the tracer makes every size a symbol) as the example's
-    value it stands for, read without adding a guard to the trace."""
-    node = getattr(value, "node", None)
-    return int(value) if node is None else int(node.hint)
-
-
 def _recorded_arg(value: Any) -> Any:
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
     if isinstance(value, torch.Tensor):
-        return TensorArg(tuple(_size(d) for d in value.shape), value.dtype)
+        return TensorArg(tuple(example_size(d) for d in value.shape), value.dtype)
     if isinstance(value, (list, tuple)):
         return tuple(_recorded_arg(v) for v in value)
-    return value if value is None or isinstance(value, (bool, float, str)) else _size(value)
+    return value if value is None or isinstance(value, (bool, float, str)) else example_size(value)
 
 
 def _recorder(op: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
