@@ -30,7 +30,8 @@ def load_onnxruntime() -> Any:
 
 
 def session_options(ort: Any) -> Any:
-    """SessionOptions of the agent's training sessions (both runtimes): quiet, and ONNX Runtime's
+    """SessionOptions of the agent's sessions that run many batches (both runtimes' trainers, the
+    frozen-prefix cache, the teacher's labelling): quiet, and ONNX Runtime's
     intra-op worker sleeps between operators instead of spinning.
 
     By default ORT pins one worker thread per physical core beyond the caller's (here: one, on CPU 1)

@@ -28,7 +28,7 @@ from device_agent.atomic import atomic_savez
 from device_agent.data.checks import np_dtype
 from device_agent.data.readers import NpzDataset, load_npz_arrays
 from device_agent.errors import AgentError
-from device_agent.ort import load_onnxruntime
+from device_agent.ort import load_onnxruntime, session_options
 from device_agent.protocol import ExitCode, TeacherSpec, file_sha256
 from device_agent.sysinfo import peak_rss_mb
 
@@ -63,7 +63,7 @@ def open_teacher(path: Path, teacher: TeacherSpec) -> tuple[Any, str, str, np.dt
     """(session, input name, output name, input dtype) of the teacher model."""
     ort = load_onnxruntime()
     try:
-        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(str(path), session_options(ort), providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - ORT raises several exception types
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise AgentError(
