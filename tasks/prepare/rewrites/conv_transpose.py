@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from tasks.prepare.graph import attr, downstream, observed_shapes
-from tasks.prepare.rewrites.rewrite_kit import Builder, apply_rewrites, same_values
+from tasks.prepare.graph import attr
+from tasks.prepare.rewrites.rewrite_kit import Builder, rewrite_each, same_values
 
 
 def _zero_insert(b: Builder, x: str, shape: list[int], stride: list[int]) -> str:
@@ -90,13 +90,4 @@ def _rewrite(model: onnx.ModelProto, node: onnx.NodeProto, shapes: dict[str, lis
 
 def conv_transposes_as_convs(model: onnx.ModelProto, trainable: list[str]) -> int:
     """Rewrite every 2-D ConvTranspose on the gradient path as the Conv it equals; return how many."""
-    needs = downstream(model, set(trainable))
-    todo = [
-        i
-        for i, n in enumerate(model.graph.node)
-        if n.op_type == "ConvTranspose" and any(x in needs for x in n.input)
-    ]
-    if not todo:
-        return 0
-    shapes = observed_shapes(model)
-    return apply_rewrites(model, todo, lambda node: _rewrite(model, node, shapes))
+    return rewrite_each(model, {"ConvTranspose"}, _rewrite, trainable, any_input=True)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from tasks.prepare.graph import attr, observed_shapes
-from tasks.prepare.rewrites.rewrite_kit import Builder, apply_rewrites, same_values
+from tasks.prepare.graph import attr
+from tasks.prepare.rewrites.rewrite_kit import Builder, rewrite_each, same_values
 
 
 def _text(value: object) -> str:
@@ -73,8 +73,4 @@ def bidirectional_lstms_as_forward(model: onnx.ModelProto, trainable: list[str])
     """Rewrite every bidirectional LSTM and GRU as two forward ones (ORT's training session refuses
     one anywhere in the graph, on the gradient path or not); return how many."""
     del trainable  # every LSTM and GRU of a training graph gets the training kernel
-    todo = [i for i, n in enumerate(model.graph.node) if n.op_type in CELLS]
-    if not todo:
-        return 0
-    shapes = observed_shapes(model)
-    return apply_rewrites(model, todo, lambda node: _rewrite(model, node, shapes))
+    return rewrite_each(model, set(CELLS), _rewrite)

@@ -23,8 +23,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from tasks.prepare.graph import attr, downstream, observed_shapes, quiet_session
-from tasks.prepare.rewrites.rewrite_kit import Builder, apply_rewrites, same_values
+from tasks.prepare.graph import attr, quiet_session
+from tasks.prepare.rewrites.rewrite_kit import Builder, rewrite_each, same_values
 
 
 def _run(
@@ -116,9 +116,4 @@ def _rewrite(model: onnx.ModelProto, node: onnx.NodeProto, shapes: dict[str, lis
 
 def average_pools_as_convs(model: onnx.ModelProto, trainable: list[str]) -> int:
     """Rewrite every AveragePool whose input needs a gradient as a depthwise Conv; return how many."""
-    needs = downstream(model, set(trainable))
-    todo = [i for i, n in enumerate(model.graph.node) if n.op_type == "AveragePool" and n.input[0] in needs]
-    if not todo:
-        return 0
-    shapes = observed_shapes(model)
-    return apply_rewrites(model, todo, lambda node: _rewrite(model, node, shapes))
+    return rewrite_each(model, {"AveragePool"}, _rewrite, trainable)

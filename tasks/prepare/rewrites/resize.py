@@ -14,8 +14,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from tasks.prepare.graph import downstream, observed_shapes, quiet_session
-from tasks.prepare.rewrites.rewrite_kit import Builder, apply_rewrites, same_values, static_value
+from tasks.prepare.graph import quiet_session
+from tasks.prepare.rewrites.rewrite_kit import Builder, rewrite_each, same_values, static_value
 
 MODES = {"nearest", "linear", "cubic"}
 
@@ -115,9 +115,4 @@ def _measured_sizes(
 
 def resizes_as_matmuls(model: onnx.ModelProto, trainable: list[str]) -> int:
     """Rewrite every 2-D Resize whose input needs a gradient as two MatMuls; return how many."""
-    needs = downstream(model, set(trainable))
-    todo = [i for i, n in enumerate(model.graph.node) if n.op_type == "Resize" and n.input[0] in needs]
-    if not todo:
-        return 0
-    shapes = observed_shapes(model)
-    return apply_rewrites(model, todo, lambda node: _rewrite(model, node, shapes))
+    return rewrite_each(model, {"Resize"}, _rewrite, trainable)

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from tasks.prepare.graph import add_const, quiet_session, rebuild
+from tasks.prepare.graph import add_const, downstream, observed_shapes, quiet_session, rebuild
 
 
 class Builder:
@@ -135,3 +135,31 @@ def apply_rewrites(
                 add_const(model, name, value)
     rebuild(model, replace)
     return len(replace)
+
+
+Rewrite = Callable[[onnx.ModelProto, onnx.NodeProto, dict[str, list[int]]], Builder | None]
+
+
+def rewrite_each(
+    model: onnx.ModelProto,
+    op_types: set[str],
+    rewrite: Rewrite,
+    trainable: list[str] | None = None,
+    *,
+    any_input: bool = False,
+) -> int:
+    """Rewrite the nodes of ``op_types``, each by ``rewrite(model, node, observed shapes)``; return
+    how many were replaced. With ``trainable``, only nodes on the gradient path: those whose data
+    input (or, ``any_input``, any input: a weight too) depends on a trainable tensor."""
+    needs = downstream(model, set(trainable)) if trainable is not None else None
+
+    def chosen(node: onnx.NodeProto) -> bool:
+        if needs is None:
+            return True
+        return any(x in needs for x in node.input if x) if any_input else node.input[0] in needs
+
+    todo = [i for i, n in enumerate(model.graph.node) if n.op_type in op_types and chosen(n)]
+    if not todo:
+        return 0
+    shapes = observed_shapes(model)
+    return apply_rewrites(model, todo, lambda node: rewrite(model, node, shapes))

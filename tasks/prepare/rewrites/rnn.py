@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from tasks.prepare.graph import attr, downstream, observed_shapes
-from tasks.prepare.rewrites.rewrite_kit import Builder, apply_rewrites, same_values
+from tasks.prepare.graph import attr
+from tasks.prepare.rewrites.rewrite_kit import Builder, rewrite_each, same_values
 
 ACTIVATIONS = {"tanh": "Tanh", "relu": "Relu"}
 
@@ -80,11 +80,4 @@ def _rewrite(model: onnx.ModelProto, node: onnx.NodeProto, shapes: dict[str, lis
 def rnns_unrolled(model: onnx.ModelProto, trainable: list[str]) -> int:
     """Unroll every RNN node a gradient flows through (its input or weights computed from a
     trainable parameter); return how many."""
-    needs = downstream(model, set(trainable))
-    todo = [
-        i for i, n in enumerate(model.graph.node) if n.op_type == "RNN" and any(t in needs for t in n.input if t)
-    ]  # fmt: skip
-    if not todo:
-        return 0
-    shapes = observed_shapes(model)
-    return apply_rewrites(model, todo, lambda node: _rewrite(model, node, shapes))
+    return rewrite_each(model, {"RNN"}, _rewrite, trainable, any_input=True)
