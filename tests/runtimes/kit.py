@@ -13,6 +13,8 @@ import numpy as np
 
 from device_agent.job.events import read_events
 from tasks.paths import PROJECT_ROOT
+from tasks.prepare.pipeline import prepare
+from tests.prepare.kit import merge, tiny_recipe
 
 
 def odl(args: list[str], env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess:
@@ -64,3 +66,32 @@ def assert_trained_alike(got: Path, want: Path, steps: int) -> None:
     assert weights.keys() == ort_weights.keys()
     for name, w in ort_weights.items():
         np.testing.assert_allclose(weights[name], w, rtol=0, atol=1e-4, err_msg=name)
+
+
+def prepared_module(folder: Path, module: str, source: str, changes: dict):
+    """``source`` written as ``folder/MODULE.py`` and the tiny recipe with ``changes`` prepared under
+    the autograd runtime, every tensor trainable, batch 8: (Recipe, Prepared)."""
+    (folder / f"{module}.py").write_text(source)
+    base = {"trainable": {"strategy": "all"}, "training": {"runtime": "autograd", "batch_size": 8}}
+    recipe = tiny_recipe(folder, merge(base, changes))
+    return recipe, prepare(recipe, folder / "out")
+
+
+def assert_step_equals(got: list[np.ndarray], trainable: list[dict], loss: float, grads: dict) -> None:
+    """A train step's results (loss, one output, then the gradients of ``trainable`` as step.json
+    lists them) equal PyTorch's ``loss`` and ``grads`` within 1e-5 (relative to the largest value)."""
+    assert abs(got[0] - loss) <= 1e-5 * max(1, abs(loss))
+    for spec, grad in zip(trainable, got[2:], strict=True):
+        want = grads[spec["name"]]
+        assert np.abs(grad - want).max() <= 1e-5 * max(1.0, np.abs(want).max()), spec["name"]
+
+
+def torch_model(recipe, weights: dict[str, np.ndarray]):
+    """The recipe's PyTorch model with ``weights`` (a prepared checkpoint's tensors) loaded."""
+    import torch  # torch (heavy) only where a test compares with PyTorch
+
+    from tasks.prepare.export.torch_model import build_model  # imports torch too
+
+    model = build_model(recipe)
+    model.load_state_dict({n: torch.from_numpy(w) for n, w in weights.items()})
+    return model

@@ -14,8 +14,7 @@ import pytest
 import torch
 
 from tasks.prepare.board_job import build_job_spec
-from tasks.prepare.pipeline import prepare
-from tests.prepare.kit import merge, tiny_recipe
+from tests.runtimes.kit import assert_step_equals, prepared_module, torch_model
 
 P2D, SURVIVE, OWN, P = 0.3, 0.6, 0.2, 0.5
 MODULE = f"""
@@ -49,19 +48,12 @@ def random_net(num_classes=3):
 @pytest.fixture(scope="module")
 def random_prepared(tmp_path_factory):
     folder = tmp_path_factory.mktemp("random")
-    (folder / "randomnet.py").write_text(MODULE)
-    changes = {"model": {"callable": "randomnet:random_net"}, "trainable": {"strategy": "all"},
-               "training": {"runtime": "autograd", "batch_size": 8}}  # fmt: skip
-    recipe = tiny_recipe(folder, merge({}, changes))
-    return recipe, prepare(recipe, folder / "out")
+    return prepared_module(folder, "randomnet", MODULE, {"model": {"callable": "randomnet:random_net"}})
 
 
 def _reference(recipe, weights, x, y, noise):
     """Loss and gradients by PyTorch with the masks the noise stands for, as each layer draws them."""
-    from tasks.prepare.export.torch_model import build_model
-
-    model = build_model(recipe)  # a random init: the prepared checkpoint's values are loaded
-    model.load_state_dict({n: torch.from_numpy(w) for n, w in weights.items()})
+    model = torch_model(recipe, weights)
     drop2d, depth, own, drop = (torch.from_numpy(n) for n in noise)
     h = torch.relu(model.conv(torch.from_numpy(x)))
     h = h * (drop2d < 1 - P2D) / (1 - P2D)  # Dropout2d: a Bernoulli(1 - p) per channel
@@ -95,11 +87,7 @@ def test_each_random_draw_is_a_noise_input_of_the_train_step(random_prepared):
             **{n["name"]: a for n, a in zip(step["noise"], noise, strict=True)},
         }
         got = session.run(None, feeds)
-        loss, grads = _reference(recipe, weights, x, y, noise)
-        assert abs(got[0] - loss) <= 1e-5 * max(1, abs(loss))
-        for spec, grad in zip(step["trainable"], got[2:], strict=True):
-            want = grads[spec["name"]]
-            assert np.abs(grad - want).max() <= 1e-5 * max(1.0, np.abs(want).max()), spec["name"]
+        assert_step_equals(got, step["trainable"], *_reference(recipe, weights, x, y, noise))
 
 
 def test_the_board_draws_from_the_seed_and_the_step(agent_board, random_prepared):

@@ -11,6 +11,7 @@ The board's step fills these inputs from a generator seeded by the job's seed an
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,7 +77,9 @@ RANDOM_WORDS = ("rand", "bernoulli", "normal", "uniform", "multinomial", "dropou
 def replace_random(gm: Any, batch_symbol: Any, layer_of: Any) -> list[NoiseInput]:
     """Replace every random node of ``gm`` by noise placeholders (appended after its inputs) and
     the operators that make the draw of them; the noise inputs, in placeholder order. ModelError
-    for a random operator without a replacement or a draw whose shape is not (batch, fixed sizes)."""
+    for a random operator without a replacement or a draw of a shape :func:`_shape` refuses."""
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
     builders, graph = _builders(), gm.graph
     noise: list[NoiseInput] = []
     for node in list(graph.nodes):
@@ -89,7 +92,7 @@ def replace_random(gm: Any, batch_symbol: Any, layer_of: Any) -> list[NoiseInput
                                  "cannot replay yet: use training.runtime = 'ort-training'")  # fmt: skip
             continue
         count, build = builders[target]
-        shape = _shape(node, batch_symbol, layer_of)
+        shape, view = _shape(node, batch_symbol, layer_of)
         placeholders = []
         last = [n for n in graph.nodes if n.op == "placeholder"][-1]
         for _ in range(count):
@@ -99,6 +102,10 @@ def replace_random(gm: Any, batch_symbol: Any, layer_of: Any) -> list[NoiseInput
             noise.append(NoiseInput(name, shape))
             placeholders.append(last)
         with graph.inserting_before(node):
+            if view is not None:  # (batch, k) noise laid out as the draw's shape
+                placeholders = [
+                    graph.call_function(torch.ops.aten.reshape.default, (p, view)) for p in placeholders
+                ]
             value = _traced(build, node, placeholders)
         node.replace_all_uses_with(value)
         graph.erase_node(node)
@@ -117,19 +124,43 @@ def _traced(build: Any, node: Any, placeholders: list[Any]) -> Any:
     return build(node, proxies).node
 
 
-def _shape(node: Any, batch_symbol: Any, layer_of: Any) -> tuple[int | str, ...]:
-    """The draw's shape: ``"batch"`` where it is the batch itself, the example's size where it does
-    not depend on the batch (the tracer makes every size a symbol; only the batch stays one)."""
-    out: list[int | str] = []
-    for dim in node.meta["val"].shape:
-        sym = getattr(dim, "node", None)
-        if sym is None:
-            out.append(int(dim))
-        elif sym.expr == batch_symbol:
-            out.append("batch")
-        elif batch_symbol not in sym.expr.free_symbols:
-            out.append(int(sym.hint))
-        else:
-            raise ModelError(f"{layer_of(node)} draws random numbers of shape {list(node.meta['val'].shape)}: the "
-                             "autograd runtime replays draws whose sizes are the batch or fixed")  # fmt: skip
-    return tuple(out)
+def _shape(node: Any, batch_symbol: Any, layer_of: Any) -> tuple[tuple[int | str, ...], list[int] | None]:
+    """The noise input's shape for a draw, and the view that lays it out as the draw (None: as is).
+
+    The tracer makes every size a symbol; only the batch stays one. A draw of sizes that are the
+    batch or fixed is a noise input of that shape (``"batch"`` for the batch). A draw whose elements
+    are the batch times a fixed count through arithmetic on one axis (patches folded into the batch:
+    ``4 * batch``; ``batch * h * w`` rows) is a ``("batch", count)`` input viewed in the graph as the
+    draw, that axis ``-1``, so the step takes any batch. ModelError for any other shape."""
+    sizes = list(node.meta["val"].shape)
+    exprs = [getattr(d, "node", None) for d in sizes]
+    exprs = [int(d) if e is None else e.expr for d, e in zip(sizes, exprs, strict=True)]
+    if all(e == batch_symbol or not _depends(e, batch_symbol) for e in exprs):
+        return tuple(
+            "batch" if e == batch_symbol else _fixed(d) for e, d in zip(exprs, sizes, strict=True)
+        ), None
+    batched = [i for i, e in enumerate(exprs) if _depends(e, batch_symbol)]
+    values = {k: v for k, v in sizes[batched[0]].node.shape_env.var_to_val.items() if k != batch_symbol}
+    count = (math.prod(exprs[i] for i in batched) / batch_symbol).subs(values)  # the fixed sizes' values
+    fixed = math.prod(_fixed(d) for i, d in enumerate(sizes) if i not in batched)
+    if len(batched) == 1 and not _depends(count, batch_symbol) and count.is_integer and count > 0:
+        view = [-1 if i in batched else _fixed(d) for i, d in enumerate(sizes)]
+        return ("batch", int(count) * fixed), view
+    named = {**values, batch_symbol: type(batch_symbol)("batch")}
+    shown = [
+        str(e.xreplace(named)) if _depends(e, batch_symbol) else str(_fixed(d))
+        for e, d in zip(exprs, sizes, strict=True)
+    ]
+    raise ModelError(f"{layer_of(node)} draws random numbers of shape [{', '.join(shown)}]: the autograd runtime "
+                     "replays draws whose sizes are the batch, fixed, or one size that is a fixed multiple of "
+                     "the batch")  # fmt: skip
+
+
+def _depends(expr: Any, batch_symbol: Any) -> bool:
+    return batch_symbol in getattr(expr, "free_symbols", ())
+
+
+def _fixed(size: Any) -> int:
+    """A size that does not depend on the batch: its example value."""
+    sym = getattr(size, "node", None)
+    return int(size) if sym is None else int(sym.hint)
