@@ -136,7 +136,7 @@ def corpus_main(doc: str, result: str, cases: list[str], script: str,
     for name in names:
         rows.append(run_one(script, name))
         r = rows[-1]
-        print(f"{name:34s} {r['seconds']:7.1f}s  {r['kind']:8s} {r['message'][:140]}", flush=True)
+        print(f"{name:34s} {r['seconds']:7.1f}s  {r['kind']:8s} {r['message']}", flush=True)
     counts = {k: sum(r["kind"] == k for r in rows) for k in ("pass", "specific", "raw")}
     path = write_results(result, {"models": len(rows), **counts, "rows": rows}, args.out)
     for r in rows:

@@ -61,7 +61,7 @@ def summary(rows: Sequence[dict], runtimes: Sequence[str]) -> tuple[dict, str]:
             lines.append(f"passes under {rt} only: {len(only[rt])}")
             for n in only[rt]:
                 other = "; ".join(
-                    f"{o}: {by[o][n]['message'][:150]}" for o in runtimes if by[o][n]["result"] != "pass"
+                    f"{o}: {by[o][n]['message']}" for o in runtimes if by[o][n]["result"] != "pass"
                 )
                 lines.append(f"  {n}  ({other})")
     return figures, "\n".join(lines)

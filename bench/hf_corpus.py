@@ -111,7 +111,7 @@ def main() -> int:
             rows.append(run_one(name, runtime))
             r = rows[-1]
             print(
-                f"{name:12s} {runtime:12s} {r['seconds']:7.1f}s  {r['kind']:8s} {r['message'][:140]}",
+                f"{name:12s} {runtime:12s} {r['seconds']:7.1f}s  {r['kind']:8s} {r['message']}",
                 flush=True,
             )
     sides, text = summary(rows, runtimes)

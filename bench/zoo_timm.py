@@ -239,7 +239,7 @@ def main() -> int:
             rows.append(run_one(name, family, params, runtime, args.timeout))
             r = rows[-1]
             print(f"{name:32s} {runtime:12s} {r.get('size', 0):4d}px {r['seconds']:7.1f}s {r['result']:8s} "
-                  f"{r.get('message', '')[:140]}", flush=True)  # fmt: skip
+                  f"{r.get('message', '')}", flush=True)  # fmt: skip
         write_results(
             "zoo_timm", _figures(rows, runtimes, time.perf_counter() - start), args.out
         )  # kept so far
