@@ -10,7 +10,10 @@ import onnx
 
 from tasks.hashing import file_sha256
 from tasks.prepare.node_names import layer_of
+from tasks.prepare.onnx_versions import onnx_opset
 from tasks.prepare.selection import layer_params, weight_sources
+from tasks.recipe.load import recipe_hash
+from tasks.recipe.schema import Recipe
 
 
 def file_entry(path: Path, rel: str) -> dict[str, Any]:
@@ -36,3 +39,36 @@ def trainable_layers(model: onnx.ModelProto, trainable: list[str], counts: dict[
     for name in [p for p in trainable if p not in seen]:
         rows[name] = {"ops": [], "params": counts.get(name, 0)}
     return [{"layer": k, **v} for k, v in rows.items()]
+
+
+def common_manifest(
+    recipe: Recipe,
+    out_dir: Path,
+    files: dict[str, str],
+    model: onnx.ModelProto,
+    trainable: list[str],
+    frozen: list[str],
+    counts: dict[str, int],
+    loss: str,
+) -> dict[str, Any]:
+    """The ``manifest.json`` keys both runtimes write: each of ``files`` (key -> path under
+    ``out_dir``) and ``model.onnx`` as :func:`file_entry`, what trains and what stays frozen with
+    their element counts, the model's opset and IR version, the onnxruntime the graphs were checked
+    with, the loss output, the recipe's hash and an empty warning list."""
+    import onnxruntime  # only its version: the host's runtime the graphs were built and checked with
+
+    entries = {k: file_entry(out_dir / rel, rel) for k, rel in files.items()}
+    entries["model"] = file_entry(out_dir / "model.onnx", "model.onnx")
+    return {
+        "files": entries,
+        "trainable": trainable,
+        "frozen": frozen,
+        "trainable_count": sum(counts[n] for n in trainable),
+        "frozen_count": sum(counts[n] for n in frozen),
+        "opset": onnx_opset(model),
+        "ir_version": model.ir_version,
+        "ort_version": onnxruntime.__version__,
+        "loss": loss,
+        "recipe_hash": recipe_hash(recipe),
+        "warnings": [],
+    }

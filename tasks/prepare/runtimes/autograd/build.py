@@ -36,8 +36,8 @@ from tasks.prepare.export.torchscript import check_onnx, load_onnx
 from tasks.prepare.export.tracing import restored
 from tasks.prepare.export.user_code import forward_error
 from tasks.prepare.feeds import data_file, feed_keys
-from tasks.prepare.manifest import file_entry, trainable_layers
-from tasks.prepare.onnx_versions import check_board_loadable, onnx_opset
+from tasks.prepare.manifest import common_manifest, trainable_layers
+from tasks.prepare.onnx_versions import check_board_loadable
 from tasks.prepare.rewrites.param_chains import split_shared_initializers
 from tasks.prepare.runtimes.autograd.prefix_split import split_steps
 from tasks.prepare.runtimes.autograd.steps import (
@@ -49,7 +49,6 @@ from tasks.prepare.runtimes.autograd.steps import (
 )
 from tasks.prepare.runtimes.autograd.template import export_inference, write_template
 from tasks.prepare.trainable import model_parameter_count, resolve_trainable
-from tasks.recipe.load import recipe_hash
 from tasks.recipe.schema import Recipe
 
 log = logging.getLogger(__name__)
@@ -185,30 +184,15 @@ def generate(recipe: Recipe, model_onnx: Path, out_dir: Path) -> dict[str, Any]:
 
 def _manifest(recipe: Recipe, out_dir: Path, graph: Any, trainable: list[str], frozen: list[str],
               counts: dict[str, int], steps: Any, inference: list[str]) -> dict[str, Any]:  # fmt: skip
-    import onnxruntime  # only its version: the runtime the step files were checked with
-
-    files = {k: file_entry(out_dir / rel, rel) for k, rel in FILES.items()}
-    files["model"] = file_entry(out_dir / "model.onnx", "model.onnx")
-    return {
+    return common_manifest(recipe, out_dir, FILES, graph, trainable, frozen, counts, steps.loss) | {
         "runtime": RUNTIME,
-        "files": files,
-        "trainable": trainable,
-        "frozen": frozen,
-        "trainable_count": sum(counts[n] for n in trainable),
-        "frozen_count": sum(counts[n] for n in frozen),
         "model_params": model_parameter_count(graph),
-        "opset": onnx_opset(graph),
-        "ir_version": graph.ir_version,
-        "ort_version": onnxruntime.__version__,
-        "loss": steps.loss,
         "input_names": list(recipe.model.input_names),
         "output_names": list(recipe.model.output_names),
         "inference_output_names": inference,
         "feeds": feed_keys(recipe, [f["name"] for f in steps.feeds]),
-        "recipe_hash": recipe_hash(recipe),
         "batchnorm": recipe.trainable.batchnorm,
         "fixups": {},
         "trainable_layers": trainable_layers(graph, trainable, counts),
         "decompositions_checked": steps.checked,
-        "warnings": [],
     }

@@ -19,15 +19,14 @@ import onnx
 from tasks.prepare.export.torchscript import check_onnx, load_onnx, quiet_stderr
 from tasks.prepare.feeds import feed_keys
 from tasks.prepare.graph import annotate_shapes
-from tasks.prepare.manifest import file_entry, trainable_layers
-from tasks.prepare.onnx_versions import check_board_loadable, onnx_opset
+from tasks.prepare.manifest import common_manifest, trainable_layers
+from tasks.prepare.onnx_versions import check_board_loadable
 from tasks.prepare.rewrites.batchnorm import batchnorm_after_trainable, fix_batchnorm
 from tasks.prepare.rewrites.fixups import apply_all
 from tasks.prepare.rewrites.param_chains import split_shared_initializers
 from tasks.prepare.runtimes.ort_training.generate import build_loss, run_generate
 from tasks.prepare.runtimes.ort_training.split_artifacts import generate_split
 from tasks.prepare.trainable import float_params, model_parameter_count, resolve_trainable
-from tasks.recipe.load import recipe_hash
 from tasks.recipe.schema import Recipe
 
 log = logging.getLogger(__name__)
@@ -115,27 +114,12 @@ def _manifest(
     counts: dict[str, int],
     loss_name: str,
 ) -> dict[str, Any]:
-    import onnxruntime  # loaded by generate already: only its version
-
-    files = {k: file_entry(out_dir / rel, rel) for k, rel in ARTIFACT_FILES.items()}
-    files["model"] = file_entry(out_dir / "model.onnx", "model.onnx")
     eval_model = onnx.load(str(out_dir / ARTIFACT_FILES["eval_model"]))
     feeds = training_inputs(eval_model, set(trainable) | set(frozen))
     outputs = [o.name for o in model.graph.output]
-    return {
-        "files": files,
-        "trainable": trainable,
-        "frozen": frozen,
-        "trainable_count": sum(counts[n] for n in trainable),
-        "frozen_count": sum(counts[n] for n in frozen),
-        "opset": onnx_opset(model),
-        "ir_version": model.ir_version,
-        "ort_version": onnxruntime.__version__,
-        "loss": loss_name,
+    return common_manifest(recipe, out_dir, ARTIFACT_FILES, model, trainable, frozen, counts, loss_name) | {
         "input_names": [i.name for i in model.graph.input if i.name not in counts],
         "output_names": outputs,
         "inference_output_names": outputs[1:] if recipe.loss.kind == "embedded" else outputs,
         "feeds": feed_keys(recipe, feeds),
-        "recipe_hash": recipe_hash(recipe),
-        "warnings": [],
     }
