@@ -9,6 +9,7 @@ given a new 10-class head, trained from its last feature layer (``last-conv+clas
 prepared with validation and the join rehearsal; the prefix cache stays on.
 
     .venv/bin/python bench/foreign_onnx.py          # 21 files, ~3 min on 2 cores
+    .venv/bin/python bench/foreign_onnx.py --runtime autograd   # the same files, the autograd runtime
 """
 
 from __future__ import annotations
@@ -83,8 +84,9 @@ def classifier_input(path: Path) -> str:
     return next(i for i in last.input if i not in inits)
 
 
-def prepare_file(path: Path, work: Path) -> dict:
-    """An ONNX-in recipe for ``path`` (cut at its classifier input, new head) through prepare."""
+def prepare_file(path: Path, work: Path, runtime: str = "ort-training") -> dict:
+    """An ONNX-in recipe for ``path`` (cut at its classifier input, new head) through prepare under
+    ``runtime``."""
     import numpy as np
 
     from tasks.errors import PipelineError
@@ -100,7 +102,7 @@ def prepare_file(path: Path, work: Path) -> dict:
         f'name = "foreign"\ntask = "classification"\n[model]\nonnx = "{path}"\ncut_at = ["{cut}"]\n'
         f'input_shape = [3, {SIZE}, {SIZE}]\ninput_names = ["input"]\noutput_names = ["logits"]\n'
         '[head]\nnum_classes = 10\n[trainable]\nstrategy = "last-conv+classifier"\n[loss]\nkind = "cross-entropy"\n'
-        '[training]\nbatch_size = 4\nepochs = 1\n[data]\ntrain = "train.npz"\ntest = "test.npz"\n'
+        f'[training]\nruntime = "{runtime}"\nbatch_size = 4\nepochs = 1\n[data]\ntrain = "train.npz"\ntest = "test.npz"\n'
     )
     start = time.perf_counter()
     try:
@@ -122,6 +124,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, help="result JSON (default bench/results/foreign_onnx.json)")
     ap.add_argument("--quick", action="store_true", help=f"{QUICK[0][0]} as {', '.join(QUICK[1])} only (CI)")
+    ap.add_argument(
+        "--runtime",
+        choices=("ort-training", "autograd"),
+        default="ort-training",
+        help="training.runtime of the recipes (default ort-training)",
+    )
     args = ap.parse_args()
     models, exports = QUICK if args.quick else (MODELS, EXPORTS)
     import numpy as np
@@ -145,14 +153,17 @@ def main() -> int:
                         message=f"{type(exc).__name__}: {str(exc).splitlines()[0][:100]}",
                     )
                 else:
-                    row.update(prepare_file(path, work))
+                    row.update(prepare_file(path, work, args.runtime))
                 rows.append(row)
                 print(
                     f"{name:28s} {how:12s} {row['result']:14s} {row.get('message', row.get('prefix_cache', ''))[:110]}",
                     flush=True,
                 )
     counts = {k: sum(r["result"] == k for r in rows) for k in ("pass", "specific", "raw", "export failed")}
-    path = write_results("foreign_onnx", {"files": len(rows), **counts, "rows": rows}, args.out)
+    name = "foreign_onnx" if args.runtime == "ort-training" else f"foreign_onnx_{args.runtime}"
+    path = write_results(
+        name, {"runtime": args.runtime, "files": len(rows), **counts, "rows": rows}, args.out
+    )
     for r in rows:
         r["short"] = (r.get("message") or "")[:90]
     print(table(rows, [("model", "model"), ("export", "exported as"), ("result", "result"), ("trainable", "trainable"),

@@ -51,7 +51,4 @@ def check_runtime(recipe: object, source: str = "", why: str | None = None) -> N
     why = why if why is not None else why_no_ort_training()
     if why is None:
         return
-    instead = "'autograd' on this host"
-    if recipe.model.kind == "onnx":  # type: ignore[attr-defined]
-        instead = "a host with Python 3.11 for an ONNX model (the autograd runtime takes PyTorch models)"
-    raise RecipeError("training.runtime", f"{instead}: {why}", "ort-training", source=source)
+    raise RecipeError("training.runtime", f"'autograd' on this host: {why}", "ort-training", source=source)

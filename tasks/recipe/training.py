@@ -216,7 +216,7 @@ class TrainingSpec:
         "ort-training",
         description="ort-training: ONNX Runtime's training graphs (onnxruntime-training on host and board) | "
         "autograd: the train step from PyTorch's autograd as a plain ONNX graph any onnxruntime runs, the "
-        "optimizer in numpy on the board, SGD with momentum too (PyTorch models only)",
+        "optimizer in numpy on the board, SGD with momentum too (an ONNX model through its PyTorch twin)",
     )
 
 
@@ -229,12 +229,6 @@ def runtime_rules(recipe: Any) -> Iterator[tuple[str, str, object]]:
             "trainable.batchnorm_calibration",
             "0 for an ONNX model (statistics are measured in PyTorch, before export)",
             recipe.trainable.batchnorm_calibration,
-        )
-    if autograd and recipe.model.kind == "onnx":
-        yield (
-            "training.runtime",
-            "'ort-training' for an ONNX model (the autograd runtime differentiates PyTorch models)",
-            "autograd",
         )
     if autograd and loss.kind == "custom" and loss.torch is None:
         yield (

@@ -18,10 +18,15 @@ def test_the_default_runtime_is_ort_training():
     assert load_recipe(RECIPES / "digits.toml", AUTOGRAD).training.runtime == "autograd"
 
 
+def test_an_onnx_model_takes_the_autograd_runtime():
+    """Transfer learning from an ONNX file under autograd (its PyTorch twin: tests/runtimes/test_autograd_onnx_in.py)."""
+    recipe = load_recipe(RECIPES / "digits_onnx.toml", AUTOGRAD)
+    assert recipe.model.kind == "onnx" and recipe.training.runtime == "autograd"
+
+
 @pytest.mark.parametrize(
     ("recipe", "overrides", "field", "words"),
     [
-        ("digits_onnx.toml", AUTOGRAD, "training.runtime", "'ort-training' for an ONNX model"),
         (
             "digits.toml",
             {"loss.torch": "models:twin"},

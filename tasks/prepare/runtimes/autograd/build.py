@@ -2,9 +2,11 @@
 
 :func:`export_model` writes the TorchScript export of the model in eval mode (no training-mode
 export: nothing here traces a training graph through TorchScript), whose initializers carry
-PyTorch's parameter names. :func:`generate` resolves the trainable set on it exactly as the ORT path
-does (:func:`tasks.prepare.trainable.resolve_trainable`), maps each name to the PyTorch parameter of
-that name (one line for one without), and writes into ``artifacts/``:
+PyTorch's parameter names; an ONNX model (``[model] onnx``) is adapted as the ORT path adapts it
+(:func:`tasks.prepare.export.onnx_in.adapt_onnx`). :func:`generate` resolves the trainable set on it
+exactly as the ORT path does (:func:`tasks.prepare.trainable.resolve_trainable`), maps each name to
+the PyTorch parameter of that name (one line for one without), or for an ONNX model to the tensors of
+its PyTorch twin that hold that initializer (:mod:`.from_onnx`), and writes into ``artifacts/``:
 
 * ``train_step.onnx``, ``eval_step.onnx`` (:mod:`.steps`);
 * ``inference_template.onnx`` and the byte offset and length of each trainable tensor in it
@@ -30,6 +32,7 @@ from onnx import numpy_helper
 
 from tasks.errors import RecipeError
 from tasks.prepare.export.buffers import record_torch_state
+from tasks.prepare.export.onnx_in import adapt_onnx
 from tasks.prepare.export.priors import PRIORS_FILE, write_priors
 from tasks.prepare.export.torch_model import build_model
 from tasks.prepare.export.torchscript import check_onnx, load_onnx
@@ -39,6 +42,7 @@ from tasks.prepare.feeds import data_file, feed_keys
 from tasks.prepare.manifest import common_manifest, trainable_layers
 from tasks.prepare.onnx_versions import check_board_loadable
 from tasks.prepare.rewrites.param_chains import split_shared_initializers
+from tasks.prepare.runtimes.autograd.from_onnx import torch_twin
 from tasks.prepare.runtimes.autograd.prefix_split import split_steps
 from tasks.prepare.runtimes.autograd.steps import (
     EVAL_FILE,
@@ -48,6 +52,7 @@ from tasks.prepare.runtimes.autograd.steps import (
     model_inputs,
 )
 from tasks.prepare.runtimes.autograd.template import export_inference, write_template
+from tasks.prepare.sandbox.supervise import supervised
 from tasks.prepare.trainable import model_parameter_count, resolve_trainable
 from tasks.recipe.schema import Recipe
 
@@ -64,10 +69,16 @@ ADAMW = {"betas": [0.9, 0.999], "eps": 1e-6}  # onnxblock.optim.AdamW's defaults
 
 
 def export_model(recipe: Recipe, out_dir: Path) -> Path:
-    """Write ``out_dir/model.onnx``: the recipe's PyTorch model exported in eval mode."""
+    """Write ``out_dir/model.onnx``: the recipe's PyTorch model exported in eval mode, or its ONNX
+    model adapted (converted, cut, given its head) exactly as the ORT path adapts it."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / "model.onnx"
+    if recipe.model.kind == "onnx":
+        with supervised("export", recipe):  # its graph runs take the recipe's data
+            adapt_onnx(recipe, target)
+            write_priors(recipe, None, target, out_dir / PRIORS_FILE)
+        return target
     module = build_model(recipe)
     inputs = model_inputs(recipe, example_batch(module, [tuple(recipe.model.input_shape)]))
     forward_once(recipe, module, inputs)
@@ -147,15 +158,20 @@ def generate(recipe: Recipe, model_onnx: Path, out_dir: Path) -> dict[str, Any]:
     check_board_loadable(graph, str(model_onnx))
     split_shared_initializers(graph)  # parameters the exporter merged are PyTorch's own again
     trainable, frozen, counts = resolve_trainable(recipe, graph, ort_limits=False)
-    model = exported_weights(build_model(recipe), graph)
-    torch_names(trainable, model)
+    if recipe.model.kind == "onnx":  # its PyTorch twin, and the twin's tensors that hold each trainable one
+        model, held = torch_twin(graph, trainable)
+    else:
+        model, held = exported_weights(build_model(recipe), graph), None
+        torch_names(trainable, model)
     art.mkdir(parents=True, exist_ok=True)
-    steps = build_steps(recipe, model, trainable, art)
+    steps = build_steps(recipe, model, trainable, art, held)
     inference = list(
         recipe.model.output_names[1:] if recipe.loss.kind == "embedded" else recipe.model.output_names
     )
-    params = {
-        n: p.detach().numpy().astype(np.float32) for n, p in model.named_parameters() if n in set(trainable)
+    params = {  # the graph's values, which the model's tensors hold too
+        i.name: numpy_helper.to_array(i).astype(np.float32)
+        for i in graph.graph.initializer
+        if i.name in set(trainable)
     }
     offsets = write_template(graph, inference, trainable, out_dir / FILES["inference_template"])
     np.savez(art / "checkpoint.npz", **{n: params[n] for n in trainable})

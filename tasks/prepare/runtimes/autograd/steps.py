@@ -61,9 +61,14 @@ def model_inputs(recipe: Recipe, batch: int) -> tuple[Any, ...]:
     return tuple(torch.from_numpy(np.ascontiguousarray(a[np.arange(batch) % len(a)])) for a in arrays)
 
 
-def build_steps(recipe: Recipe, model: Any, trainable: list[str], art: Path) -> Steps:
-    """Write ``art/train_step.onnx`` and ``art/eval_step.onnx`` for ``model``'s ``trainable`` tensors."""
+def build_steps(recipe: Recipe, model: Any, trainable: list[str], art: Path,
+                held: dict[str, list[str]] | None = None) -> Steps:  # fmt: skip
+    """Write ``art/train_step.onnx`` and ``art/eval_step.onnx`` for ``model``'s ``trainable`` tensors;
+    ``held``: the names of the ``model`` tensors that hold each (by default its own name; an ONNX
+    model's twin holds a shared initializer in several)."""
     import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    held = {n: (held or {}).get(n, [n]) for n in trainable}
 
     batch = example_batch(model, [tuple(recipe.model.input_shape)])
     inputs = model_inputs(recipe, batch)
@@ -88,7 +93,7 @@ def build_steps(recipe: Recipe, model: Any, trainable: list[str], art: Path) -> 
             model,
             inputs,
             feeds,
-            trainable,
+            held,
             loss,
             training,
             outs + (grads if training else []),
@@ -102,15 +107,17 @@ def build_steps(recipe: Recipe, model: Any, trainable: list[str], art: Path) -> 
     return Steps(described, noise[True], noise[False], outs, grads, loss.name, checked)
 
 
-def _step(recipe: Recipe, model: Any, inputs: tuple[Any, ...], feeds: list[tuple[str, Any]], trainable: list[str],
-          loss: LossPlan, training: bool, outputs: list[str], checked: dict[str, float]) -> StepGraph:  # fmt: skip
+def _step(recipe: Recipe, model: Any, inputs: tuple[Any, ...], feeds: list[tuple[str, Any]],
+          held: dict[str, list[str]], loss: LossPlan, training: bool, outputs: list[str],
+          checked: dict[str, float]) -> StepGraph:  # fmt: skip
     """One step traced, its decompositions checked and its random draws made inputs."""
     n_out = len(recipe.model.output_names)
     forward = forward_graph(model, inputs, training, recipe.trainable.batchnorm, n_out, recipe.base_dir)
     tensors = {**dict(forward.named_parameters()), **dict(forward.named_buffers())}
-    chosen = {n: tensors[n].detach() for n in trainable}
-    frozen = {n: t.detach() for n, t in tensors.items() if n not in chosen}
-    step = StepInputs(feeds, len(inputs), chosen, frozen, loss.fn)
+    chosen = {n: tensors[names[0]].detach() for n, names in held.items()}
+    bound = {name for names in held.values() for name in names}
+    frozen = {n: t.detach() for n, t in tensors.items() if n not in bound}
+    step = StepInputs(feeds, len(inputs), chosen, frozen, loss.fn, held)
     with recording() as uses:
         gm = trace_step(forward, step, grads=training)
     checked.update(check_recorded(uses))

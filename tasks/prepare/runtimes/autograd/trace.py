@@ -30,13 +30,21 @@ Loss = Callable[[tuple[Any, ...], tuple[Any, ...]], tuple[Any, tuple[Any, ...]]]
 @dataclass(frozen=True)
 class StepInputs:
     """What a step is traced on: its feeds (the model's inputs, then the loss's labels: name and an
-    example tensor), the trainable and frozen tensors by name, and the loss."""
+    example tensor), the trainable and frozen tensors by name, the loss, and the names of the model
+    tensors that hold each trainable one (its own name when absent)."""
 
     feeds: list[tuple[str, Any]]
     model_inputs: int
     trainable: dict[str, Any]
     frozen: dict[str, Any]
     loss: Loss
+    held: dict[str, list[str]] | None = None
+
+    def bound(self, trainable: dict[str, Any]) -> dict[str, Any]:
+        """``trainable`` keyed by the model tensors that hold each (one value for several names:
+        autograd sums their gradients)."""
+        held = self.held or {}
+        return {name: value for n, value in trainable.items() for name in held.get(n, [n])}
 
 
 @contextlib.contextmanager
@@ -94,7 +102,7 @@ def trace_step(forward: Any, step: StepInputs, *, grads: bool) -> Any:
     n_feeds, n_model = len(step.feeds), step.model_inputs
 
     def loss_of(trainable: dict, frozen: dict, feeds: tuple) -> tuple[Any, tuple]:
-        out = torch.func.functional_call(forward, {**frozen, **trainable}, feeds[:n_model])
+        out = torch.func.functional_call(forward, {**frozen, **step.bound(trainable)}, feeds[:n_model])
         loss, kept = step.loss(tuple(out) if isinstance(out, (tuple, list)) else (out,), feeds[n_model:])
         return loss, kept
 
