@@ -38,6 +38,7 @@ def shard_on(board) -> DataRef:
 
 
 @pytest.mark.slow
+@pytest.mark.ort_training  # the ORT runtime's preparation of digits_teacher_soft.toml (ort-training) is its reference
 def test_soft_teacher_labels_train_as_under_the_ort_runtime(tmp_path, agent_board, no_ort_training):
     recipe_file = RECIPES / "digits_teacher_soft.toml"
     recipe = load_recipe(recipe_file)
