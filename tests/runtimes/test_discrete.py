@@ -1,6 +1,8 @@
-"""A step's orders (sort, top-k, argmax) and its check against the traced graph: ONNX Runtime's
-order of near-tied values is taken, any other order is not, and the step file keeps only its
-own outputs (tasks/prepare/runtimes/autograd/discrete.py, onnx_step.check_runs)."""
+"""A step's orders (sort, top-k, argmax), decisions (a ReLU's mask) and its check against the traced
+graph: ONNX Runtime's order or decision of near-tied values is taken, any other is not, the step file
+keeps only its own outputs, and a result beyond the check's bound passes only as float32 rounding, as
+close to the step in float64 as PyTorch's own (tasks/prepare/runtimes/autograd/discrete.py,
+onnx_step.check_runs)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from onnx import TensorProto, helper
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from tasks.errors import ArtifactError
+from tasks.prepare.runtimes.autograd import decompositions
 from tasks.prepare.runtimes.autograd.discrete import order_name, order_nodes, run_pinned, slack
 from tasks.prepare.runtimes.autograd.onnx_step import RTOL, StepGraph, check_runs, export_step
 
@@ -103,3 +107,84 @@ def test_the_step_file_is_checked_with_its_orders_and_keeps_only_its_outputs(tmp
     negated.graph.node.append(onnx.helper.make_node("Neg", ["w_grad_before"], ["w_grad"]))
     with pytest.raises(ArtifactError, match="output 'w_grad' computed by ONNX Runtime differs"):
         check_runs(step, negated, [x.numpy(), np.ones(9, np.float32)], "step.onnx")
+
+
+@functools.cache
+def relu_head() -> torch.fx.GraphModule:
+    """SelecSLS-42's head shrunk: a 1x1 conv on a 1x1 map (a matrix product) -> ReLU -> a linear
+    layer; the step (loss, the conv weight's gradient), traced with the runtime's decompositions
+    (ReLU's backward is the mask ``relu(x) > 0``, a decision)."""
+
+    def step(x: torch.Tensor, w: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        grad, loss = torch.func.grad_and_value(lambda t: (torch.relu(x @ t) @ v).sum())(w)
+        return loss, grad
+
+    return make_fx(step, decomposition_table=decompositions.table())(
+        torch.rand(4, 3), torch.rand(3, 5), torch.rand(5)
+    )
+
+
+def the_mask(gm: torch.fx.GraphModule) -> torch.fx.Node:
+    (node,) = order_nodes(gm)
+    assert node.target is torch.ops.aten.gt.Scalar and node.args[0].target is torch.ops.aten.relu.default
+    return node
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(-1, 1), min_size=12, max_size=12), st.integers(0, 1000))
+def test_a_near_tie_decision_is_taken_and_gives_the_gradient_of_that_mask(levels, seed):
+    """The ReLU inputs are integers up to a 1e-7 perturbation (many at 0): ONNX Runtime's mask, from
+    other roundings of the same inputs, is taken, and the step is the one that mask makes."""
+    rng = np.random.default_rng(seed)
+    x = torch.tensor(levels, dtype=torch.float32).reshape(4, 3)
+    w = torch.ones(3, 5) + torch.from_numpy(rng.normal(0, 1e-7, (3, 5)).astype(np.float32))
+    v = torch.from_numpy(rng.normal(0, 1, 5).astype(np.float32))
+    gm, node = relu_head(), the_mask(relu_head())
+    other = x.numpy() @ (np.ones((3, 5)) + rng.normal(0, 1e-7, (3, 5)))  # ONNX Runtime's rounding
+    theirs = other > 0
+    got, differed = run_pinned(gm, [x, w, v], {order_name(node): theirs}, RTOL)
+    assert differed == ([] if np.array_equal(theirs, (x @ w).numpy() > 0) else [node.name])
+    chosen = torch.from_numpy(theirs).float()
+    torch.testing.assert_close(got[1], x.T @ (chosen * v), rtol=1e-6, atol=1e-6)
+
+
+def test_a_decision_that_is_no_near_tie_is_not_taken():
+    """ONNX Runtime's mask passing a sample whose ReLU input is -1 (a wrong mask, not a rounding):
+    PyTorch's is kept, whatever the ReLU's output (0 there) would allow."""
+    x, w, v = (
+        torch.tensor([[1.0, 0.0, 0.0], [-1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]),
+        torch.ones(3, 5),
+        torch.ones(5),
+    )
+    gm, node = relu_head(), the_mask(relu_head())
+    theirs = np.ones((4, 5), dtype=bool)
+    got, differed = run_pinned(gm, [x, w, v], {order_name(node): theirs}, RTOL)
+    assert differed == [] and torch.equal(got[1], gm(x, w, v)[1])
+
+
+def cancelling(offset: float) -> torch.fx.GraphModule:
+    """``(x + offset) - offset``: float32 loses the bits of x below offset's last one (as a deep
+    model's rounding grows: ConvMixer-768/32's 32 blocks took its output 1.3e-3 from float64)."""
+    return make_fx(lambda x: ((x + offset) - offset,))(torch.rand(64))
+
+
+def onnx_of(offset: float, scale: float) -> onnx.ModelProto:
+    """ONNX Runtime's side: ``((x - offset) + offset) * scale`` (other roundings of the same value)."""
+    c = [helper.make_tensor(n, TensorProto.FLOAT, [], [v]) for n, v in (("c", offset), ("s", scale))]
+    nodes = [helper.make_node("Sub", ["x", "c"], ["a"]), helper.make_node("Add", ["a", "c"], ["b"]),
+             helper.make_node("Mul", ["b", "s"], ["y"])]  # fmt: skip
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64])], c)  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.sampled_from([4096.0, 16384.0]), st.integers(0, 1000))
+def test_float32_rounding_is_told_from_a_wrong_result_by_the_step_in_float64(offset, seed):
+    """ONNX Runtime's result beyond RTOL of PyTorch's float32 is accepted when it is as close to the
+    step in float64 as PyTorch's own (other roundings), refused when it is farther (a 1 % error)."""
+    x = np.random.default_rng(seed).random(64, dtype=np.float32)
+    step = StepGraph(cancelling(offset), [("x", torch.from_numpy(x))], {"x"}, [], [], ["y"])
+    assert check_runs(step, onnx_of(offset, 1.0), [x], "step.onnx") > RTOL
+    with pytest.raises(ArtifactError, match="from that step in float64 by"):
+        check_runs(step, onnx_of(offset, 1.01), [x], "step.onnx")

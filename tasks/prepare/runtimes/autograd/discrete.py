@@ -1,5 +1,6 @@
-"""The orders a step computes (sort and top-k indices, argmax/argmin), taken from ONNX Runtime when
-a step file is checked against its traced graph.
+"""The orders a step computes (sort and top-k indices, argmax/argmin) and its decisions (comparisons
+of float values: a ReLU's mask in its backward, a max pool's first maximum), taken from ONNX Runtime
+when a step file is checked against its traced graph.
 
 A loss that ranks float values (SSD's hard-negative mining sorts a detached loss and keeps
 ``rank < 3 * positives``) is discontinuous: where two values are equal up to rounding, ONNX Runtime
@@ -7,11 +8,18 @@ and PyTorch, which round the same float32 sums differently, may order them diffe
 another prior, and the loss's gradients then differ far beyond any rounding (ssdlite_small: 0.2-0.9 %
 of a head's bias gradient from 2 of 2 184 priors chosen otherwise, each a tie to 1 ulp).
 
-So the step is exported with each order as an extra output (:func:`with_orders`, names from
+A comparison is the same discontinuity at one element: timm's SelecSLS-42 has a ReLU whose input is
+3.3e-5 in float64 (of values up to 3.1), at or below 0 in PyTorch's float32 and above it in ONNX
+Runtime's; the backward's mask ``x > 0`` lets that sample's gradient through one side only, and the
+head conv's weight gradient differed by 1.5e-2 (0.29 of its largest value) where ONNX Runtime's was
+within 2e-6 of float64.
+
+So the step is exported with each order and decision as an extra output (:func:`with_orders`, names from
 :func:`order_name`: the correspondence is exact), and the check runs the traced graph with ONNX
 Runtime's order wherever that order also sorts PyTorch's own values up to the check's tolerance
-(:func:`run_pinned`). An order that is no such near-tie keeps PyTorch's, and the check of the
-results judges. The step file written for the board has no extra outputs.
+(:func:`run_pinned`), and ONNX Runtime's decision wherever the compared values are that close at
+each element it decides otherwise. An order or decision that is no such near-tie keeps PyTorch's,
+and the check of the results judges. The step file written for the board has no extra outputs.
 """
 
 from __future__ import annotations
@@ -23,22 +31,31 @@ import numpy as np
 
 ORDERS = {"sort": 1, "topk": 2}  # (values, indices) operators: the position of their dim argument
 EXTREMA = {"argmax": np.max, "argmin": np.min}
+DECISIONS = {"gt", "ge", "lt", "le", "eq", "ne"}  # comparisons, pinned when they compare float values
 
 
 def _op(node: Any) -> str:
     """The ATen operator name of a node (``sort`` of ``aten.sort.default``), else ''."""
-    return node.target.__name__.split(".")[0] if hasattr(node.target, "_schema") else ""
+    target = getattr(node, "target", None)
+    return target.__name__.split(".")[0] if hasattr(target, "_schema") else ""
+
+
+def _floating(value: Any) -> bool:
+    """Whether an FX node argument is a float tensor (by its traced example value)."""
+    val = getattr(value, "meta", {}).get("val")
+    return getattr(getattr(val, "dtype", None), "is_floating_point", False)
 
 
 def order_nodes(gm: Any) -> list[Any]:
-    """The nodes of ``gm`` that are an order: the indices of a sort or top-k, an argmax/argmin."""
+    """The nodes of ``gm`` that are an order (the indices of a sort or top-k, an argmax/argmin) or a
+    decision (a comparison of float values)."""
     nodes = []
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
         if node.target is operator.getitem and node.args[1] == 1 and _op(node.args[0]) in ORDERS:
             nodes.append(node)
-        elif _op(node) in EXTREMA:
+        elif _op(node) in EXTREMA or (_op(node) in DECISIONS and _floating(node.args[0])):
             nodes.append(node)
     return nodes
 
@@ -66,9 +83,15 @@ def _scale(x: np.ndarray) -> float:
     return max(1.0, float(np.abs(x).max())) if x.size else 1.0
 
 
-def slack(node: Any, x: np.ndarray, ours: np.ndarray, theirs: np.ndarray) -> float:
+def slack(node: Any, x: Any, ours: np.ndarray, theirs: np.ndarray) -> float:
     """How far ONNX Runtime's order ``theirs`` of the values ``x`` is from PyTorch's ``ours``
-    in the values it picks, relative to the largest |x|."""
+    in the values it picks, relative to the largest |x|; for a decision (``x`` the pair compared;
+    for a ReLU's output, which is 0 wherever its input is at or below 0, that input), the largest
+    gap between the pair where the two decide otherwise, relative to the largest |value|."""
+    if _op(node) in DECISIONS:
+        a, b = (np.asarray(v, dtype=np.float64) for v in x)
+        gap = np.broadcast_to(np.abs(a - b), ours.shape)[ours != theirs]
+        return float(gap.max()) / max(_scale(a), _scale(b)) if gap.size else 0.0
     if _op(node) in EXTREMA:
         dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
         keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
@@ -85,31 +108,59 @@ def slack(node: Any, x: np.ndarray, ours: np.ndarray, theirs: np.ndarray) -> flo
 
 
 def run_pinned(
-    gm: Any, args: list[Any], theirs: dict[str, np.ndarray], rtol: float
+    gm: Any, args: list[Any], theirs: dict[str, np.ndarray], rtol: float, wide: bool = False
 ) -> tuple[list[Any], list[str]]:
-    """Run the traced graph ``gm`` on ``args`` with each order named in ``theirs`` (by
+    """Run the traced graph ``gm`` on ``args`` with each order or decision named in ``theirs`` (by
     :func:`order_name`) taking ONNX Runtime's value where it differs from PyTorch's only by
     near-ties of PyTorch's own values (:func:`slack` within ``rtol``): its results and the nodes
-    whose order was taken from ONNX Runtime."""
+    whose value was taken from ONNX Runtime. ``wide``: in float64 (every float32 tensor and dtype an
+    operator is given as float64), the reference float32 rounding is measured against."""
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
     differed: list[str] = []
     ordered: dict[str, Any] = {}  # the values each order ranks (the interpreter frees them after use)
+    decided = [n for n in gm.graph.nodes if _op(n) in DECISIONS and order_name(n) in theirs]
+    clipped = {n.args[0] for n in decided if _op(n.args[0]) == "relu"}
 
     class Pinned(torch.fx.Interpreter):
         def run_node(self, node: Any) -> Any:
-            if _op(node) in ORDERS or _op(node) in EXTREMA:
+            values = None
+            if _op(node) in ORDERS or _op(node) in EXTREMA or node in clipped:
                 ordered[node.name] = _array(self.env[node.args[0]])
+            elif _op(node) in DECISIONS and order_name(node) in theirs:
+                pair = [_array(a) for a in self.fetch_args_kwargs_from_env(node)[0][:2]]
+                values = [ordered.get(node.args[0].name, pair[0]), pair[1]]  # a ReLU's: its input
             result = super().run_node(node)
             value = theirs.get(order_name(node))
             if value is None or value.shape != tuple(result.shape) or np.array_equal(_array(result), value):
                 return result
-            source = node if _op(node) in EXTREMA else node.args[0]
-            if not slack(node, ordered[source.name], _array(result), value) <= rtol:
+            if values is None:
+                values = ordered[(node if _op(node) in EXTREMA else node.args[0]).name]
+            if not slack(node, values, _array(result), value) <= rtol:
                 return result
             differed.append(node.name)
             return torch.from_numpy(value.astype(_array(result).dtype))
 
+        def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+            if wide:
+                args, kwargs = _widened(args, torch), _widened(kwargs, torch)
+            return super().call_function(target, args, kwargs)
+
+    if wide:
+        args = _widened(list(args), torch)
     with torch.no_grad():
         results = Pinned(gm).run(*args)
     return list(results), differed
+
+
+def _widened(value: Any, torch: Any) -> Any:
+    """``value`` (a node's arguments) with float32 dtypes and tensors as float64."""
+    if value is torch.float32:
+        return torch.float64
+    if isinstance(value, torch.Tensor):
+        return value.double() if value.dtype == torch.float32 else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_widened(v, torch) for v in value)
+    if isinstance(value, dict):
+        return {k: _widened(v, torch) for k, v in value.items()}
+    return value

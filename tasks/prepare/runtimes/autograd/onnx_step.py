@@ -30,6 +30,7 @@ from tasks.prepare.runtimes.autograd.trace import MAX_BATCH
 log = logging.getLogger(__name__)
 NO_CONVERSION = re.compile(r"No ONNX function found for <OpOverload\(op='([^']+)', overload='([^']+)'\)>")
 RTOL = 1e-4  # of the largest |value| of each result: the graph and ORT fuse float32 ops differently
+FLOOR = 2.0  # beyond RTOL: ORT's distance from float64 at most this many times PyTorch float32's own
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,8 @@ def check_runs(step: StepGraph, model: Any, arrays: list[np.ndarray], what: str)
     """Run ``model`` (the step, with its orders as extra outputs) in ONNX Runtime on ``arrays`` and
     compare each result with the traced graph's, run with ONNX Runtime's orders where they differ
     only by near-ties (:mod:`.discrete`); the largest relative difference (ArtifactError beyond
-    :data:`RTOL`)."""
+    :data:`RTOL`, unless ONNX Runtime's result is within :data:`FLOOR` times PyTorch float32's own
+    distance from the traced graph run in float64: float32 rounding that a deep model amplifies)."""
     import onnxruntime  # the inference build's API, as the board's
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
@@ -139,16 +141,29 @@ def check_runs(step: StepGraph, model: Any, arrays: list[np.ndarray], what: str)
     front, noise = [torch.from_numpy(a) for a in arrays[:n]], [torch.from_numpy(a) for a in arrays[n:]]
     want, differed = run_pinned(step.gm, [*front, *step.frozen, *noise], theirs, RTOL)
     if differed:
-        log.info("%s: ONNX Runtime ordered near-ties otherwise than PyTorch at %s (its order kept for the check)",
-                 what, ", ".join(differed))  # fmt: skip
-    worst = 0.0
-    for name, g, w in zip(step.outputs, got, want, strict=True):
-        w = w.detach().numpy()
-        scale = max(1.0, float(np.abs(w).max())) if w.size else 1.0
-        diff = float(np.abs(g.astype(np.float64) - w).max()) / scale if w.size else 0.0
-        if not diff <= RTOL:
+        log.info("%s: ONNX Runtime ordered or decided near-ties otherwise than PyTorch at %s (its choice kept "
+                 "for the check)", what, ", ".join(differed))  # fmt: skip
+    want = [w.detach().numpy() for w in want]
+    diffs = [relative(g, w) for g, w in zip(got, want, strict=True)]
+    if all(d <= RTOL for d in diffs):
+        log.debug("%s matches the traced step within %.3g", what, max(diffs, default=0.0))
+        return max(diffs, default=0.0)
+    exact, _ = run_pinned(step.gm, [*front, *step.frozen, *noise], theirs, RTOL, wide=True)
+    for name, g, w, e, diff in zip(step.outputs, got, want, exact, diffs, strict=True):
+        ours, own = relative(g, e.numpy()), relative(w, e.numpy())
+        if not (diff <= RTOL or ours <= max(RTOL, FLOOR * own)):
             raise ArtifactError(f"{what}: output {name!r} computed by ONNX Runtime differs from PyTorch's traced "
-                                f"step by {diff:.3g} (relative; at most {RTOL} expected)")  # fmt: skip
-        worst = max(worst, diff)
-    log.debug("%s matches the traced step within %.3g", what, worst)
-    return worst
+                                f"step by {diff:.3g} (relative; at most {RTOL} expected), and from that step in "
+                                f"float64 by {ours:.3g} where PyTorch's float32 differs by {own:.3g}")  # fmt: skip
+        if diff > RTOL:
+            log.info("%s: output %r differs from PyTorch's float32 by %.3g, float32 rounding: from the step in "
+                     "float64 ONNX Runtime's differs by %.3g, PyTorch's by %.3g", what, name, diff, ours, own)  # fmt: skip
+    return max(diffs)
+
+
+def relative(got: np.ndarray, want: np.ndarray) -> float:
+    """The largest |got - want| relative to the largest |want| (at least 1)."""
+    if not want.size:
+        return 0.0
+    scale = max(1.0, float(np.abs(want).max()))
+    return float(np.abs(got.astype(np.float64) - want).max()) / scale
