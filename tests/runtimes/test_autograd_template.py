@@ -1,17 +1,20 @@
 """The inference template: every parameter and buffer of the model is an initializer of its own name
 (a fresh BatchNorm's running statistics equal its weight and bias, which the exporter would otherwise
-merge), and writing weights at the found offsets is the same file as rewriting the initializers."""
+merge), writing weights at the found offsets is the same file as rewriting the initializers, and a
+template whose export holds If nodes (a shape-computed ``tile``, as SAM2's Hiera window embedding)
+keeps what their branches read from outside."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnxruntime
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import numpy_helper
 
-from tasks.prepare.runtimes.autograd.template import export_inference, locate, patched
+from tasks.prepare.runtimes.autograd.template import export_inference, locate, patched, write_template
 
 
 class Fresh(torch.nn.Module):
@@ -24,6 +27,19 @@ class Fresh(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.relu(self.bn(self.conv(x))).mean(dim=(2, 3)))
+
+
+class Tiled(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 4, 3, padding=1)
+        self.window = torch.nn.Parameter(torch.randn(1, 4, 2, 2))
+        self.fc = torch.nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.conv(x)  # the tile's repeats are traced sizes: the exporter writes Ifs on their count
+        y = y + self.window.tile((y.shape[-2] // 2, y.shape[-1] // 2))
+        return self.fc(y.mean(dim=(2, 3))), y
 
 
 def _exported(tmp_path) -> onnx.ModelProto:
@@ -55,3 +71,13 @@ def test_patching_the_offsets_is_rewriting_the_initializers(tmp_path_factory, se
         if init.name in weights:
             init.CopyFrom(numpy_helper.from_array(weights[init.name], init.name))
     assert patched(data, offsets, weights) == rewritten.SerializeToString()
+
+
+def test_a_template_with_if_nodes_keeps_what_their_branches_read(tmp_path):
+    model, x = Tiled().eval(), torch.randn(3, 1, 4, 4)
+    export_inference(model, (torch.randn(7, 1, 4, 4),), ["input"], ["logits", "map"], tmp_path / "m.onnx")
+    exported = onnx.load(str(tmp_path / "m.onnx"))
+    assert any(n.op_type == "If" for n in exported.graph.node)
+    write_template(exported, ["logits"], ["conv.weight", "window", "fc.weight"], tmp_path / "t.onnx")
+    (got,) = onnxruntime.InferenceSession(str(tmp_path / "t.onnx")).run(None, {"input": x.numpy()})
+    np.testing.assert_allclose(got, model(x)[0].detach().numpy(), rtol=1e-5, atol=1e-6)

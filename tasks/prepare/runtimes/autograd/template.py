@@ -67,8 +67,21 @@ def _export(model: Any, inputs: tuple[Any, ...], input_names: list[str], output_
             output_names=output_names, dynamic_axes=axes, keep_initializers_as_inputs=True))  # fmt: skip
 
 
+def reads(node: onnx.NodeProto) -> set[str]:
+    """The names ``node`` reads: its inputs and, in the graphs of its attributes (an If's branches,
+    a Loop's body, at any depth), every name they read, the outer scope's among them."""
+    names = {i for i in node.input if i}
+    for attr in node.attribute:
+        for graph in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+            for inner in graph.node:
+                names |= reads(inner)
+            names.update(o.name for o in graph.output)
+    return names
+
+
 def keep_outputs(model: onnx.ModelProto, outputs: list[str]) -> None:
-    """Keep only ``outputs`` and what computes them (nodes, inputs, initializers), in place."""
+    """Keep only ``outputs`` and what computes them (nodes, inputs, initializers, and what the
+    branches of an If among them read from outside), in place."""
     graph = model.graph
     kept_outputs = [o for o in graph.output if o.name in outputs]
     del graph.output[:]
@@ -77,7 +90,7 @@ def keep_outputs(model: onnx.ModelProto, outputs: list[str]) -> None:
     for node in reversed(graph.node):
         if needed & set(node.output):
             nodes.append(node)
-            needed.update(i for i in node.input if i)
+            needed |= reads(node)
     del graph.node[:]
     graph.node.extend(reversed(nodes))
     inits = [i for i in graph.initializer if i.name in needed]
