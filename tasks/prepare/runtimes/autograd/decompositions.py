@@ -28,7 +28,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tasks.prepare.runtimes.autograd import fast_grads
+from tasks.prepare.runtimes.autograd import fast_grads, strided
 
 
 def _aten() -> Any:
@@ -243,4 +243,5 @@ def own_table() -> dict[Any, Callable[..., Any]]:
         aten.threshold_backward.default: fast_grads.threshold_backward,
         aten.max_pool2d_with_indices.default: fast_grads.max_pool2d_with_indices,
         aten.max_pool2d_with_indices_backward.default: fast_grads.max_pool2d_with_indices_backward,
+        aten.as_strided_scatter.default: strided.as_strided_scatter,
     }

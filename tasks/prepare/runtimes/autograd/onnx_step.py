@@ -25,6 +25,7 @@ from tasks.prepare.onnx_versions import check_board_loadable
 from tasks.prepare.runtimes.autograd import onnx_passes
 from tasks.prepare.runtimes.autograd.discrete import order_name, order_nodes, run_pinned, with_orders
 from tasks.prepare.runtimes.autograd.noise import NoiseInput
+from tasks.prepare.runtimes.autograd.op_checks import check_recorded, recorded_table, recording
 from tasks.prepare.runtimes.autograd.trace import MAX_BATCH
 
 log = logging.getLogger(__name__)
@@ -87,9 +88,10 @@ def noise_arrays(noise: list[NoiseInput], batch: int, seed: int = 0) -> list[np.
     return [rng.random([batch if d == "batch" else d for d in n.shape], dtype=np.float32) for n in noise]
 
 
-def export_step(step: StepGraph, path: Path) -> None:
+def export_step(step: StepGraph, path: Path) -> dict[str, float]:
     """Write ``step`` to ``path`` as ONNX; ArtifactError (one line) when it cannot be exported,
-    would not load on the board or computes something else than the traced graph."""
+    would not load on the board or computes something else than the traced graph. The checks of the
+    decompositions the export used (:func:`export_table`), as :func:`.op_checks.check_recorded`."""
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
     batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
@@ -103,12 +105,16 @@ def export_step(step: StepGraph, path: Path) -> None:
     extra = [order_name(n) for n in orders]
 
     def write() -> None:
-        program = torch.onnx.export(module, args, dynamo=True, dynamic_shapes=(tuple(shapes),), input_names=names,
+        exported = torch.export.export(module, args, dynamic_shapes=(tuple(shapes),), strict=False)
+        exported = exported.run_decompositions(export_table())  # before the exporter's own ones
+        program = torch.onnx.export(exported, args, dynamo=True, input_names=names,
                                     output_names=[*step.outputs, *extra], optimize=False)  # fmt: skip
         onnx_passes.optimize(program.model)  # what optimize=True does, the costly pass last
         program.save(str(path))
 
-    exporting(f"the step {path.name}", write)
+    with recording() as uses:
+        exporting(f"the step {path.name}", write)
+    checked = check_recorded(uses)
     model = onnx.load(str(path))
     check_board_loadable(model, path.name)
     check_runs(step, model, [a.numpy() for a in args], path.name)
@@ -117,6 +123,17 @@ def export_step(step: StepGraph, path: Path) -> None:
         del model.graph.output[:]
         model.graph.output.extend(kept)
         onnx.save(model, str(path))
+    return checked
+
+
+def export_table() -> dict[Any, Callable[..., Any]]:
+    """Our decompositions of the operators that the export's functionalisation writes and the
+    exporter decomposes only into primitives it cannot convert (writes through a strided view),
+    each recording its uses for :mod:`.op_checks`."""
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    op = torch.ops.aten.as_strided_scatter.default
+    return {op: recorded_table()[op]}
 
 
 def check_runs(step: StepGraph, model: Any, arrays: list[np.ndarray], what: str) -> float:

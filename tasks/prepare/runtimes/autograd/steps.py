@@ -99,7 +99,7 @@ def build_steps(recipe: Recipe, model: Any, trainable: list[str], art: Path,
             outs + (grads if training else []),
             checked,
         )
-        export_step(graph, art / (TRAIN_FILE if training else EVAL_FILE))
+        checked.update(export_step(graph, art / (TRAIN_FILE if training else EVAL_FILE)))
         noise[training] = graph.noise
     described = [
         {"name": n, "dtype": str(t.numpy().dtype), "shape": ["batch", *t.shape[1:]]} for n, t in feeds

@@ -1,0 +1,80 @@
+"""A forward that restrides a tensor (``as_strided``: here an adaptive 1d pool's output, Swin's
+pooler) has a backward the exporter writes as ``as_strided_scatter``: the autograd runtime writes it
+as a scatter over the flat input (:mod:`tasks.prepare.runtimes.autograd.strided`), equal to
+PyTorch's kernel on every view of a contiguous tensor, and such a model trains with PyTorch's
+loss and gradients."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnxruntime
+import pytest
+import torch
+
+from tasks.prepare.runtimes.autograd.op_checks import TensorArg, Use, check_use
+from tasks.prepare.runtimes.autograd.strided import as_strided_scatter
+from tests.runtimes.kit import assert_step_equals, prepared_module, torch_model
+
+aten = torch.ops.aten
+MODULE = """
+from torch import nn
+
+
+class Pooled1d(nn.Module):
+    # tokens pooled by AdaptiveAvgPool1d over their transpose, as Swin's pooler does
+
+    def __init__(self, num_classes=3):
+        super().__init__()
+        self.conv, self.mix, self.pool = nn.Conv2d(1, 4, 3, padding=1), nn.Linear(4, 4), nn.AdaptiveAvgPool1d(1)
+        self.head = nn.Linear(4, num_classes)
+
+    def forward(self, x):
+        tokens = self.mix(self.conv(x).relu().flatten(2).transpose(1, 2))
+        return self.head(self.pool(tokens.transpose(1, 2)).flatten(1))
+"""
+
+
+@pytest.mark.parametrize(
+    ("base", "size", "stride", "offset"),
+    [
+        ([6, 5], [6, 5], [5, 1], 0),  # the whole tensor
+        ([4, 6], [3, 2], [6, 2], 1),  # every other column, shifted
+        ([2, 3, 4], [4, 3, 2], [1, 4, 12], 0),  # a transposed view
+        ([5, 1, 1], [5, 1, 1], [1, 5, 5], 0),  # size-1 axes with any stride (a pool's output)
+        ([10], [3, 3], [2, 1], 2),  # overlapping-free windows of a vector
+    ],
+)
+def test_as_strided_scatter_equals_pytorch(base, size, stride, offset):
+    gen = torch.Generator().manual_seed(0)
+    inp, src = torch.randn(base, generator=gen), torch.randn(size, generator=gen)
+    want = aten.as_strided_scatter(inp, src, size, stride, offset)
+    assert torch.equal(as_strided_scatter(inp, src, size, stride, offset), want)
+    use = Use(aten.as_strided_scatter.default, (TensorArg(tuple(base), torch.float32),
+                                                TensorArg(tuple(size), torch.float32), tuple(size), tuple(stride), offset))  # fmt: skip
+    assert check_use(use) == 0.0
+
+
+def test_a_non_contiguous_input_is_left_to_pytorch():
+    inp = torch.randn(4, 6).t()
+    assert as_strided_scatter(inp, torch.randn(2, 2), [2, 2], [1, 4], 0) is NotImplemented
+
+
+def test_a_restrided_forward_trains_with_pytorch_gradients(tmp_path):
+    recipe, prepared = prepared_module(tmp_path, "pooled", MODULE, {"model": {"callable": "pooled:Pooled1d"}})
+    step = json.loads((prepared.artifacts_dir / "step.json").read_text())
+    manifest = json.loads((prepared.artifacts_dir.parent / "manifest.json").read_text())
+    assert any(k.startswith("aten.as_strided_scatter") for k in manifest["decompositions_checked"])
+    session = onnxruntime.InferenceSession(str(prepared.artifacts_dir / "train_step.onnx"))
+    with np.load(prepared.artifacts_dir / "checkpoint.npz") as ckpt:
+        weights = dict(ckpt)
+    data = np.load(recipe.data.train)
+    x, y = data["x"][:5], data["y"][:5].astype(np.int64)
+    model = torch_model(recipe, weights)
+    loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))
+    loss.backward()
+    grads = {n: p.grad.numpy() for n, p in model.named_parameters()}
+    assert_step_equals(
+        session.run(None, {"input": x, "labels": y, **weights}), step["trainable"], loss.item(), grads
+    )
