@@ -10,17 +10,22 @@ import json
 import numpy as np
 import pytest
 
+from tests.fixtures_prepare import needs_ort_training
 from tests.flow.test_flow import _run
 from tests.prepare.foreign_kit import shared_initializers, write_avgpool, write_foreign
 
 pytestmark = pytest.mark.slow
 
 
-def _manifest(recipe_path):
+def _manifest(recipe_path, board: str, version: str):
+    """The manifest the registry keeps with the run's version (the prepared folder's name hashes the
+    preparation code, which may change while the suite runs)."""
     from tasks import stages
     from tasks.recipe.load import load_recipe
 
-    return json.loads((stages.inputs(load_recipe(recipe_path)).folder / "manifest.json").read_text())
+    name = load_recipe(recipe_path).name
+    found = next(v for v in stages.registry().versions(name, board) if v.name == version)
+    return json.loads((found.path / "manifest.json").read_text())
 
 
 def test_avg_pool_after_frozen_batchnorm_trains_on_the_board(
@@ -28,17 +33,23 @@ def test_avg_pool_after_frozen_batchnorm_trains_on_the_board(
 ):
     recipe = write_avgpool(tmp_path)
     _, out = _run(flow_board.name, recipe=str(recipe))
-    manifest = _manifest(recipe)
+    manifest = _manifest(recipe, flow_board.name, out.version)
     assert manifest["batchnorm"] == "frozen" and manifest["fixups"]["average_pools_as_convs"] == 1
     base, cand = out.metrics["base"], out.metrics["candidate"]
     assert np.isfinite(cand["loss"]) and cand["loss"] < base["loss"]  # it learned on the board
 
 
+@pytest.mark.parametrize("runtime", ["ort-training", "autograd"])
 def test_foreign_onnx_sharing_initializers_across_the_cut_completes(
-    prefect_harness, flow_home, flow_board, tmp_path
+    prefect_harness, flow_home, flow_board, tmp_path, runtime
 ):
-    recipe = write_foreign(tmp_path)
+    """Under either runtime (autograd differentiates the file's PyTorch twin, onnx2torch, and trains that graph)."""
+    if runtime == "ort-training":
+        needs_ort_training()
+    recipe = write_foreign(tmp_path, runtime)
     assert shared_initializers(tmp_path / "foreign.onnx")
     _, out = _run(flow_board.name, recipe=str(recipe))
-    assert _manifest(recipe)["prefix_cache"]["enabled"]  # the board trained the split suffix
+    manifest = _manifest(recipe, flow_board.name, out.version)
+    assert manifest.get("runtime", "ort-training") == runtime
+    assert manifest["prefix_cache"]["enabled"]  # the board trained the split suffix
     assert np.isfinite(out.metrics["candidate"]["loss"])  # the joined model was evaluated

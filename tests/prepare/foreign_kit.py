@@ -60,8 +60,9 @@ class Foreign(nn.Module):
         return self.fc(self.f(x).mean((2, 3)))
 
 
-def write_foreign(folder: Path) -> Path:
-    """Write foreign.onnx, train/test data and recipe.toml into ``folder``; return the recipe path."""
+def write_foreign(folder: Path, runtime: str = "ort-training") -> Path:
+    """Write foreign.onnx, train/test data and recipe.toml (``training.runtime`` = ``runtime``) into
+    ``folder``; return the recipe path."""
     torch.manual_seed(0)
     path = folder / "foreign.onnx"
     torch.onnx.export(Foreign().eval(), (torch.randn(1, 1, 8, 8),), str(path), dynamo=False,
@@ -80,7 +81,9 @@ def write_foreign(folder: Path) -> Path:
             x=x,
             y=(x[:, 0, :4].mean((1, 2)) > 0).astype(np.int64) * 2 + (x[:, 0, 4:].mean((1, 2)) > 0),
         )
-    (folder / "recipe.toml").write_text(RECIPE)
+    (folder / "recipe.toml").write_text(
+        RECIPE.replace("[training]\n", f'[training]\nruntime = "{runtime}"\n')
+    )
     return folder / "recipe.toml"
 
 
