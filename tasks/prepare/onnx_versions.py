@@ -1,5 +1,6 @@
 """The ONNX versions of the pipeline: the opset the exporter writes, the newest IR and opset the
-board's ONNX Runtime 1.19.2 loads, and the check that a graph of either runtime stays within them."""
+board's ONNX Runtime 1.19.2 loads, the check that a graph of either runtime stays within them, and
+sub-graph extraction as both pinned onnx releases do it (1.17.0 on Python 3.11, 1.18.0 on 3.12/3.13)."""
 
 from __future__ import annotations
 
@@ -29,3 +30,10 @@ def check_board_loadable(model: onnx.ModelProto, what: str) -> None:
             f"{what} uses opset {onnx_opset(model)}; ORT 1.19.2 on the board supports "
             f"opset <= {MAX_OPSET} (export with opset 17)"
         )
+
+
+def extractor(model: onnx.ModelProto) -> onnx.utils.Extractor:
+    """``onnx.utils.Extractor`` over ``model`` with its shapes inferred first: onnx 1.17 inferred them
+    inside, 1.18 no longer does, and its ``extract_model`` then fails with a KeyError on a tensor
+    without value_info (every intermediate of a TorchScript export)."""
+    return onnx.utils.Extractor(onnx.shape_inference.infer_shapes(model))

@@ -22,6 +22,7 @@ import onnx
 from onnx import compose, numpy_helper
 
 from tasks.errors import ArtifactError
+from tasks.prepare.onnx_versions import extractor
 
 SPLIT_DIR = "artifacts/split"
 RANDOM_OPS = {
@@ -143,7 +144,7 @@ def find_cut(model: onnx.ModelProto, trainable: list[str], batchnorm: str = "fro
 
 def extract(model: onnx.ModelProto, inputs: list[str], outputs: list[str]) -> onnx.ModelProto:
     """The sub-model from ``inputs`` to ``outputs`` (shapes inferred, initializers kept by name)."""
-    sub = onnx.utils.Extractor(model).extract_model(inputs, outputs)
+    sub = extractor(model).extract_model(inputs, outputs)
     sub.ir_version, sub.producer_name = model.ir_version, "odl-prefix-split"
     del sub.opset_import[:]
     sub.opset_import.extend(model.opset_import)

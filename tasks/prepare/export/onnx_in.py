@@ -9,7 +9,7 @@ turns one into the ``model.onnx`` the artifact generation takes:
 2. convert its opset with onnx's version converter when it is outside 13-21 (ORT 1.19.2's
    training generates artifacts for 13-21 as they are: measured on mobilenet_v2);
 3. cut it: ``model.cut_at`` tensors become the outputs and everything after them is dropped
-   (``onnx.utils.Extractor``, onnx's own sub-graph extraction);
+   (``onnx.utils.Extractor``, onnx's own sub-graph extraction, shapes inferred first);
 4. make every layer parameter an initializer the board trains and loads: float ``Constant``
    weights become initializers, float16/64 ones cast to float become float32, ``Identity`` nodes of
    weights go (:mod:`tasks.prepare.rewrites.param_chains`);
@@ -34,6 +34,7 @@ from onnx import TensorProto, helper, numpy_helper, version_converter
 from tasks.errors import ModelError, RecipeError, ort_message
 from tasks.prepare.feeds import graph_feeds
 from tasks.prepare.messages import layer_of
+from tasks.prepare.onnx_versions import extractor
 from tasks.prepare.rewrites.param_chains import check_checkpoint_dtypes, fold_parameter_chains
 from tasks.prepare.sandbox.ort_parent import RunFailed
 from tasks.prepare.sandbox.probe_failures import init_failure_node, node_failure
@@ -116,7 +117,7 @@ def cut(model: onnx.ModelProto, tensors: tuple[str, ...]) -> onnx.ModelProto:
     inits = {i.name for i in model.graph.initializer}
     inputs = [i.name for i in model.graph.input if i.name not in inits]
     try:
-        return onnx.utils.Extractor(model).extract_model(inputs, list(tensors))
+        return extractor(model).extract_model(inputs, list(tensors))
     except Exception as exc:
         raise ModelError(f"model.cut_at {list(tensors)}: onnx cannot extract that sub-graph: {exc}") from exc
 
