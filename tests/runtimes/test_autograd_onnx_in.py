@@ -28,6 +28,7 @@ from tasks.prepare.runtimes.autograd.from_onnx import torch_twin
 from tests.fixtures_prepare import needs_ort_training
 from tests.runtimes.kit import assert_trained_alike, prepared_by_odl, run_job, step_losses
 
+pytestmark = pytest.mark.slow  # one odl prepare per export (15-40 s on a loaded machine), shared by its tests
 EXPORTS = ("bn-kept", "bn-folded", "dynamo18")
 SIZE, CLASSES = 12, 3
 STEPS = 12
