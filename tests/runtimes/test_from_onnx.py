@@ -38,6 +38,15 @@ def test_a_gemm_without_trans_b_keeps_its_weight_transposed_so_it_cannot_train()
         torch_twin(model, ["W"])
 
 
+def test_a_weight_one_of_its_readers_holds_transposed_cannot_train():
+    """A MatMul holds it as it is, a Gemm with transB=0 transposed: training only one would be wrong."""
+    w = np.random.default_rng(2).standard_normal((4, 4))
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="first"),
+             helper.make_node("Gemm", ["h", "W"], ["y"], name="second", transB=0)]  # fmt: skip
+    with pytest.raises(RecipeError, match=r"^recipe field 'trainable': .*\(got 'W'\)$"):
+        torch_twin(_model(nodes, {"W": w}, 4), ["W"])
+
+
 def test_an_initializer_two_nodes_read_trains_with_the_sum_of_their_gradients():
     rng = np.random.default_rng(1)
     w = rng.standard_normal((4, 4)).astype(np.float32)

@@ -35,7 +35,8 @@ REDUCTIONS = ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", 
 
 def torch_twin(graph: onnx.ModelProto, trainable: list[str]) -> tuple[Any, dict[str, list[str]]]:
     """The eval-mode torch module of ``graph`` and, for each of ``trainable``, the names of the torch
-    tensors that hold it (RecipeError for one that no torch tensor holds as it is)."""
+    tensors that hold it, one per read (RecipeError for one that some read holds transformed or not at
+    all)."""
     import onnx2torch  # heavy (imports torch): only when an ONNX model trains under autograd
 
     _register_reductions()
@@ -48,8 +49,9 @@ def torch_twin(graph: onnx.ModelProto, trainable: list[str]) -> tuple[Any, dict[
                          "'ort-training' trains the ONNX graph itself)") from exc  # fmt: skip
     names = tensor_names(module, graph)
     constant_reshapes(module)
-    for name in trainable:
-        if not names.get(name):
+    reads = [name for node in graph.graph.node for name in node.input]
+    for name in trainable:  # every read held as it is, else the twin would train some reads only
+        if len(names.get(name, [])) != reads.count(name):
             raise RecipeError("trainable", "tensors the autograd runtime's PyTorch twin of the ONNX model holds as "
                               "they are (onnx2torch stores this one transformed or not at all: leave it frozen, or "
                               "use training.runtime = 'ort-training')", name)  # fmt: skip
