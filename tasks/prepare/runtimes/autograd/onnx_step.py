@@ -165,17 +165,30 @@ def check_runs(step: StepGraph, model: Any, arrays: list[np.ndarray], what: str)
     if all(d <= RTOL for d in diffs):
         log.debug("%s matches the traced step within %.3g", what, max(diffs, default=0.0))
         return max(diffs, default=0.0)
-    exact, _ = run_pinned(step.gm, [*front, *step.frozen, *noise], theirs, RTOL, wide=True)
-    for name, g, w, e, diff in zip(step.outputs, got, want, exact, diffs, strict=True):
-        ours, own = relative(g, e.numpy()), relative(w, e.numpy())
+    exact = _in_float64(step.gm, [*front, *step.frozen, *noise], theirs)
+    for name, g, w, e, diff in zip(step.outputs, got, want, exact or want, diffs, strict=True):
+        ours, own = (relative(g, e), relative(w, e)) if exact else (diff, 0.0)
         if not (diff <= RTOL or ours <= max(RTOL, FLOOR * own)):
+            why = (
+                f", and from that step in float64 by {ours:.3g} where PyTorch's float32 differs by {own:.3g}"
+            )
             raise ArtifactError(f"{what}: output {name!r} computed by ONNX Runtime differs from PyTorch's traced "
-                                f"step by {diff:.3g} (relative; at most {RTOL} expected), and from that step in "
-                                f"float64 by {ours:.3g} where PyTorch's float32 differs by {own:.3g}")  # fmt: skip
+                                f"step by {diff:.3g} (relative; at most {RTOL} expected){why if exact else ''}")  # fmt: skip
         if diff > RTOL:
             log.info("%s: output %r differs from PyTorch's float32 by %.3g, float32 rounding: from the step in "
                      "float64 ONNX Runtime's differs by %.3g, PyTorch's by %.3g", what, name, diff, ours, own)  # fmt: skip
     return max(diffs)
+
+
+def _in_float64(gm: Any, args: list[Any], theirs: dict[str, np.ndarray]) -> list[np.ndarray] | None:
+    """The traced step's results in float64 with ONNX Runtime's near-tie choices, or None when an
+    operator of it has no float64 kernel (then the float32 bound stands alone)."""
+    try:
+        results, _ = run_pinned(gm, args, theirs, RTOL, wide=True)
+    except (RuntimeError, TypeError, NotImplementedError) as exc:  # PyTorch's "not implemented for 'Double'"
+        log.debug("the step in float64 does not run: %s", exc)
+        return None
+    return [r.detach().numpy() for r in results]
 
 
 def relative(got: np.ndarray, want: np.ndarray) -> float:
