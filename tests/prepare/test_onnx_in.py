@@ -25,15 +25,23 @@ def foreign(tmp_path_factory):
     from tasks.prepare.datasets import ensure_datasets
     from tasks.recipe.load import load_recipe
 
-    recipe = load_recipe(RECIPE)
+    recipe = load_recipe(RECIPE, _on_this_host())
     ensure_datasets(recipe)
     return recipe
+
+
+def _on_this_host() -> dict:
+    """The recipe's runtime where this host prepares it, else autograd (Python >= 3.12 has no
+    onnxruntime-training): the adaptation of the ONNX file is the same under both."""
+    from tasks.recipe.host_runtime import why_no_ort_training
+
+    return {} if why_no_ort_training() is None else {"training.runtime": "autograd"}
 
 
 def _recipe(overrides=None):
     from tasks.recipe.load import load_recipe
 
-    return load_recipe(RECIPE, overrides or {})
+    return load_recipe(RECIPE, _on_this_host() | (overrides or {}))
 
 
 def _adapt(recipe, tmp_path) -> onnx.ModelProto:
@@ -203,6 +211,7 @@ def test_bad_inputs_are_one_line_errors_naming_the_field(tmp_path):
         _adapt(_tiny_recipe(broken), tmp_path)
 
 
+@pytest.mark.ort_training  # ORT's gradient builder's refusal
 def test_an_op_without_gradient_after_train_from_is_named(tmp_path):
     """Floor has no gradient in ORT 1.19.2: training from g1 must differentiate through it."""
     from tasks.prepare.runtimes.ort_training.artifacts import generate
@@ -220,6 +229,7 @@ def test_an_op_without_gradient_after_train_from_is_named(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.ort_training  # the recipe's runtime; tests/runtimes/test_autograd_onnx_in.py has a BN-folded export
 def test_the_wiki_case_from_an_eval_mode_mobilenet_v2_export(tmp_path):
     """recipes/mobilenet_v2_onnx.toml: torchvision mobilenet_v2 exported as the wiki's section 4.1
     does (BN folded), cut before its classifier, a 2-class head; the last conv trains under the
