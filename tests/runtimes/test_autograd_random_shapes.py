@@ -1,6 +1,7 @@
 """A random draw whose size is a multiple of the batch (patches folded into the batch axis, as
 MobileViT's transformer drops them) is a ``(batch, count)`` noise input the step lays out as the
-draw: the train step takes any batch and its loss and gradients are PyTorch's for that noise."""
+draw: the train step takes any batch and its loss and gradients are PyTorch's for that noise. A draw
+of another size of the batch is refused in one whole line that writes its shape with ``batch``."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import onnxruntime
 import pytest
 import torch
 
+from tasks.errors import ModelError
 from tests.runtimes.kit import assert_step_equals, prepared_module, torch_model
 
 P = 0.5
 MODULE = f"""
+import torch
 from torch import nn
 
 
@@ -29,6 +32,14 @@ class PatchDrop(nn.Module):
         y, b = self.conv(x).relu(), x.shape[0]
         patches = y.reshape(b, 4, 2, 2, 2, 2).permute(0, 2, 4, 3, 5, 1).reshape(b * 4, 4, 4)
         return self.head(self.drop(patches).reshape(b, 64))
+
+
+class PairDrop(PatchDrop):
+    # a draw per pair of samples: batch x batch rows, which no fixed count per sample gives
+
+    def forward(self, x):
+        b = x.shape[0]
+        return super().forward(x) * (torch.rand(b * b, 3) > 0.5).float().reshape(b, b, 3).mean(1)
 """
 
 
@@ -64,3 +75,11 @@ def test_a_draw_of_a_multiple_of_the_batch_trains_at_any_batch(patch_prepared):
         noise = np.random.default_rng(batch).random((batch, 64), dtype=np.float32)
         got = session.run(None, {"input": x, "labels": y, **weights, step["noise"][0]["name"]: noise})
         assert_step_equals(got, step["trainable"], *_reference(recipe, weights, x, y, noise))
+
+
+def test_a_draw_of_another_size_of_the_batch_is_refused_in_one_whole_line(tmp_path):
+    with pytest.raises(ModelError) as info:
+        prepared_module(tmp_path, "pairdrop", MODULE, {"model": {"callable": "pairdrop:PairDrop"}})
+    message = str(info.value)
+    assert "[batch**2, 3]" in message and message.endswith("a fixed multiple of the batch")
+    assert "\n" not in message
