@@ -16,9 +16,10 @@ from tasks.prepare.runtimes.autograd.from_onnx import torch_twin
 from tasks.prepare.runtimes.autograd.trace import StepInputs, forward_graph, trace_step
 
 
-def _model(nodes, inits: dict[str, np.ndarray], width: int) -> onnx.ModelProto:
+def _model(nodes, inits: dict[str, np.ndarray], width: int | list[int]) -> onnx.ModelProto:
+    shape = ["batch", *(width if isinstance(width, list) else [width])]
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", width])],
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", None])],
         [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()],
     )  # fmt: skip
@@ -67,3 +68,33 @@ def test_an_initializer_two_nodes_read_trains_with_the_sum_of_their_gradients():
     expected.backward()
     assert torch.allclose(loss, expected.detach(), rtol=1e-5)
     assert torch.allclose(grad, want.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_a_reshape_to_a_shape_the_graph_computes_traces_with_a_symbolic_batch():
+    """``x.view(x.size(0), -1)`` as the TorchScript exporter writes it (Shape, Gather, Unsqueeze,
+    Concat, Reshape): the twin reshapes to the measured [-1, 6], and the step traces at any batch."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((6, 2)).astype(np.float32)
+    consts = {"zero": np.array(0), "minus_one": np.array([-1]), "axes": np.array([0])}
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]), helper.make_node("Gather", ["shape", "zero"], ["b"]),
+             helper.make_node("Unsqueeze", ["b", "axes"], ["b1"]),
+             helper.make_node("Concat", ["b1", "minus_one"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["flat"]),
+             helper.make_node("MatMul", ["flat", "W"], ["y"], name="fc")]  # fmt: skip
+    graph = _model(nodes, {"W": w}, [2, 3])
+    for name, value in consts.items():
+        graph.graph.initializer.append(numpy_helper.from_array(value.astype(np.int64), name))
+    twin, held = torch_twin(graph, ["W"])
+    for batch in (5, 2):
+        x = torch.from_numpy(rng.standard_normal((batch, 2, 3)).astype(np.float32))
+        forward = forward_graph(twin, (x,), True, "frozen", 1, None)
+        tensors = {**dict(forward.named_parameters()), **dict(forward.named_buffers())}
+        frozen = {n: t for n, t in tensors.items() if n not in held["W"]}
+        loss_fn = lambda out, _: (out[0].square().sum(), ())  # noqa: E731
+        step = StepInputs([("x", x)], 1, {"W": torch.from_numpy(w)}, frozen, loss_fn, held)
+        loss, grad = trace_step(forward, step, grads=True)(x, torch.from_numpy(w), *frozen.values())
+        want = torch.from_numpy(w).requires_grad_()
+        expected = (x.reshape(batch, -1) @ want).square().sum()
+        expected.backward()
+        assert torch.allclose(loss, expected.detach(), rtol=1e-5)
+        assert torch.allclose(grad, want.grad, rtol=1e-5, atol=1e-5)

@@ -18,16 +18,20 @@ onnx2torch 1.5.15 has no converters for the opset-18 reductions, whose ``axes`` 
 (the dynamo exporter's files are opset 18): :func:`_register_reductions` adds them for constant axes,
 through its own ``add_converter``; and it refuses the ``allowzero=1`` the dynamo exporter puts on
 every Reshape, which :func:`_copy` drops where the constant shape has no 0 (where it changes nothing).
+A Reshape whose shape the graph computes from a ``Shape`` is given the constant shape ONNX Runtime
+measures, its batch axis -1 (:func:`batch_reshapes`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from tasks.errors import ModelError, RecipeError
+from tasks.prepare.graph import keep_outputs, observed_shapes
 
 REDUCTIONS = ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
               "ReduceLogSumExp", "ReduceSumSquare")  # fmt: skip
@@ -160,4 +164,38 @@ def _copy(graph: onnx.ModelProto) -> onnx.ModelProto:
             kept = [a for a in node.attribute if a.name != "allowzero"]
             del node.attribute[:]
             node.attribute.extend(kept)
+    batch_reshapes(copy)
     return copy
+
+
+def batch_reshapes(model: onnx.ModelProto) -> int:
+    """Each Reshape whose shape the graph computes from a ``Shape`` (``x.view(x.size(0), -1)`` in a
+    TorchScript export) given the constant shape ONNX Runtime measures on batches of 2 and 3, its batch
+    axis -1, when only that axis follows the batch; the shape's computation goes (in place; how many).
+    The converter computes such a shape as tensors whose values ``torch.export`` cannot trace with a
+    symbolic batch."""
+    consts = {i.name for i in model.graph.initializer}
+    consts |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    computed = [
+        n
+        for n in model.graph.node
+        if n.op_type == "Reshape" and len(n.input) > 1 and n.input[1] not in consts
+    ]
+    if not computed:
+        return 0
+    two, three = observed_shapes(model, 2), observed_shapes(model, 3)
+    done = 0
+    for node in computed:
+        a, b = list(two.get(node.output[0]) or []), list(three.get(node.output[0]) or [])
+        if len(a) != len(b) or not all(isinstance(d, int) for d in a + b):
+            continue
+        if [(x, y) for x, y in zip(a, b, strict=True) if x != y] != [(2, 3)]:
+            continue  # some axis other than the batch changes with it, or none does
+        dims = [-1 if x != y else x for x, y in zip(a, b, strict=True)]
+        name = f"{node.output[0]}/batch_shape"
+        model.graph.initializer.append(numpy_helper.from_array(np.array(dims, dtype=np.int64), name))
+        node.input[1] = name
+        done += 1
+    if done:
+        keep_outputs(model, [o.name for o in model.graph.output], inputs=True)
+    return done
