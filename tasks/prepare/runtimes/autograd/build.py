@@ -42,7 +42,7 @@ from tasks.prepare.feeds import data_file, feed_keys
 from tasks.prepare.manifest import common_manifest, trainable_layers
 from tasks.prepare.onnx_versions import check_board_loadable
 from tasks.prepare.rewrites.param_chains import split_shared_initializers
-from tasks.prepare.runtimes.autograd.from_onnx import torch_twin
+from tasks.prepare.runtimes.autograd.from_onnx import graph_named, torch_twin
 from tasks.prepare.runtimes.autograd.prefix_split import split_steps
 from tasks.prepare.runtimes.autograd.steps import (
     EVAL_FILE,
@@ -54,6 +54,7 @@ from tasks.prepare.runtimes.autograd.steps import (
 from tasks.prepare.runtimes.autograd.template import export_inference, write_template
 from tasks.prepare.sandbox.supervise import supervised
 from tasks.prepare.trainable import model_parameter_count, resolve_trainable
+from tasks.recipe.load import recipe_hash
 from tasks.recipe.schema import Recipe
 
 log = logging.getLogger(__name__)
@@ -158,6 +159,7 @@ def generate(recipe: Recipe, model_onnx: Path, out_dir: Path) -> dict[str, Any]:
     check_board_loadable(graph, str(model_onnx))
     split_shared_initializers(graph)  # parameters the exporter merged are PyTorch's own again
     trainable, frozen, counts = resolve_trainable(recipe, graph, ort_limits=False)
+    given, recipe = recipe, graph_named(recipe, graph)  # an ONNX model's outputs as its graph names them
     if recipe.model.kind == "onnx":  # its PyTorch twin, and the twin's tensors that hold each trainable one
         model, held = torch_twin(graph, trainable)
     else:
@@ -188,6 +190,7 @@ def generate(recipe: Recipe, model_onnx: Path, out_dir: Path) -> dict[str, Any]:
     }
     (out_dir / FILES["step"]).write_text(json.dumps(spec, indent=2))
     manifest = _manifest(recipe, out_dir, graph, trainable, frozen, counts, steps, inference)
+    manifest["recipe_hash"] = recipe_hash(given)  # the recipe as the stages load it
     manifest["prefix_cache"] = split_steps(recipe, out_dir, spec, manifest["files"], params)
     manifest["warnings"] += rnn_dropout(model)
     for line in manifest["warnings"]:

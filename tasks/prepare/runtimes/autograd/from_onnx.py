@@ -24,6 +24,7 @@ measures, its batch axis -1 (:func:`batch_reshapes`).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,7 @@ import onnx
 from onnx import numpy_helper
 
 from tasks.errors import ModelError, RecipeError
-from tasks.prepare.graph import keep_outputs, observed_shapes
+from tasks.prepare.graph import observed_shapes
 
 REDUCTIONS = ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
               "ReduceLogSumExp", "ReduceSumSquare")  # fmt: skip
@@ -60,6 +61,15 @@ def torch_twin(graph: onnx.ModelProto, trainable: list[str]) -> tuple[Any, dict[
                               "they are (onnx2torch stores this one transformed or not at all: leave it frozen, or "
                               "use training.runtime = 'ort-training')", name)  # fmt: skip
     return module.eval(), {n: names[n] for n in trainable}
+
+
+def graph_named(recipe: Any, graph: onnx.ModelProto) -> Any:
+    """``recipe`` with ``model.output_names`` as an ONNX model's adapted ``graph`` names its outputs
+    (the ORT path's manifest names them so too): a file kept without a ``[head]`` keeps its own."""
+    names = tuple(o.name for o in graph.graph.output)
+    if recipe.model.kind != "onnx" or names == tuple(recipe.model.output_names):
+        return recipe
+    return dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, output_names=names))
 
 
 def tensor_names(module: Any, graph: onnx.ModelProto) -> dict[str, list[str]]:
@@ -196,6 +206,12 @@ def batch_reshapes(model: onnx.ModelProto) -> int:
         model.graph.initializer.append(numpy_helper.from_array(np.array(dims, dtype=np.int64), name))
         node.input[1] = name
         done += 1
-    if done:
-        keep_outputs(model, [o.name for o in model.graph.output], inputs=True)
+    if done:  # the nodes that computed those shapes go (onnx2torch converts no If or Loop)
+        needed, kept = {o.name for o in model.graph.output}, []
+        for node in reversed(model.graph.node):
+            if needed & set(node.output):
+                kept.append(node)
+                needed |= set(node.input)
+        del model.graph.node[:]
+        model.graph.node.extend(reversed(kept))
     return done
