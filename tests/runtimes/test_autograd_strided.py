@@ -78,3 +78,28 @@ def test_a_restrided_forward_trains_with_pytorch_gradients(tmp_path):
     assert_step_equals(
         session.run(None, {"input": x, "labels": y, **weights}), step["trainable"], loss.item(), grads
     )
+
+
+class _Plain(torch.nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.linear(x, torch.ones(3, 4)).relu()
+
+
+class _WritesThroughStrides(torch.nn.Module):
+    def forward(self, x):
+        out = torch.zeros(x.shape[0] * 4)
+        out.as_strided((x.shape[0], 2), (4, 2)).copy_(x[:, :2])  # what a restrided backward does
+        return out
+
+
+@pytest.mark.parametrize(("module", "expected"), [(_Plain(), False), (_WritesThroughStrides(), True)])
+def test_the_own_decompositions_run_only_where_they_can_change_the_step(module, expected):
+    """The extra decomposition pass before the exporter's (a whole re-trace) runs on a program that
+    holds a mutable operator or one of the table's, and is skipped on one that cannot need it."""
+    from tasks.prepare.runtimes.autograd.onnx_step import export_table, rewrites_with
+
+    exported = torch.export.export(module, (torch.randn(3, 4),), strict=False)
+    assert rewrites_with(exported, export_table()) is expected
+    if expected:
+        ops = {str(n.target) for n in exported.run_decompositions(export_table()).graph.nodes}
+        assert not any("as_strided_scatter" in op for op in ops)  # ours: a scatter over the flat input
