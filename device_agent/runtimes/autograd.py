@@ -50,8 +50,11 @@ class Module:
     def _session(self, training: bool) -> Any:
         if training not in self._sessions:
             ort = load_onnxruntime()
+            options = session_options(ort)
+            # step.json's choice (tasks.prepare.runtimes.autograd.build.session_settings)
+            options.enable_mem_pattern = bool(self.spec.get("session", {}).get("memory_pattern", True))
             self._sessions[training] = ort.InferenceSession(
-                self._paths[training], session_options(ort), providers=["CPUExecutionProvider"]
+                self._paths[training], options, providers=["CPUExecutionProvider"]
             )
         return self._sessions[training]
 

@@ -1,5 +1,7 @@
-"""PyTorch's export of a multi-layer GRU/LSTM leaves its inter-layer dropout out (its RNN
-decomposition never applies it); the autograd runtime says so in one manifest warning."""
+"""A multi-layer GRU/LSTM/RNN drops out between its layers in the autograd runtime's train step, as
+PyTorch trains it (its layers are :mod:`tasks.prepare.runtimes.autograd.recurrent`'s operators); one
+that PyTorch's export decomposes (an LSTM with ``proj_size``) leaves that dropout out, and the
+manifest says so in one warning."""
 
 from __future__ import annotations
 
@@ -10,22 +12,30 @@ from tasks.prepare.runtimes.autograd.trace import forward_graph
 
 
 class Seq(torch.nn.Module):
-    def __init__(self, dropout: float) -> None:
+    def __init__(self, dropout: float, proj_size: int = 0) -> None:
         super().__init__()
-        self.gru = torch.nn.GRU(4, 4, num_layers=2, dropout=dropout, batch_first=True)
-        self.lstm = torch.nn.LSTM(4, 4, num_layers=1)
+        self.rnn = torch.nn.LSTM(4, 4, num_layers=2, dropout=dropout, batch_first=True, proj_size=proj_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.gru(x)[0].sum(dim=1)
+        return self.rnn(x)[0].sum(dim=1)
 
 
-def test_torch_s_export_leaves_the_inter_layer_dropout_out():
-    graph = forward_graph(Seq(0.5), (torch.randn(7, 5, 4),), True, "frozen", 1, ".").graph
-    random = [n for n in graph.nodes if any(w in str(n.target) for w in ("dropout", "rand", "bernoulli"))]
-    assert random == []  # when this fails, PyTorch applies it: the warning below can go
+def _random(model: torch.nn.Module, training: bool) -> list:
+    graph = forward_graph(model, (torch.randn(7, 5, 4),), training, "frozen", 1, ".").graph
+    return [n for n in graph.nodes if any(w in str(n.target) for w in ("dropout", "rand", "bernoulli"))]
 
 
-def test_a_recurrent_layer_with_dropout_is_warned_about():
-    (line,) = rnn_dropout(Seq(0.5))
-    assert "1 recurrent layer(s) (gru)" in line and "trains them without it" in line and "\n" not in line
-    assert rnn_dropout(Seq(0.0)) == []
+def test_the_inter_layer_dropout_is_in_the_train_step_only():
+    assert _random(Seq(0.5), training=True)
+    assert _random(Seq(0.5), training=False) == []
+    assert _random(Seq(0.0), training=True) == []
+
+
+def test_torch_s_export_of_a_projected_lstm_leaves_it_out():
+    assert _random(Seq(0.5, proj_size=2), training=True) == []  # when this fails, PyTorch applies it
+
+
+def test_a_recurrent_layer_left_without_its_dropout_is_warned_about():
+    (line,) = rnn_dropout(Seq(0.5, proj_size=2))
+    assert "1 recurrent layer(s) (rnn)" in line and "trains them without it" in line and "\n" not in line
+    assert rnn_dropout(Seq(0.5)) == [] and rnn_dropout(Seq(0.0, proj_size=2)) == []

@@ -21,6 +21,7 @@ from tasks.prepare.export.user_code import user_code_error
 from tasks.prepare.messages import layer_of
 from tasks.prepare.runtimes.autograd.decompositions import forward_table
 from tasks.prepare.runtimes.autograd.op_checks import recorded_table
+from tasks.prepare.runtimes.autograd.recurrent import differentiable, layer_ops
 
 MAX_BATCH = 1 << 16
 # (model outputs, labels) -> (loss, the outputs the step returns after the loss)
@@ -79,7 +80,7 @@ def forward_graph(model: Any, inputs: tuple[Any, ...], training: bool, batchnorm
 
     batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
     shapes = tuple({0: batch} for _ in inputs)
-    with step_mode(model, training, batchnorm, inputs, outputs):
+    with step_mode(model, training, batchnorm, inputs, outputs), layer_ops(model):
         try:
             program = torch.export.export(model, inputs, dynamic_shapes=shapes, strict=False)
         except Exception as exc:  # torch.export raises many types; all mean "cannot trace"
@@ -88,7 +89,7 @@ def forward_graph(model: Any, inputs: tuple[Any, ...], training: bool, batchnorm
             raise named or ModelError(
                 f"torch.export cannot trace the model in {mode} mode: {_first_line(exc)}"
             ) from exc
-    return program.run_decompositions(forward_table()).module()
+    return differentiable(program.run_decompositions(forward_table()).module())
 
 
 def trace_step(forward: Any, step: StepInputs, *, grads: bool) -> Any:

@@ -1,0 +1,319 @@
+"""The recurrent operators of :mod:`.recurrent` in ONNX: a layer's forward as ONNX's own RNN, GRU or
+LSTM node, its backward as batched products around one ``Scan`` over time.
+
+The exporter writes each operator as a node of the domain :data:`DOMAIN` (:func:`translations`:
+schemas registered with ``onnx.defs`` so onnxscript's tracer takes them); :func:`expand` then
+replaces each such node of the saved step by plain operators, whose number does not depend on the
+sequence length:
+
+* forward: the gates reordered from PyTorch's (GRU r, z, n; LSTM i, f, g, o) to ONNX's (z, r, h;
+  i, o, f, c), one RNN/GRU/LSTM node (GRU with ``linear_before_reset``, as PyTorch computes it);
+* backward: the input and recurrent products of every step at once (two MatMuls over the whole
+  sequence, the previous states being the output shifted by one step), the gates from them, an
+  LSTM's cell states by a forward ``Scan`` of element-wise operators; then one reverse ``Scan``
+  carrying the state gradients (its body: element-wise operators and one [B, G·H] x [G·H, H]
+  product); then the weight gradients as one product each over all steps.
+
+The body reads the recurrent weight from the outer graph. What the board holds for the backward
+is the output sequence and the per-step gates: a few [T, B, G·H] tensors, no per-step copies.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import onnx
+from onnx import TensorProto, helper
+
+DOMAIN = "odl.rnn"
+FORWARD, BACKWARD = "Layer", "LayerBackward"
+ONNX_ORDER = {"GRU": [1, 0, 2], "LSTM": [0, 3, 1, 2]}  # PyTorch's gate k at ONNX's position
+
+
+@functools.cache
+def _schemas() -> None:
+    """Register the two placeholder operators with ``onnx.defs`` (once per process)."""
+    from onnx.defs import OpSchema
+
+    def schema(name: str, inputs: int, outputs: int) -> OpSchema:
+        return OpSchema(name, DOMAIN, 1, inputs=[OpSchema.FormalParameter(f"in{k}", "T") for k in range(inputs)],
+                        outputs=[OpSchema.FormalParameter(f"out{k}", "T") for k in range(outputs)],
+                        type_constraints=[("T", ["tensor(float)"], "float32 tensors")],
+                        attributes=[OpSchema.Attribute("mode", OpSchema.AttrType.STRING, "RNN_TANH ... LSTM"),
+                                    OpSchema.Attribute("hidden_size", OpSchema.AttrType.INT, "H")])  # fmt: skip
+
+    onnx.defs.register_schema(schema(FORWARD, 7, 2))
+    onnx.defs.register_schema(schema(BACKWARD, 10, 7))
+
+
+def translations() -> dict[Any, Callable[..., Any]]:
+    """The exporter's ``custom_translation_table`` entries for :mod:`.recurrent`'s operators."""
+    import onnxscript  # the exporter's tracer
+
+    from tasks.prepare.runtimes.autograd.recurrent import ops
+
+    _schemas()
+    opset = onnxscript.values.Opset(DOMAIN, 1)
+
+    def forward(x: Any, h0: Any, c0: Any, w_ih: Any, w_hh: Any, b_ih: Any, b_hh: Any, mode: str) -> Any:
+        hidden = int(w_hh.shape[1])
+        return getattr(opset, FORWARD)(
+            x, h0, c0, w_ih, w_hh, b_ih, b_hh, mode=mode, hidden_size=hidden, _outputs=2
+        )
+
+    def backward(gy: Any, gc: Any, x: Any, h0: Any, c0: Any, w_ih: Any, w_hh: Any, b_ih: Any, b_hh: Any, y: Any,
+                 mode: str) -> Any:  # fmt: skip
+        hidden = int(w_hh.shape[1])
+        return getattr(opset, BACKWARD)(gy, gc, x, h0, c0, w_ih, w_hh, b_ih, b_hh, y, mode=mode, hidden_size=hidden,
+                                        _outputs=7)  # fmt: skip
+
+    return {ops().layer: forward, ops().backward: backward}
+
+
+class _Graph:
+    """New nodes under one prefix, for one placeholder's expansion (or a Scan body)."""
+
+    def __init__(self, prefix: str, opset: int):
+        self.prefix, self.opset, self.nodes, self.count = prefix, opset, [], 0
+        self.inits: list[onnx.TensorProto] = []
+
+    def name(self, what: str) -> str:
+        self.count += 1
+        return f"{self.prefix}/{what}_{self.count}"
+
+    def op(self, op_type: str, inputs: list[str], outputs: int = 1, **attrs: Any) -> Any:
+        names = [self.name(op_type) for _ in range(outputs)]
+        self.nodes.append(helper.make_node(op_type, inputs, names, name=self.name(op_type), **attrs))
+        return names[0] if outputs == 1 else names
+
+    def ints(self, values: list[int]) -> str:
+        name = self.name("const")
+        self.nodes.append(helper.make_node("Constant", [], [name], name=name,
+                                           value=helper.make_tensor(name, TensorProto.INT64, [len(values)], values)))  # fmt: skip
+        return name
+
+    def scalar(self, value: float) -> str:
+        name = self.name("const")
+        self.nodes.append(helper.make_node("Constant", [], [name], name=name,
+                                           value=helper.make_tensor(name, TensorProto.FLOAT, [], [value])))  # fmt: skip
+        return name
+
+    def split(self, x: str, parts: int, axis: int) -> list[str]:
+        if parts == 1:
+            return [x]
+        attrs = {"num_outputs": parts} if self.opset >= 18 else {}
+        return self.op("Split", [x], parts, axis=axis, **attrs)
+
+    def concat(self, xs: list[str], axis: int) -> str:
+        return xs[0] if len(xs) == 1 else self.op("Concat", xs, axis=axis)
+
+    def one_minus(self, x: str) -> str:
+        return self.op("Sub", [self.scalar(1.0), x])
+
+    def mul(self, *xs: str) -> str:
+        out = xs[0]
+        for x in xs[1:]:
+            out = self.op("Mul", [out, x])
+        return out
+
+    def sigmoid_slope(self, s: str) -> str:
+        return self.mul(s, self.one_minus(s))
+
+    def tanh_slope(self, t: str) -> str:
+        return self.one_minus(self.mul(t, t))
+
+
+def _onnx_gates(g: _Graph, w: str, mode: str, axis: int) -> str:
+    """``w`` with its gate blocks (along ``axis``) in ONNX's order."""
+    if mode not in ONNX_ORDER:
+        return w
+    parts = g.split(w, len(ONNX_ORDER[mode]), axis)
+    return g.concat([parts[k] for k in ONNX_ORDER[mode]], axis)
+
+
+def _forward(g: _Graph, node: onnx.NodeProto, mode: str) -> None:
+    x, h0, c0, w_ih, w_hh, b_ih, b_hh = node.input
+    zero = g.ints([0])
+    weights = [g.op("Unsqueeze", [_onnx_gates(g, w, mode, 0), zero]) for w in (w_ih, w_hh)]
+    bias = g.op("Unsqueeze", [g.concat([_onnx_gates(g, b, mode, 0) for b in (b_ih, b_hh)], 0), zero])
+    states = [g.op("Unsqueeze", [h0, zero])] + ([g.op("Unsqueeze", [c0, zero])] if mode == "LSTM" else [])
+    hidden = {"hidden_size": _hidden(node)}
+    if mode == "LSTM":
+        y, _, c = g.op("LSTM", [x, *weights, bias, "", *states], 3, **hidden)
+        g.nodes.append(helper.make_node("Squeeze", [c, zero], [node.output[1]], name=g.name("Squeeze")))
+    else:
+        op_type = "GRU" if mode == "GRU" else "RNN"
+        attrs = (
+            {"linear_before_reset": 1}
+            if mode == "GRU"
+            else {"activations": ["Tanh" if mode == "RNN_TANH" else "Relu"]}
+        )
+        y = g.op(op_type, [x, *weights, bias, "", *states], 2, **hidden, **attrs)[0]
+        g.nodes.append(helper.make_node("Identity", [c0], [node.output[1]], name=g.name("Identity")))
+    g.nodes.append(helper.make_node("Squeeze", [y, g.ints([1])], [node.output[0]], name=g.name("Squeeze")))
+
+
+def _hidden(node: onnx.NodeProto) -> int:
+    hidden = next((a.i for a in node.attribute if a.name == "hidden_size"), 0)
+    if not hidden:
+        raise ValueError(f"{node.name}: the recurrent placeholder has no hidden_size")
+    return hidden
+
+
+def _body(opset: int, name: str, states: list[str], slices: list[str], build: Callable[[_Graph], tuple[list[str], list[str]]]) -> onnx.GraphProto:  # fmt: skip
+    """A Scan body: ``states`` then per-step ``slices`` as inputs; ``build`` gives (new states,
+    per-step outputs) from its graph, whose inputs are named as given."""
+    body = _Graph(name, opset)
+    new_states, outs = build(body)
+    outputs = [body.op("Identity", [v]) for v in new_states + outs]  # a body output is its own value
+    float_info = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, None)  # noqa: E731
+    return helper.make_graph(body.nodes, name, [float_info(n) for n in states + slices],
+                             [float_info(n) for n in outputs])  # fmt: skip
+
+
+def _scan(g: _Graph, states: list[str], slices: list[str], reverse: bool, outputs: int,
+          build: Callable[[_Graph, list[str], list[str]], tuple[list[str], list[str]]]) -> list[str]:  # fmt: skip
+    """A Scan over the first axis of ``slices`` (``reverse``: from the last step), its outputs
+    stacked in step order; returns the final states then the stacked outputs."""
+    prefix = g.name("scan")
+    state_in = [f"{prefix}/state{k}" for k in range(len(states))]
+    slice_in = [f"{prefix}/step{k}" for k in range(len(slices))]
+    body = _body(g.opset, prefix, state_in, slice_in, lambda b: build(b, state_in, slice_in))
+    direction = [1 if reverse else 0]
+    result = g.op("Scan", [*states, *slices], len(states) + outputs, body=body, num_scan_inputs=len(slices),
+                  scan_input_directions=direction * len(slices), scan_output_directions=direction * outputs)  # fmt: skip
+    return result if isinstance(result, list) else [result]
+
+
+def _backward(g: _Graph, node: onnx.NodeProto, mode: str) -> None:
+    gy, gc, x, h0, c0, w_ih, w_hh, b_ih, b_hh, y = node.input
+    zero, minus_one = g.ints([0]), g.ints([-1])
+    hprev = g.concat([g.op("Unsqueeze", [h0, zero]), g.op("Slice", [y, zero, minus_one, zero])], 0)
+    zeros = [g.op("ConstantOfShape", [g.op("Shape", [t])], value=helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0]))
+             for t in (h0, w_hh, b_hh)]  # fmt: skip
+    weights = (w_hh, b_hh)
+    if mode == "RNN_TANH" or mode == "RNN_RELU":
+        slope = (
+            g.tanh_slope(y)
+            if mode == "RNN_TANH"
+            else g.op("Cast", [g.op("Greater", [y, g.scalar(0.0)])], to=TensorProto.FLOAT)
+        )
+        dh, dw_hh, db_hh, gx = _scan(
+            g, zeros, [gy, slope, hprev], True, 1, lambda b, st, sl: _rnn_step(b, st, sl, weights)
+        )
+        dc = gc
+    else:
+        pre_x = g.op("Add", [g.op("MatMul", [x, g.op("Transpose", [w_ih])]), b_ih])
+        if mode == "GRU":
+            dh, dw_hh, db_hh, gx = _scan(
+                g, zeros, [gy, pre_x, hprev], True, 1, lambda b, st, sl: _gru_step(b, st, sl, weights)
+            )
+            dc = gc
+        else:  # the cell states by a forward scan first
+            cells = _scan(
+                g, [c0], [pre_x, hprev], False, 1, lambda b, st, sl: _lstm_cell(b, st, sl, weights)
+            )[1]
+            cprev = g.concat(
+                [g.op("Unsqueeze", [c0, zero]), g.op("Slice", [cells, zero, minus_one, zero])], 0
+            )
+            dh, dc, dw_hh, db_hh, gx = _scan(g, [zeros[0], gc, *zeros[1:]], [gy, pre_x, hprev, cells, cprev], True, 1,
+                                             lambda b, st, sl: _lstm_step(b, st, sl, weights))  # fmt: skip
+    grads = [
+        g.op("MatMul", [gx, w_ih]),
+        dh,
+        dc,  # but for an LSTM, the cell state output is c0 itself
+        g.op("Gemm", [g.op("Flatten", [gx], axis=2), g.op("Flatten", [x], axis=2)], transA=1),
+        dw_hh,
+        g.op("ReduceSum", [gx, g.ints([0, 1])], keepdims=0),
+        db_hh,
+    ]
+    for value, out in zip(grads, node.output, strict=True):
+        g.nodes.append(helper.make_node("Identity", [value], [out], name=g.name("Identity")))
+
+
+def _recurrent_grads(b: _Graph, st: list[str], gates: str, hprev: str, w_hh: str) -> list[str]:
+    """A step's updates of the carried gradients of the recurrent weight and bias, and the
+    previous state's gradient through the recurrent product."""
+    return [b.op("MatMul", [gates, w_hh]), b.op("Add", [st[0], b.op("Gemm", [gates, hprev], transA=1)]),
+            b.op("Add", [st[1], b.op("ReduceSum", [gates, b.ints([0])], keepdims=0)])]  # fmt: skip
+
+
+def _pre_h(b: _Graph, hprev: str, weights: tuple[str, str]) -> str:
+    return b.op("Gemm", [hprev, *weights], transB=1)
+
+
+def _gru_step(
+    b: _Graph, st: list[str], sl: list[str], weights: tuple[str, str]
+) -> tuple[list[str], list[str]]:
+    gy, pre_x, hprev = sl
+    xr, xz, xn = b.split(pre_x, 3, -1)
+    hr, hz, hn = b.split(_pre_h(b, hprev, weights), 3, -1)
+    r, z = b.op("Sigmoid", [b.op("Add", [xr, hr])]), b.op("Sigmoid", [b.op("Add", [xz, hz])])
+    n = b.op("Tanh", [b.op("Add", [xn, b.mul(r, hn)])])
+    d = b.op("Add", [gy, st[0]])
+    dn = b.mul(d, b.one_minus(z), b.tanh_slope(n))
+    dz = b.mul(d, b.op("Sub", [hprev, n]), b.sigmoid_slope(z))
+    dr = b.mul(dn, hn, b.sigmoid_slope(r))
+    gx, gh = b.concat([dr, dz, dn], -1), b.concat([dr, dz, b.mul(dn, r)], -1)
+    through, dw, db = _recurrent_grads(b, st[1:], gh, hprev, weights[0])
+    return [b.op("Add", [b.mul(d, z), through]), dw, db], [gx]
+
+
+def _lstm_gates(b: _Graph, pre_x: str, hprev: str, weights: tuple[str, str]) -> list[str]:
+    i, f, g, o = b.split(b.op("Add", [pre_x, _pre_h(b, hprev, weights)]), 4, -1)
+    return [b.op("Sigmoid", [i]), b.op("Sigmoid", [f]), b.op("Tanh", [g]), b.op("Sigmoid", [o])]
+
+
+def _lstm_cell(
+    b: _Graph, st: list[str], sl: list[str], weights: tuple[str, str]
+) -> tuple[list[str], list[str]]:
+    i, f, g, _ = _lstm_gates(b, sl[0], sl[1], weights)
+    c = b.op("Add", [b.mul(f, st[0]), b.mul(i, g)])
+    return [c], [c]
+
+
+def _lstm_step(
+    b: _Graph, st: list[str], sl: list[str], weights: tuple[str, str]
+) -> tuple[list[str], list[str]]:
+    gy, pre_x, hprev, c, cprev = sl
+    i, f, gg, o = _lstm_gates(b, pre_x, hprev, weights)
+    tc = b.op("Tanh", [c])
+    d = b.op("Add", [gy, st[0]])
+    dct = b.op("Add", [st[1], b.mul(d, o, b.tanh_slope(tc))])
+    gates = b.concat([b.mul(dct, gg, b.sigmoid_slope(i)), b.mul(dct, cprev, b.sigmoid_slope(f)),
+                      b.mul(dct, i, b.tanh_slope(gg)), b.mul(d, tc, b.sigmoid_slope(o))], -1)  # fmt: skip
+    through, dw, db = _recurrent_grads(b, st[2:], gates, hprev, weights[0])
+    return [through, b.mul(dct, f), dw, db], [gates]
+
+
+def _rnn_step(
+    b: _Graph, st: list[str], sl: list[str], weights: tuple[str, str]
+) -> tuple[list[str], list[str]]:
+    gy, slope, hprev = sl
+    dp = b.mul(b.op("Add", [gy, st[0]]), slope)
+    return _recurrent_grads(b, st[1:], dp, hprev, weights[0]), [dp]
+
+
+def expand(model: onnx.ModelProto) -> int:
+    """Replace every placeholder node of :data:`DOMAIN` in ``model`` (in place) by its ONNX
+    operators; the number replaced."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 18)
+    nodes, count = [], 0
+    for node in model.graph.node:
+        if node.domain != DOMAIN:
+            nodes.append(node)
+            continue
+        mode = next(a.s.decode() for a in node.attribute if a.name == "mode")
+        g = _Graph(node.name or node.output[0], opset)
+        (_forward if node.op_type == FORWARD else _backward)(g, node, mode)
+        nodes.extend(g.nodes)
+        count += 1
+    if count:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+        kept = [o for o in model.opset_import if o.domain != DOMAIN]
+        del model.opset_import[:]
+        model.opset_import.extend(kept)
+    return count
