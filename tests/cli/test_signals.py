@@ -19,7 +19,7 @@ import pytest
 
 from flows import cli
 from tasks.exits import interrupted_exit
-from tasks.prepare.staging import HOLD_ENV
+from tasks.prepare.staging import HOLD_ENV, hold
 from tests.prepare.kit import write_recipe
 
 
@@ -83,6 +83,17 @@ def test_what_a_sigkilled_prepare_left_the_next_prepare_removes(tmp_path):
     _, err = again.communicate(timeout=300)
     assert again.returncode == 0, err
     assert _left(tmp_path) == ["out"]
+
+
+def test_the_hold_waits_only_at_the_point_it_names(tmp_path, monkeypatch):
+    missing = tmp_path / "no-fifo"
+    monkeypatch.setenv(HOLD_ENV, f"validated={missing}")
+    hold("exported")  # another point: it returns without opening anything
+    monkeypatch.delenv(HOLD_ENV)
+    hold("exported")
+    monkeypatch.setenv(HOLD_ENV, f"exported={missing}")
+    with pytest.raises(FileNotFoundError):  # its point: it opens the FIFO the variable names
+        hold("exported")
 
 
 def test_main_turns_sigterm_into_its_interrupted_line_and_restores_the_handler(monkeypatch, capsys):
