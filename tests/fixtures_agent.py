@@ -35,6 +35,14 @@ class AgentRun:
         return self.out[-1] if self.out else {}
 
 
+def _text(path: Path) -> str:
+    """The stripped text of ``path``; "" when there is none."""
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
 @dataclass
 class AgentBoard:
     """An agent root on this machine, driven through the board venv's python."""
@@ -63,6 +71,27 @@ class AgentBoard:
         jdir.mkdir(parents=True, exist_ok=True)
         (jdir / "job.json").write_text(json.dumps(spec))
         return jdir
+
+    def hold(self, job_id: str, at_step: int) -> None:
+        """Make the job pause once it has trained ``at_step`` steps (the agent's hold hook,
+        ``JOBDIR/hold``) until :meth:`release`: a test then acts on a job that is still training,
+        however loaded the machine."""
+        (self.job_dir(job_id) / "hold").write_text(str(at_step))
+
+    def held_at(self, job_id: str) -> int:
+        """The step a job started for the first time paused at (``JOBDIR/held``), once it has;
+        fails when the job wrote its result without pausing."""
+        jdir = self.job_dir(job_id)
+        while not (text := _text(jdir / "held")):  # created, then written: read a step
+            assert not (jdir / "result.json").exists(), f"job {job_id} ended without pausing"
+            time.sleep(0.05)
+        return int(text)
+
+    def release(self, job_id: str) -> None:
+        """Let the job go on, and a later run of it not pause (removes ``JOBDIR/hold``, and the
+        ``held`` a killed job left)."""
+        for name in ("hold", "held"):
+            (self.job_dir(job_id) / name).unlink(missing_ok=True)
 
     def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 120) -> AgentRun:
         """``python -m device_agent --root ROOT ARGS`` in the board venv."""

@@ -24,8 +24,9 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from tasks.errors import DataError, RecipeError
+from tasks.errors import DataError, PipelineError, RecipeError
 from tasks.prepare.export.torch_model import load_ref
+from tasks.prepare.export.user_code import user_code_error
 from tasks.recipe.datafiles import recipe_files
 from tasks.recipe.schema import Recipe
 
@@ -134,7 +135,7 @@ def _make(recipe: Recipe, out_dir: Path) -> list[str]:
     tmp = Path(tempfile.mkdtemp(prefix=f"{MAKE_PREFIX}{os.getpid()}-", dir=out_dir))
     try:
         log.info("generating data with %s for %s", recipe.data.make, out_dir)
-        load_ref(recipe.base_dir, recipe.data.make, "data.make")(tmp)
+        _run_make(recipe, tmp)
         produced = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*"))
         merge = merge_new(tmp, out_dir)
     finally:
@@ -142,6 +143,21 @@ def _make(recipe: Recipe, out_dir: Path) -> list[str]:
     added, kept = ", ".join(merge.added) or "nothing", ", ".join(merge.kept) or "none"
     log.info("[data].make %s into %s: added %s; kept existing: %s", recipe.data.make, out_dir, added, kept)
     return produced
+
+
+def _run_make(recipe: Recipe, tmp: Path) -> None:
+    """Call ``[data].make`` on ``tmp``; an exception its code raises is one DataError line naming the
+    user's file and line (a PipelineError it raises stays as it is)."""
+    make = load_ref(recipe.base_dir, recipe.data.make, "data.make")
+    try:
+        make(tmp)
+    except PipelineError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's code may raise anything
+        who, doing = f"[data].make {recipe.data.make}", "making the data"
+        named = user_code_error(exc, recipe.base_dir, doing, who=who, error=DataError)
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise named or DataError(f"{who} raised {type(exc).__name__} {doing}: {first}") from exc
 
 
 def merge_new(src: Path, dst: Path, merge: Merge | None = None, rel: str = "") -> Merge:

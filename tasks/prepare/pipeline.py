@@ -30,7 +30,7 @@ from tasks.paths import odl_home
 from tasks.prepare import Prepared
 from tasks.prepare.datasets import ensure_datasets
 from tasks.prepare.runtimes import export_model, generate
-from tasks.prepare.staging import remove_tree, staged
+from tasks.prepare.staging import hold, remove_tree, staged
 from tasks.prepare.validation.validate import validate as run_validation
 from tasks.recipe.datafiles import check_data_files, recipe_files
 from tasks.recipe.schema import Recipe
@@ -185,6 +185,7 @@ def prepare(
     folder = Path(out_dir).resolve() if out_dir is not None else (inp or inputs(spec)).folder
     with staged(folder) as work:
         model_onnx = export_model(spec, work)
+        hold("exported")  # tests only: a known point mid-build, see staging.hold
         manifest = generate(spec, model_onnx, work)
         report = _validated(spec, work, rehearse) if validate else None
     return Prepared.of(folder, manifest, report)

@@ -7,6 +7,10 @@ before, and removed after. What a killed process left (a sibling whose pid is no
 is removed by the next build of the same folder. Everything prepare records (manifest.json,
 validation.json, :class:`~tasks.prepare.Prepared`) names files relative to the folder or by the
 final folder, so the renamed folder is self-consistent.
+
+For tests only, :func:`hold` stops a build at a named point while its temporary folder exists, until
+the test lets it go (``$ODL_TEST_HOLD``): a test that signals or kills a prepare "mid-build" then
+does so at a known point, however loaded the machine is. Unset, it does nothing.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import select
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +27,7 @@ from pathlib import Path
 from tasks.errors import PipelineError
 
 PREPARED_MARK = "manifest.json"  # a folder holding it was written by prepare: it may be replaced
+HOLD_ENV = "ODL_TEST_HOLD"  # tests only: "<point>=<fifo>", see hold()
 
 
 def _sibling(folder: Path, kind: str) -> Path:
@@ -60,6 +66,23 @@ def remove_tree(path: Path) -> None:
             return
         except KeyboardInterrupt:
             continue
+
+
+def hold(point: str) -> None:
+    """For tests only: when ``$ODL_TEST_HOLD`` is ``<point>=<fifo>`` (a FIFO the test made), wait
+    here until the test has opened the FIFO for writing and closed it again. The test's open returns
+    only once this one has, so the test knows the build is here; until it closes, every stop signal
+    is handled here (the wait wakes twice a second, so a signal another thread took is handled too).
+    Does nothing when the variable is unset or names another point."""
+    name, _, fifo = os.environ.get(HOLD_ENV, "").partition("=")
+    if name != point or not fifo:
+        return
+    fd = os.open(fifo, os.O_RDONLY)  # blocks until the test opens the FIFO for writing
+    try:
+        while not (select.select([fd], [], [], 0.5)[0] and not os.read(fd, 4096)):
+            pass  # until the test closes its end (end of file)
+    finally:
+        os.close(fd)
 
 
 def _name_folder(exc: BaseException, work: Path, folder: Path) -> None:

@@ -257,12 +257,13 @@ def test_one_job_trains_at_a_time(agent_board, digits_job):
     done_spec, files = digits_job("earlier", epochs=1)
     done = agent_board.run("run", str(agent_board.install(done_spec, files)))
     assert done.code == 0, done.err
-    first, _ = digits_job("first", epochs=12)  # 13 steps/epoch at 0.05 s a step: > 5 s (cancelled)
+    first, _ = digits_job("first", epochs=12)  # held at step 2 until it is cancelled
     second, _ = digits_job("second", epochs=1)
     jdir1, jdir2 = agent_board.install(first, files), agent_board.install(second, files)
-    res = agent_board.run("start", str(jdir1), env={"ODL_AGENT_STEP_DELAY_S": "0.05"})
+    agent_board.hold("first", 2)  # training through every check below, however loaded the machine
+    res = agent_board.run("start", str(jdir1))
     assert res.code == 0 and res.last["state"] == "running", res.err
-    agent_board.wait("first", lambda s: s["step"] >= 2 or s["state"] != "running")
+    assert agent_board.held_at("first") == 2
 
     for cmd in ("start", "run"):
         busy = agent_board.run(cmd, str(jdir2))

@@ -12,7 +12,6 @@ from device_agent.job.events import read_events
 from device_agent.ort import load_training_api
 
 EPOCHS = 6  # 13 steps per epoch on the digits recipe (400 samples, batch 32)
-SLOW = {"ODL_AGENT_STEP_DELAY_S": "0.05"}
 
 
 def final_weights(jdir) -> dict[str, np.ndarray]:
@@ -37,14 +36,15 @@ def test_sigkill_then_start_matches_uninterrupted_run(agent_board, digits_job):
 
     spec, _ = digits_job("killed", epochs=EPOCHS, checkpoint_every=5)
     jdir = agent_board.install(spec, files)
-    started = agent_board.run("start", str(jdir), env=SLOW)
+    agent_board.hold("killed", 17)  # killed while it trains, however loaded the machine
+    started = agent_board.run("start", str(jdir))
     assert started.code == 0 and started.last["state"] == "running", started.err
-    status = agent_board.wait("killed", lambda s: s["step"] >= 17 or s["state"] != "running")
-    assert status["state"] == "running", status
+    assert agent_board.held_at("killed") == 17
     os.kill(started.last["pid"], signal.SIGKILL)
     status = agent_board.wait("killed", lambda s: s["state"] != "running")
     assert status["state"] == "interrupted" and status["step"] < spec.train.epochs * 13
 
+    agent_board.release("killed")
     again = agent_board.run("start", str(jdir))
     assert again.code == 0, again.err
     status = agent_board.wait("killed", lambda s: s["state"] != "running")

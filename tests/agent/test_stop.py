@@ -9,15 +9,14 @@ from device_agent.job.checkpoints import latest_checkpoint
 from device_agent.job.events import read_events
 from device_agent.protocol import ExitCode
 
-SLOW = {"ODL_AGENT_STEP_DELAY_S": "0.03"}
-
 
 def test_cancel_saves_checkpoint_then_start_resumes(agent_board, digits_job):
     spec, files = digits_job("cancelme", epochs=4)
     jdir = agent_board.install(spec, files)
-    started = agent_board.run("start", str(jdir), env=SLOW)
+    agent_board.hold("cancelme", 3)  # still training when busy and cancel come, however loaded the machine
+    started = agent_board.run("start", str(jdir))
     assert started.code == 0, started.err
-    agent_board.wait("cancelme", lambda s: s["step"] >= 3)
+    assert agent_board.held_at("cancelme") == 3
     busy = agent_board.run("start", str(jdir))
     assert busy.code == ExitCode.BUSY and "already running" in busy.last["error"]
     cancel = agent_board.run("cancel", str(jdir))
@@ -30,6 +29,7 @@ def test_cancel_saves_checkpoint_then_start_resumes(agent_board, digits_job):
     assert ckpt is not None and int(ckpt.name.split("-")[1]) == stopped_at
     assert read_events(jdir / "events.jsonl")[-1]["type"] == "cancelled"
 
+    agent_board.release("cancelme")
     again = agent_board.run("run", str(jdir))
     assert again.code == 0 and again.last["status"] == "finished" and again.last["steps"] == 4 * 13
     starts = [e["data"] for e in read_events(jdir / "events.jsonl") if e["type"] == "started"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -112,30 +111,49 @@ def test_the_teacher_labels_unlabeled_shards_and_the_student_trains_on_them(
     assert {p: p.stat().st_mtime_ns for p in (agent_board.root / DS / LABELS_DIR).rglob("*.npz")} == before
 
 
+# ``python -c`` this, then the agent's arguments: the agent, SIGKILLed by itself right after it stored
+# the labels of its second shard
+KILLED_AFTER_TWO = """
+import os, signal, sys
+
+import device_agent.teacher.labels as labels
+from device_agent.cli import main
+
+store, stored = labels._store, []
+
+
+def store_then_die(path, arrays):
+    store(path, arrays)
+    stored.append(path)
+    if len(stored) == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+labels._store = store_then_die
+sys.exit(main())
+"""
+
+
 def test_a_teacher_killed_mid_labelling_resumes_with_the_same_labels(
     agent_board, board_python, tmp_path, teacher_recipe, prepared_teacher
 ):
-    """The job is killed (SIGKILL) once some shards are labelled and not all; run again, it labels
-    only the others, and every stored output equals an uninterrupted run's."""
+    """The job is killed (SIGKILL) once two shards are labelled, by itself right after it stored the
+    second (:data:`KILLED_AFTER_TWO`, so the kill comes at that point however loaded the machine);
+    run again, it labels only the others, and every stored output equals an uninterrupted run's."""
     rng = np.random.default_rng(0)
     base = unlabeled(1)["x"]
     shards = {f"cap-{i:03d}.npz": {"x": base[rng.permutation(len(base))]} for i in range(24)}
     spec = lay_out(agent_board, teacher_recipe, prepared_teacher, "killed", shards, batch_size=1)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    cmd = [str(board_python), "-m", "device_agent", "--root", str(agent_board.root), "run",
+    cmd = [str(board_python), "-c", KILLED_AFTER_TWO, "--root", str(agent_board.root), "run",
            str(agent_board.job_dir("killed"))]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    killed = subprocess.run(
+        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=600
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
     folder = agent_board.root / DS / LABELS_DIR / spec.teacher.key
-    deadline = time.monotonic() + 120
-    while not (folder.is_dir() and len(list(folder.glob("*.npz"))) >= 2):
-        assert proc.poll() is None and time.monotonic() < deadline, (
-            "labelling ended before it could be killed"
-        )
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
     done_before = {p.name: p.stat().st_mtime_ns for p in folder.glob("*.npz")}
-    assert 2 <= len(done_before) < len(shards)
+    assert len(done_before) == 2
     res = agent_board.run("run", str(agent_board.job_dir("killed")), timeout=600)
     assert res.code == 0, res.err
     t = res.last["teacher"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-import time
 from dataclasses import replace
 
 import numpy as np
@@ -80,18 +79,21 @@ def test_dropout_job_resumed_from_a_checkpoint_matches_the_uninterrupted_run(age
 def test_step_lines_are_fsynced_in_the_background_other_events_at_once(tmp_path, monkeypatch):
     import device_agent.job.events as events
 
-    synced, real = [], os.fsync
+    synced, real, in_background = [], os.fsync, threading.Event()
+
+    def fsync(fd: int) -> None:
+        name = threading.current_thread().name
+        synced.append(name)
+        real(fd)
+        if name == "events-fsync":
+            in_background.set()
+
     monkeypatch.setattr(events, "STEP_FSYNC_S", 0.01)
-    monkeypatch.setattr(
-        events.os, "fsync", lambda fd: synced.append(threading.current_thread().name) or real(fd)
-    )
+    monkeypatch.setattr(events.os, "fsync", fsync)
     log = EventLog(tmp_path / "events.jsonl", "j")
     log.emit("step", step=1, loss=0.5)
     assert threading.current_thread().name not in synced
-    deadline = time.monotonic() + 5
-    while "events-fsync" not in synced and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert "events-fsync" in synced
+    assert in_background.wait(timeout=600), "no fsync in the background"  # 600 s: a hang guard only
     log.emit("epoch", epoch=1)
     assert synced[-1] == threading.current_thread().name
     log.close()

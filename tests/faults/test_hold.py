@@ -10,26 +10,16 @@ import time
 from tasks.board import agent, blobs, follow, jobs
 from tasks.board.inventory import Board
 from tasks.board.transport import LocalTransport
-from tests.faults.conftest import board_events
+from tests.faults.conftest import board_events, held_at, hold_job, release_job
 
 EPOCHS = 3  # 13 steps per epoch on the digits recipe
-
-
-def _held_at(conn: LocalTransport, board: Board, job_id: str, timeout_s: float = 120) -> int:
-    held = posixpath.join(jobs.job_dir(board, job_id), "held")
-    deadline = time.monotonic() + timeout_s
-    while not conn.exists(held):
-        assert time.monotonic() < deadline, "the job never paused"
-        time.sleep(0.05)
-    time.sleep(0.05)  # written in one call: read it once it exists
-    return int(conn.run(["cat", held]).stdout)
 
 
 def _created(conn: LocalTransport, board: Board, digits_job, job_id: str, hold_at: int):
     spec, files = digits_job(job_id, epochs=EPOCHS)
     blobs.upload_blobs(conn, board, files)
     jdir = jobs.create_job(conn, board, spec)
-    conn.run(["sh", "-c", 'printf %s "$1" > "$2"', "sh", str(hold_at), posixpath.join(jdir, "hold")])
+    hold_job(conn, board, spec.job_id, hold_at)
     return spec, jdir
 
 
@@ -40,12 +30,12 @@ def test_a_held_job_pauses_at_the_step_and_then_ends_as_an_unheld_one(local_boar
     )  # a step with a step event (log_every = 5)
     jobs.start_job(conn, local_board, spec.job_id)
     try:
-        assert _held_at(conn, local_board, spec.job_id) == 20
+        assert held_at(conn, local_board, spec.job_id) == 20
         time.sleep(0.5)  # still there: nothing trains while the file exists
         steps = [e.data["step"] for e in board_events(conn, local_board, spec.job_id) if e.type == "step"]
         assert max(steps) == 20 and jobs.job_status(conn, local_board, spec.job_id)["state"] == "running"
     finally:  # never leave a paused agent behind
-        conn.run(["rm", "-f", posixpath.join(jdir, "hold")])
+        release_job(conn, local_board, spec.job_id)
     held = follow.follow_job(conn, local_board, spec.job_id, 0, poll_s=0.05)
     assert not conn.exists(posixpath.join(jdir, "held"))
 
@@ -66,7 +56,7 @@ def test_a_cancel_ends_the_pause(local_board: Board, digits_job) -> None:
     spec, jdir = _created(conn, local_board, digits_job, "held-cancel", hold_at=5)
     jobs.start_job(conn, local_board, spec.job_id)
     try:
-        assert _held_at(conn, local_board, spec.job_id) == 5
+        assert held_at(conn, local_board, spec.job_id) == 5
     finally:
         conn.run(agent.agent_argv(local_board, "cancel", jdir))
     deadline = time.monotonic() + 60

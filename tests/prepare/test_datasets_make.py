@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,8 +23,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tasks.errors import DataError, RecipeError
+from tasks.exits import HostExit
 from tasks.prepare.datasets import ensure_datasets
-from tests.prepare.kit import BASE, merge
+from tests.prepare.kit import BASE, merge, write_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -217,6 +219,39 @@ def test_concurrent_runs_make_once(tmp_path):
     assert [run.returncode for run in runs] == [0, 0, 0], errors
     assert _runs(tmp_path) == 1 and _sha(data / "train.npz") == own and not _leftovers(data)
     assert (data / "test.npz").read_text() == "made test"
+
+
+LOG_LINE = re.compile(r"\d\d:\d\d:\d\d INFO ")  # the command's own progress lines on stderr
+LACKING_MAKER = """
+from pathlib import Path
+
+
+def make(out_dir):
+    import sibling_the_copy_lacks  # a helper module left out of the recipe folder's copy
+
+    sibling_the_copy_lacks.write(Path(out_dir))
+"""
+
+
+def test_an_exception_in_the_make_is_one_data_error_line_at_the_users_file_and_line(tmp_path):
+    """``odl prepare`` of a recipe whose make raises (an import of a module the folder lacks): the
+    DataError's status and one line naming the user's file and line; no traceback, no data written."""
+    write_recipe(tmp_path, {"data": {"make": "datamaker:make"}})
+    (tmp_path / "datamaker.py").write_text(LACKING_MAKER)
+    line = next(i for i, t in enumerate(LACKING_MAKER.splitlines(), 1) if "import sibling" in t)
+    odl = Path(sys.executable).with_name("odl")
+    env = os.environ | {"ODL_HOME": str(tmp_path / "home")}
+    argv = [str(odl), "prepare", "recipe.toml", "--out", "out"]
+    proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    said = [t for t in proc.stderr.splitlines() if not LOG_LINE.match(t)]
+    assert proc.returncode == HostExit.DATA == DataError.exit_code, proc.stderr
+    assert said == [
+        f"odl: error: [data].make datamaker:make raised ModuleNotFoundError at datamaker.py:{line} (in make) "
+        "making the data: No module named 'sibling_the_copy_lacks'"
+    ], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == [".make.lock"]
+    assert not (tmp_path / "out").exists()
 
 
 FIELDS = ("data.train", "data.test", "data.eval", "model.weights", "data.extra_tests.clean")

@@ -22,7 +22,6 @@ from tests.runtimes.kit import run_job, step_losses, trained
 
 STEPS = 50  # the equivalence: 50 steps, losses within 1e-4 relative, weights within 1e-4
 EPOCHS = 6  # 13 steps per epoch (400 samples, batch 32)
-SLOW = {"ODL_AGENT_STEP_DELAY_S": "0.05"}
 
 
 @pytest.fixture
@@ -85,14 +84,15 @@ def test_sigkill_then_start_is_bit_identical(agent_board, prepared, request, no_
     ref_dir, ref = run_job(agent_board, ref_spec, files, env=no_ort_training)
     spec, _ = autograd_job("killed", epochs=EPOCHS, checkpoint_every=5)
     jdir = agent_board.install(spec, files)
-    started = agent_board.run("start", str(jdir), env={**no_ort_training, **SLOW})
+    agent_board.hold("killed", 17)  # killed while it trains, however loaded the machine
+    started = agent_board.run("start", str(jdir), env=no_ort_training)
     assert started.code == 0 and started.last["state"] == "running", started.err
-    status = agent_board.wait("killed", lambda s: s["step"] >= 17 or s["state"] != "running")
-    assert status["state"] == "running", status
+    assert agent_board.held_at("killed") == 17
     os.kill(started.last["pid"], signal.SIGKILL)
     status = agent_board.wait("killed", lambda s: s["state"] != "running")
     assert status["state"] == "interrupted" and status["step"] < EPOCHS * 13
 
+    agent_board.release("killed")
     again = agent_board.run("start", str(jdir), env=no_ort_training)
     assert again.code == 0, again.err
     assert agent_board.wait("killed", lambda s: s["state"] != "running")["state"] == "finished"

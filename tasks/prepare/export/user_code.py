@@ -46,17 +46,25 @@ def user_frame(exc: BaseException, base_dir: Path) -> traceback.FrameSummary | N
     return (own or elsewhere or [None])[-1]
 
 
-def user_code_error(exc: BaseException, base_dir: Path, doing: str) -> ModelError | None:
-    """``the model's code raised <Type> at <file>:<line> (in <function>) <doing>: <first line>``
-    when the exception comes from a file of the recipe folder; None otherwise."""
+def user_code_error(
+    exc: BaseException,
+    base_dir: Path,
+    doing: str,
+    *,
+    who: str = "the model's code",
+    error: type[PipelineError] = ModelError,
+) -> PipelineError | None:
+    """``<who> raised <Type> at <file>:<line> (in <function>) <doing>: <first line>`` as ``error``
+    (the stage's class: ModelError for the model's code, DataError for ``[data].make``) when the
+    exception comes from the user's code (:func:`user_frame`); None otherwise."""
     frame = user_frame(exc, base_dir)
     if frame is None:
         return None
     path, base = Path(frame.filename).resolve(), Path(base_dir).resolve()
     rel = path.relative_to(base) if path.is_relative_to(base) else path
     first = (str(exc).strip().splitlines() or [""])[0]
-    return ModelError(
-        f"the model's code raised {type(exc).__name__} at {rel}:{frame.lineno} (in {frame.name}) {doing}: {first}"
+    return error(
+        f"{who} raised {type(exc).__name__} at {rel}:{frame.lineno} (in {frame.name}) {doing}: {first}"
     )
 
 
