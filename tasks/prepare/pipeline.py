@@ -29,6 +29,7 @@ from tasks.hashing import file_sha256
 from tasks.paths import odl_home
 from tasks.prepare import Prepared
 from tasks.prepare.datasets import ensure_datasets
+from tasks.prepare.export.torch_model import one_build
 from tasks.prepare.runtimes import export_model, generate
 from tasks.prepare.staging import hold, remove_tree, staged
 from tasks.prepare.validation.validate import validate as run_validation
@@ -180,8 +181,15 @@ def prepare(
     spec = recipe.recipe if isinstance(recipe, Inputs) else recipe
     ensure_datasets(spec)
     check_data_files(spec)  # what the board would refuse, before anything is exported
-    if cache:
-        return _cached(inp or inputs(spec), validated=validate, rehearse=rehearse)
+    with one_build():  # the PyTorch model's weights and statistics loaded once in this preparation
+        if cache:
+            return _cached(inp or inputs(spec), validated=validate, rehearse=rehearse)
+        return _prepared(spec, inp, out_dir, validate, rehearse)
+
+
+def _prepared(spec: Recipe, inp: Inputs | None, out_dir: Path | None, validate: bool,
+              rehearse: Rehearsal | None) -> Prepared:  # fmt: skip
+    """:func:`prepare` into ``out_dir`` (or the inputs' folder), built in a staging sibling."""
     folder = Path(out_dir).resolve() if out_dir is not None else (inp or inputs(spec)).folder
     with staged(folder) as work:
         model_onnx = export_model(spec, work)

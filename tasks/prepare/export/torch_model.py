@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
+import copy
 import functools
 import hashlib
 import importlib
@@ -37,6 +39,8 @@ log = logging.getLogger(__name__)
 _PATH_LOCK = threading.RLock()  # sys.path and sys.modules are process-wide
 _SIBLINGS: dict[str, Path] = {}  # top-level module name -> the recipe folder it was imported from
 _FILE_PREFIX = "_odl_recipe_"  # sys.modules names of recipe files loaded by path (unique per path)
+# within one preparation (:func:`one_build`): the state of each recipe's model as first built
+_BUILT: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("odl_built_models", default=None)
 
 
 @contextlib.contextmanager
@@ -197,6 +201,18 @@ def load_weights(model: Any, path: Path, *, replaced_head: bool = False) -> None
         raise ModelError(f"cannot load weights {path} into the model: {str(exc).splitlines()[0]}") from exc
 
 
+@contextlib.contextmanager
+def one_build() -> Iterator[None]:
+    """Within the block (one preparation), :func:`build_model` loads its weights and measures its
+    BatchNorm statistics once per recipe; later builds construct the module and take that state
+    (mobilenet_v2's build with 64 calibration images: 2-3 s, three builds a preparation)."""
+    token = _BUILT.set({})
+    try:
+        yield
+    finally:
+        _BUILT.reset(token)
+
+
 def build_model(recipe: Recipe) -> Any:
     """Build the recipe's ``torch.nn.Module`` in eval mode with its weights loaded (and its BatchNorm
     statistics measured on the recipe's data when ``trainable.batchnorm_calibration`` asks)."""
@@ -207,8 +223,20 @@ def build_model(recipe: Recipe) -> Any:
         model = _torchvision_model(spec.ref, spec.num_classes or 0, dict(spec.kwargs))
     else:
         model = _callable_model(recipe)
+    built, key = _BUILT.get(), _build_key(recipe)
+    if built is not None and key in built:
+        model.load_state_dict(copy.deepcopy(built[key]))  # its _metadata too (MNASNet reads it)
+        return model.eval()
     if spec.weights is not None:
         load_weights(model, spec.weights, replaced_head=spec.kind == "torchvision")
     calibrated(recipe, model)  # trainable.batchnorm_calibration: statistics of the recipe's data
+    if built is not None:
+        built[key] = copy.deepcopy(model.state_dict())
     log.debug("built %s model %s", spec.kind, spec.ref)
     return model.eval()
+
+
+def _build_key(recipe: Recipe) -> str:
+    """What a build depends on: the model table, the calibration and the recipe's folder."""
+    parts = (recipe.base_dir, recipe.model, recipe.trainable.batchnorm_calibration, recipe.data.train)
+    return repr(parts)
