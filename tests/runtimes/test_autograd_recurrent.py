@@ -19,6 +19,7 @@ from tasks.errors import ArtifactError
 from tasks.prepare.runtimes.autograd import recurrent
 from tasks.prepare.runtimes.autograd.onnx_step import StepGraph, export_step
 from tasks.prepare.runtimes.autograd.op_checks import check_recorded, recording
+from tasks.prepare.runtimes.autograd.steps import example_batch
 from tasks.prepare.runtimes.autograd.trace import StepInputs, forward_graph, trace_step
 
 CELLS = {"gru": torch.nn.GRU, "lstm": torch.nn.LSTM, "tanh": torch.nn.RNN, "relu": torch.nn.RNN}
@@ -58,8 +59,10 @@ def _cross_entropy(outputs: tuple, labels: tuple) -> tuple:
     return torch.nn.functional.cross_entropy(outputs[0], labels[0]), (outputs[0],)
 
 
-def _export(model: torch.nn.Module, steps: int, path, batch: int = 7):
-    """The model's train step (every tensor trainable) traced at ``batch`` and exported to ``path``."""
+def _export(model: torch.nn.Module, steps: int, path):
+    """The model's train step (every tensor trainable) traced at a batch no other size equals (as
+    the preparation chooses it) and exported to ``path``."""
+    batch = example_batch(model, [(steps, 3)])
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randn(batch, steps, 3, generator=gen), torch.randint(0, 4, (batch,), generator=gen)
     forward = forward_graph(model, (x,), True, "frozen", 1, ".")
@@ -99,6 +102,18 @@ def _nodes(graph: onnx.GraphProto) -> int:
          initial=True, readout="state", steps=5)  # fmt: skip
 @example(cell="gru", features=1, hidden=1, layers=1, bidirectional=False, batch_first=False, bias=False,
          initial=False, readout="last", steps=1)  # fmt: skip
+@example(
+    cell="gru",
+    features=1,
+    hidden=1,
+    layers=1,
+    bidirectional=False,
+    batch_first=False,
+    bias=False,
+    initial=False,
+    readout="last",
+    steps=7,
+)  # fmt: skip - as long as the trace's batch
 def test_generated_recurrent_models_train_with_pytorch_s_gradients(
     tmp_path_factory,
     cell,

@@ -40,7 +40,9 @@ _PATH_LOCK = threading.RLock()  # sys.path and sys.modules are process-wide
 _SIBLINGS: dict[str, Path] = {}  # top-level module name -> the recipe folder it was imported from
 _FILE_PREFIX = "_odl_recipe_"  # sys.modules names of recipe files loaded by path (unique per path)
 # within one preparation (:func:`one_build`): the state of each recipe's model as first built
-_BUILT: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("odl_built_models", default=None)
+_BUILT: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "odl_built_models", default=None
+)
 
 
 @contextlib.contextmanager

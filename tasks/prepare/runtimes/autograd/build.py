@@ -231,4 +231,5 @@ def _manifest(recipe: Recipe, out_dir: Path, graph: Any, trainable: list[str], f
         "fixups": {},
         "trainable_layers": trainable_layers(graph, trainable, counts),
         "decompositions_checked": steps.checked,
+        "eval_step_from_train_step": steps.eval_from_train,
     }

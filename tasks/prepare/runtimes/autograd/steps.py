@@ -23,7 +23,15 @@ from tasks.prepare.runtimes.autograd.losses import LossPlan, plan
 from tasks.prepare.runtimes.autograd.noise import NoiseInput, replace_random
 from tasks.prepare.runtimes.autograd.onnx_step import StepGraph, export_step
 from tasks.prepare.runtimes.autograd.op_checks import check_recorded, recording
-from tasks.prepare.runtimes.autograd.trace import StepInputs, forward_graph, node_layer, trace_step
+from tasks.prepare.runtimes.autograd.template import keep_outputs
+from tasks.prepare.runtimes.autograd.trace import (
+    StepInputs,
+    decomposed,
+    exported_forward,
+    node_layer,
+    same_forward,
+    trace_step,
+)
 from tasks.recipe.schema import Recipe
 
 log = logging.getLogger(__name__)
@@ -43,6 +51,7 @@ class Steps:
     gradients: list[str]
     loss: str
     checked: dict[str, float]
+    eval_from_train: bool = False  # the eval step is the train step without its gradients
 
 
 def example_batch(model: Any, input_shapes: list[tuple[int, ...]]) -> int:
@@ -86,33 +95,33 @@ def build_steps(recipe: Recipe, model: Any, trainable: list[str], art: Path,
             "model.output_names", "names apart from the feeds, 'loss' and the trainable tensors", names
         )
     checked: dict[str, float] = {}
-    noise = {}
+    n_out = len(recipe.model.output_names)
+    programs = {t: exported_forward(model, inputs, t, recipe.trainable.batchnorm, n_out, recipe.base_dir)
+                for t in (True, False)}  # fmt: skip
+    noise, derived = {}, False
     for training in (True, False):
-        graph = _step(
-            recipe,
-            model,
-            inputs,
-            feeds,
-            held,
-            loss,
-            training,
-            outs + (grads if training else []),
-            checked,
-        )
+        if not training and same_forward(programs[True], programs[False]):
+            # the eval step is the train step without its gradients: one trace and export fewer
+            pruned(art / TRAIN_FILE, outs, art / EVAL_FILE)
+            noise[False], derived = noise[True], True
+            log.debug(
+                "the model computes the same in both modes: %s is %s without gradients", EVAL_FILE, TRAIN_FILE
+            )
+            continue
+        graph = _step(decomposed(programs[training]), inputs, feeds, held, loss, training,
+                      outs + (grads if training else []), checked)  # fmt: skip
         checked.update(export_step(graph, art / (TRAIN_FILE if training else EVAL_FILE)))
         noise[training] = graph.noise
     described = [
         {"name": n, "dtype": str(t.numpy().dtype), "shape": ["batch", *t.shape[1:]]} for n, t in feeds
     ]
-    return Steps(described, noise[True], noise[False], outs, grads, loss.name, checked)
+    return Steps(described, noise[True], noise[False], outs, grads, loss.name, checked, derived)
 
 
-def _step(recipe: Recipe, model: Any, inputs: tuple[Any, ...], feeds: list[tuple[str, Any]],
-          held: dict[str, list[str]], loss: LossPlan, training: bool, outputs: list[str],
-          checked: dict[str, float]) -> StepGraph:  # fmt: skip
-    """One step traced, its decompositions checked and its random draws made inputs."""
-    n_out = len(recipe.model.output_names)
-    forward = forward_graph(model, inputs, training, recipe.trainable.batchnorm, n_out, recipe.base_dir)
+def _step(forward: Any, inputs: tuple[Any, ...], feeds: list[tuple[str, Any]], held: dict[str, list[str]],
+          loss: LossPlan, training: bool, outputs: list[str], checked: dict[str, float]) -> StepGraph:  # fmt: skip
+    """One step traced over ``forward`` (:func:`.trace.decomposed`), its decompositions checked and
+    its random draws made inputs."""
     tensors = {**dict(forward.named_parameters()), **dict(forward.named_buffers())}
     chosen = {n: tensors[names[0]].detach() for n, names in held.items()}
     bound = {name for names in held.values() for name in names}
@@ -125,3 +134,13 @@ def _step(recipe: Recipe, model: Any, inputs: tuple[Any, ...], feeds: list[tuple
     noise = replace_random(gm, batch_symbol, node_layer)
     front = [*feeds, *chosen.items()]
     return StepGraph(gm, front, {n for n, _ in feeds}, list(frozen.values()), noise, outputs)
+
+
+def pruned(source: Path, outputs: list[str], target: Path) -> None:
+    """Write ``target``: the step at ``source`` computing only ``outputs`` (its other outputs and
+    what only they need removed; its inputs kept, named as before)."""
+    import onnx  # the step files
+
+    model = onnx.load(str(source))
+    keep_outputs(model, outputs, inputs=False)
+    onnx.save(model, str(target))

@@ -79,9 +79,9 @@ def reads(node: onnx.NodeProto) -> set[str]:
     return names
 
 
-def keep_outputs(model: onnx.ModelProto, outputs: list[str]) -> None:
-    """Keep only ``outputs`` and what computes them (nodes, inputs, initializers, and what the
-    branches of an If among them read from outside), in place."""
+def keep_outputs(model: onnx.ModelProto, outputs: list[str], *, inputs: bool = True) -> None:
+    """Keep only ``outputs`` and what computes them (nodes, initializers, what the sub-graphs of a
+    node among them read from outside, and the inputs unless ``inputs`` is False), in place."""
     graph = model.graph
     kept_outputs = [o for o in graph.output if o.name in outputs]
     del graph.output[:]
@@ -96,9 +96,10 @@ def keep_outputs(model: onnx.ModelProto, outputs: list[str]) -> None:
     inits = [i for i in graph.initializer if i.name in needed]
     del graph.initializer[:]
     graph.initializer.extend(inits)
-    inputs = [i for i in graph.input if i.name in needed]
-    del graph.input[:]
-    graph.input.extend(inputs)
+    if inputs:
+        kept_inputs = [i for i in graph.input if i.name in needed]
+        del graph.input[:]
+        graph.input.extend(kept_inputs)
 
 
 def locate(model: onnx.ModelProto, names: list[str], seed: int = 0) -> tuple[bytes, dict[str, list[int]]]:

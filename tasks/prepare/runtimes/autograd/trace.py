@@ -76,20 +76,55 @@ def step_mode(
 def forward_graph(model: Any, inputs: tuple[Any, ...], training: bool, batchnorm: str, outputs: int,
                   base_dir: Any) -> Any:  # fmt: skip
     """The model's forward in the step's mode as a core-ATen GraphModule with a symbolic batch."""
+    return decomposed(exported_forward(model, inputs, training, batchnorm, outputs, base_dir))
+
+
+def exported_forward(model: Any, inputs: tuple[Any, ...], training: bool, batchnorm: str, outputs: int,
+                     base_dir: Any) -> Any:  # fmt: skip
+    """``torch.export``'s program of the model's forward in the step's mode, batch symbolic (not yet
+    decomposed: :func:`decomposed`)."""
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
     batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
     shapes = tuple({0: batch} for _ in inputs)
     with step_mode(model, training, batchnorm, inputs, outputs), layer_ops(model):
         try:
-            program = torch.export.export(model, inputs, dynamic_shapes=shapes, strict=False)
+            return torch.export.export(model, inputs, dynamic_shapes=shapes, strict=False)
         except Exception as exc:  # torch.export raises many types; all mean "cannot trace"
             named = user_code_error(exc, base_dir, "while torch.export traced it")
             mode = "training" if training else "eval"
             raise named or ModelError(
                 f"torch.export cannot trace the model in {mode} mode: {_first_line(exc)}"
             ) from exc
+
+
+def decomposed(program: Any) -> Any:
+    """An exported forward decomposed to core ATen, its recurrent operators differentiable."""
     return differentiable(program.run_decompositions(forward_table()).module())
+
+
+def same_forward(a: Any, b: Any) -> bool:
+    """Whether two exported forwards (of one model in two modes) compute the same thing: the same
+    nodes, operators and arguments in the same order (a dropout of probability 0 in either mode is
+    the identity in both)."""
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    dropout = torch.ops.aten.dropout.default
+
+    def signature(program: Any) -> list[Any]:
+        nodes = list(program.graph.nodes)
+        index = {n: i for i, n in enumerate(nodes)}
+        key = lambda v: ("node", index[v]) if isinstance(v, torch.fx.Node) else repr(v)  # noqa: E731
+        out = []
+        for n in nodes:
+            args = list(n.args)
+            if n.target is dropout and len(args) > 2 and args[1] == 0:
+                args[2] = None  # p = 0: the training flag changes nothing
+            out.append((n.op, str(n.target), torch.fx.node.map_aggregate(args, key),
+                        torch.fx.node.map_aggregate(dict(n.kwargs), key)))  # fmt: skip
+        return out
+
+    return signature(a) == signature(b)
 
 
 def trace_step(forward: Any, step: StepInputs, *, grads: bool) -> Any:
