@@ -1,0 +1,60 @@
+"""What the autograd runtime does with what stopped it before in a raw traceback or an internal
+line (issue 44): a model returning a dict prepares under every task as under the ORT path, and each
+stop is one line with the ORT path's advice, no internal name or example batch size."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.runtimes.kit import prepared_module
+
+DICT_MODELS = """
+import collections
+
+import numpy as np
+import torch
+from torch import nn
+
+
+class DictOut(nn.Module):
+    # torchvision's segmentation models return {"out": scores}
+
+    def __init__(self, classes, pooled):
+        super().__init__()
+        self.pooled = pooled
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.head = nn.Conv2d(4, classes, 1)
+
+    def forward(self, x):
+        y = self.head(torch.relu(self.conv(x)))
+        return collections.OrderedDict(out=y.mean(dim=(2, 3)) if self.pooled else y)
+
+
+def scores(num_classes=3):
+    return DictOut(num_classes, pooled=False)
+
+
+def pooled(num_classes=3):
+    return DictOut(num_classes, pooled=True)
+
+
+def make_seg(out_dir):
+    rng = np.random.default_rng(0)
+    for name, n in (("train", 32), ("test", 16)):
+        x = rng.standard_normal((n, 1, 4, 4)).astype(np.float32)
+        np.savez(out_dir / f"{name}.npz", x=x, y=(x[:, 0] > 0).astype(np.int64))
+"""
+
+SEGMENTATION = {"task": "segmentation", "model": {"callable": "dictmodels:scores"},
+                "segmentation": {"classes": ["a", "b", "c"]}, "data": {"make": "dictmodels:make_seg"}}  # fmt: skip
+CLASSIFICATION = {"model": {"callable": "dictmodels:pooled"}}
+
+
+@pytest.mark.parametrize("changes", [SEGMENTATION, CLASSIFICATION], ids=["segmentation", "classification"])
+def test_a_dict_output_prepares_as_its_values(tmp_path, changes):
+    recipe, prepared = prepared_module(tmp_path, "dictmodels", DICT_MODELS, changes)
+    assert prepared.manifest["runtime"] == "autograd"
+    assert prepared.manifest["output_names"] == list(recipe.model.output_names)
+    with np.load(prepared.artifacts_dir / "checkpoint.npz") as npz:
+        assert sorted(npz) == ["conv.bias", "conv.weight", "head.bias", "head.weight"]
