@@ -4,9 +4,14 @@ stop is one line with the ORT path's advice, no internal name or example batch s
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
+from tasks.errors import RecipeError
+from tasks.paths import PROJECT_ROOT
+from tasks.recipe.load import load_recipe
 from tests.runtimes.kit import prepared_module
 
 DICT_MODELS = """
@@ -58,3 +63,22 @@ def test_a_dict_output_prepares_as_its_values(tmp_path, changes):
     assert prepared.manifest["output_names"] == list(recipe.model.output_names)
     with np.load(prepared.artifacts_dir / "checkpoint.npz") as npz:
         assert sorted(npz) == ["conv.bias", "conv.weight", "head.bias", "head.weight"]
+
+
+@pytest.mark.parametrize(("shape", "words"), [
+    ((7, 4, 32, 32), 'of 4 dims (per-pixel class scores [batch, classes, H, W] are task = "segmentation"'),
+    ((7, 5), "of shape [batch, 5] (cross-entropy needs [batch, num_classes=4])"),
+])  # fmt: skip
+def test_a_classification_cross_entropy_on_other_scores_says_what_the_ort_path_says(shape, words):
+    import torch
+
+    from tasks.prepare.runtimes.autograd.losses import plan
+
+    recipe = load_recipe(PROJECT_ROOT / "recipes" / "segmentation.toml", {"training.runtime": "autograd"})
+    classifier = dataclasses.replace(recipe, task="classification", segmentation=None,
+                                     promotion=dataclasses.replace(recipe.promotion, metric="accuracy"))  # fmt: skip
+    with pytest.raises(RecipeError) as err:
+        plan(classifier, (torch.zeros(shape),), 7)
+    message = str(err.value)
+    assert err.value.field == "loss.kind" and words in message, message
+    assert "7" not in message and "\n" not in message  # no example batch: the trace's own
