@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tasks.errors import RecipeError
+from tasks.errors import ModelError, RecipeError
 from tasks.paths import PROJECT_ROOT
 from tasks.recipe.load import load_recipe
 from tests.runtimes.kit import prepared_module
@@ -82,3 +82,54 @@ def test_a_classification_cross_entropy_on_other_scores_says_what_the_ort_path_s
     message = str(err.value)
     assert err.value.field == "loss.kind" and words in message, message
     assert "7" not in message and "\n" not in message  # no example batch: the trace's own
+
+
+COMPLEX_STFT = """
+import numpy as np
+import torch
+from torch import nn
+
+
+class Front(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("window", torch.hann_window(8))
+
+    def forward(self, x):
+        spec = torch.stft(x[:, 0], 8, 2, window=self.window, center=False, return_complex=True)
+        return torch.log(spec.abs() ** 2 + 1e-4)
+
+
+class Net(nn.Module):
+    def __init__(self, classes):
+        super().__init__()
+        self.front = Front()
+        self.fc = nn.Linear(5, classes)
+
+    def forward(self, x):
+        return self.fc(self.front(x).mean(-1))
+
+
+def net(num_classes=3):
+    return Net(num_classes)
+
+
+def make(out_dir):
+    rng = np.random.default_rng(0)
+    for name, n in (("train", 32), ("test", 16)):
+        x = rng.standard_normal((n, 1, 32)).astype(np.float32)
+        np.savez(out_dir / f"{name}.npz", x=x, y=(x[:, 0].sum(-1) > 0).astype(np.int64))
+"""
+
+
+def test_a_complex_stft_front_end_is_the_ort_path_s_one_line_with_advice(tmp_path):
+    changes = {"model": {"callable": "stftmodels:net", "input_shape": [1, 32]},
+               "data": {"make": "stftmodels:make"}}  # fmt: skip
+    with pytest.raises(ModelError) as err:
+        prepared_module(tmp_path, "stftmodels", COMPLEX_STFT, changes)
+    message = str(err.value)
+    assert message.startswith("cannot export stftmodels:net to ONNX: operator stft in front (Front): ")
+    assert message.endswith("compute the spectrum in front without complex tensors: torch.stft(..., "
+                            "return_complex=False), or products with cos and sin DFT matrices held as registered "
+                            "buffers"), message  # fmt: skip
+    assert "\n" not in message and "%" not in message and "scope" not in message
