@@ -32,6 +32,7 @@ from tasks.prepare.datasets import ensure_datasets
 from tasks.prepare.runtimes import export_model, generate
 from tasks.prepare.staging import remove_tree, staged
 from tasks.prepare.validation.validate import validate as run_validation
+from tasks.quiet import warnings_at_debug
 from tasks.recipe.datafiles import check_data_files, recipe_files
 from tasks.recipe.schema import Recipe
 
@@ -178,15 +179,16 @@ def prepare(
         raise ValueError("prepare(cache=True) works in the folder of the recipe's inputs: pass no out_dir")
     inp = recipe if isinstance(recipe, Inputs) else None
     spec = recipe.recipe if isinstance(recipe, Inputs) else recipe
-    ensure_datasets(spec)
-    check_data_files(spec)  # what the board would refuse, before anything is exported
-    if cache:
-        return _cached(inp or inputs(spec), validated=validate, rehearse=rehearse)
-    folder = Path(out_dir).resolve() if out_dir is not None else (inp or inputs(spec)).folder
-    with staged(folder) as work:
-        model_onnx = export_model(spec, work)
-        manifest = generate(spec, model_onnx, work)
-        report = _validated(spec, work, rehearse) if validate else None
+    with warnings_at_debug(log):  # torch's and the model's warnings: in the log, not on the terminal
+        ensure_datasets(spec)
+        check_data_files(spec)  # what the board would refuse, before anything is exported
+        if cache:
+            return _cached(inp or inputs(spec), validated=validate, rehearse=rehearse)
+        folder = Path(out_dir).resolve() if out_dir is not None else (inp or inputs(spec)).folder
+        with staged(folder) as work:
+            model_onnx = export_model(spec, work)
+            manifest = generate(spec, model_onnx, work)
+            report = _validated(spec, work, rehearse) if validate else None
     return Prepared.of(folder, manifest, report)
 
 

@@ -5,6 +5,8 @@ stop is one line with the ORT path's advice, no internal name or example batch s
 from __future__ import annotations
 
 import dataclasses
+import logging
+import warnings
 
 import numpy as np
 import pytest
@@ -133,3 +135,36 @@ def test_a_complex_stft_front_end_is_the_ort_path_s_one_line_with_advice(tmp_pat
                             "return_complex=False), or products with cos and sin DFT matrices held as registered "
                             "buffers"), message  # fmt: skip
     assert "\n" not in message and "%" not in message and "scope" not in message
+
+
+WARNING_MODEL = """
+import warnings
+
+import torch
+from torch import nn
+
+
+class Warns(nn.Module):
+    def __init__(self, classes):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.fc = nn.Linear(4, classes)
+
+    def forward(self, x):
+        warnings.warn("the model's own warning", UserWarning)
+        return self.fc(torch.relu(self.conv(x)).mean(dim=(2, 3)))
+
+
+def warns(num_classes=3):
+    return Warns(num_classes)
+"""
+
+
+def test_a_warning_on_a_passing_prepare_is_a_debug_record_not_a_line(tmp_path, caplog):
+    caplog.set_level(logging.DEBUG, logger="tasks.prepare.pipeline")
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        prepared_module(tmp_path, "warnmodels", WARNING_MODEL, {"model": {"callable": "warnmodels:warns"}})
+    assert not [w for w in shown if "the model's own warning" in str(w.message)]
+    assert any(r.levelno == logging.DEBUG and "UserWarning: the model's own warning" in r.getMessage()
+               for r in caplog.records if r.name == "tasks.prepare.pipeline")  # fmt: skip
