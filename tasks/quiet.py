@@ -16,6 +16,9 @@ One place for the libraries that write into the user's terminal on their own:
   through ``TORCH_LOGS`` before torch loads (torch resets its loggers' levels from it at import)
   and directly once it has. The ``odl`` command calls it unless ``-v``.
 
+- Python warnings (torch's UserWarnings, a model's own ``warnings.warn``) while a recipe is
+  prepared: :func:`warnings_at_debug` makes each a DEBUG record of one of our loggers.
+
 paramiko's loggers are held by the SSH transport (``tasks.board.transport.ssh``), which uses it.
 """
 
@@ -26,6 +29,7 @@ import importlib.util
 import logging
 import os
 import sys
+import warnings
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -107,3 +111,18 @@ def library_logs_at_debug(package: str, to: logging.Logger) -> Iterator[None]:
     finally:
         root.removeFilter(diverted)
         own.setLevel(level)
+
+
+@contextlib.contextmanager
+def warnings_at_debug(to: logging.Logger) -> Iterator[None]:
+    """While the block runs, each Python warning shown (torch's ``UserWarning`` on a passing
+    prepare, a model's own) is a DEBUG record of ``to`` (``odl -v`` shows it), not lines on stderr;
+    the filters are the caller's, and both come back when the block ends."""
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+             line: str | None = None) -> None:  # fmt: skip
+        to.debug("%s: %s (%s:%d)", category.__name__, message, filename, lineno)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield

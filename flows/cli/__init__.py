@@ -21,7 +21,7 @@ from types import ModuleType
 from flows.cli.parser import build_parser
 from flows.cli.terminal import error_line, setup_logging
 from tasks.errors import PipelineError
-from tasks.exits import STOP_SIGNALS, Interrupted, interrupted_exit
+from tasks.exits import STOP_SIGNALS, Interrupted, interrupted_exit, no_collection_at_exit
 
 __all__ = ["area_module", "build_parser", "dispatch", "main", "stop_signals_interrupt"]
 
@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     SIGHUP end it as Ctrl-C does (every cleanup runs, one line, status 128 + the signal)."""
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
+    no_collection_at_exit()  # what the command loaded is not walked again at exit
     try:
         with stop_signals_interrupt():
             return dispatch(args)

@@ -163,7 +163,8 @@ def _hint(recipe: Recipe, exc: BaseException, op: str, module: str) -> str:
             f"use a model.input_shape whose feature map before {module} is a multiple of its output "
             f"size (e.g. larger than {list(recipe.model.input_shape)})"
         )
-    if op.startswith("fft_"):  # torch.fft gives complex tensors, which the exporter cannot write
+    # torch.fft and a complex torch.stft give complex tensors, which the exporter cannot write
+    if op.startswith("fft_") or (op == "stft" and "complex" in str(exc)):
         return (
             f"compute the spectrum in {module} without complex tensors: torch.stft(..., return_complex=False), "
             "or products with cos and sin DFT matrices held as registered buffers"

@@ -33,6 +33,7 @@ from tasks.prepare.export.torch_model import one_build
 from tasks.prepare.runtimes import export_model, generate
 from tasks.prepare.staging import hold, remove_tree, staged
 from tasks.prepare.validation.validate import validate as run_validation
+from tasks.quiet import warnings_at_debug
 from tasks.recipe.datafiles import check_data_files, recipe_files
 from tasks.recipe.schema import Recipe
 
@@ -179,12 +180,13 @@ def prepare(
         raise ValueError("prepare(cache=True) works in the folder of the recipe's inputs: pass no out_dir")
     inp = recipe if isinstance(recipe, Inputs) else None
     spec = recipe.recipe if isinstance(recipe, Inputs) else recipe
-    ensure_datasets(spec)
-    check_data_files(spec)  # what the board would refuse, before anything is exported
-    with one_build():  # the PyTorch model's weights and statistics loaded once in this preparation
-        if cache:
-            return _cached(inp or inputs(spec), validated=validate, rehearse=rehearse)
-        return _prepared(spec, inp, out_dir, validate, rehearse)
+    with warnings_at_debug(log):  # torch's and the model's warnings: in the log, not on the terminal
+        ensure_datasets(spec)
+        check_data_files(spec)  # what the board would refuse, before anything is exported
+        with one_build():  # the PyTorch model's weights and statistics loaded once in this preparation
+            if cache:
+                return _cached(inp or inputs(spec), validated=validate, rehearse=rehearse)
+            return _prepared(spec, inp, out_dir, validate, rehearse)
 
 
 def _prepared(spec: Recipe, inp: Inputs | None, out_dir: Path | None, validate: bool,

@@ -47,8 +47,8 @@ def test_segmentation_takes_the_recipes_kind(kind):
 
 
 @pytest.mark.parametrize(("recipe", "shape", "words"), [
-    ("segmentation", (7, 3, 32, 32), "output 's' has shape [7, 3, 32, 32]"),
-    ("keypoints", (7, 5, 3), "output 's' has shape [7, 5, 3]"),
+    ("segmentation", (7, 3, 32, 32), "output 's' has shape [batch, 3, 32, 32]"),
+    ("keypoints", (7, 5, 3), "output 's' has shape [batch, 5, 3]"),
 ])  # fmt: skip
 def test_an_output_of_another_shape_is_one_line(recipe, shape, words):
     with pytest.raises(RecipeError) as err:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.errors import PipelineError
+from tasks.exits import no_collection_at_exit
 from tasks.prepare.sandbox.ort_child import read_message, write_message
 from tasks.prepare.sandbox.ort_parent import Child, Died, death
 
@@ -96,6 +97,7 @@ def _answer(request: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> int:
     """Serve the calls on stdin until it closes, each answered on stdout."""
+    no_collection_at_exit()  # its parent waits for it to end
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the project, whatever the folder

@@ -22,6 +22,7 @@ import sys
 from typing import Any, BinaryIO
 
 from device_agent.ort import load_onnxruntime  # blocks torch before onnxruntime loads, like a board
+from tasks.exits import no_collection_at_exit
 
 HEADER = 8  # bytes of the big-endian length before each pickle
 
@@ -90,6 +91,7 @@ def answer(sessions: Sessions, request: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> int:
     """Serve requests from stdin until it closes."""
+    no_collection_at_exit()  # its parent waits for it to end
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     sessions = Sessions()

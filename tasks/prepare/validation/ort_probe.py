@@ -22,7 +22,7 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from device_agent.ort import load_onnxruntime, load_training_api, seed_runtime  # noqa: E402
+from device_agent.ort import load_onnxruntime, load_training_api, seed_runtime, session_options  # noqa: E402
 from device_agent.runtimes import open_runtime  # noqa: E402
 
 STAGE = ["load_artifacts"]  # the check a failure belongs to, reported to the parent
@@ -157,7 +157,10 @@ def split_check(api: Any, cfg: dict, feeds: dict[str, np.ndarray]) -> dict[str, 
         )
         suffix_module = module_of(files["training_model"], files["checkpoint"], files["eval_model"])
     full = eval_loss(full_module, feeds)
-    prefix = load_onnxruntime().InferenceSession(files["prefix_model"], providers=["CPUExecutionProvider"])
+    ort = load_onnxruntime()
+    prefix = ort.InferenceSession(
+        files["prefix_model"], session_options(ort), providers=["CPUExecutionProvider"]
+    )
     (cut,) = prefix.run([split["cut"]], {n: feeds[n] for n in split["prefix_inputs"]})
     part = eval_loss(suffix_module, {**feeds, split["cut"]: cut})
     paths = split.get("inference_paths")

@@ -65,9 +65,9 @@ def check_join(recipe: Recipe, out_dir: Path, manifest: dict) -> dict[str, Any] 
 
 
 def _outputs(recipe: Recipe, model: Path, manifest: dict) -> list[np.ndarray]:
-    import onnxruntime  # heavy; validation has loaded it already
+    from tasks.quiet import ort_session  # onnxruntime (heavy); validation has loaded it already
 
-    sess = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    sess = ort_session(str(model))  # errors only: no optimizer warning of ONNX Runtime's printed
     names = tuple(i.name for i in sess.get_inputs())
     arrays = example_arrays(recipe, names, n=JOIN_SAMPLES)
     return sess.run(manifest["inference_output_names"], dict(zip(names, arrays, strict=True)))

@@ -47,7 +47,9 @@ def rss(key):
             return float(line.split()[1]) / 1024.0
 cfg = json.loads(sys.argv[1])
 base = rss("VmRSS:")
-sess = ort.InferenceSession(cfg["model"], providers=["CPUExecutionProvider"])
+options = ort.SessionOptions()
+options.log_severity_level = 3  # errors only
+sess = ort.InferenceSession(cfg["model"], options, providers=["CPUExecutionProvider"])
 arg = sess.get_inputs()[0]
 x = np.load(cfg["data"])[cfg["input"]][: cfg["batch"]]
 reps = -(-cfg["batch"] // max(1, len(x)))

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from onnx import numpy_helper
 
-from tasks.errors import RecipeError
+from tasks.errors import ModelError, RecipeError
 from tasks.prepare.export.buffers import record_torch_state
 from tasks.prepare.export.onnx_in import adapt_onnx
 from tasks.prepare.export.priors import PRIORS_FILE, write_priors
@@ -40,6 +40,7 @@ from tasks.prepare.export.tracing import restored
 from tasks.prepare.export.user_code import forward_error
 from tasks.prepare.feeds import data_file, feed_keys
 from tasks.prepare.manifest import common_manifest, trainable_layers
+from tasks.prepare.messages import export_failure
 from tasks.prepare.onnx_versions import check_board_loadable
 from tasks.prepare.rewrites.param_chains import split_shared_initializers
 from tasks.prepare.runtimes.autograd.from_onnx import graph_named, torch_twin
@@ -84,7 +85,12 @@ def export_model(recipe: Recipe, out_dir: Path) -> Path:
     module = build_model(recipe)
     inputs = model_inputs(recipe, example_batch(module, [tuple(recipe.model.input_shape)]))
     forward_once(recipe, module, inputs)
-    export_inference(module, inputs, list(recipe.model.input_names), list(recipe.model.output_names), target)
+
+    def explain(exc: BaseException, dump: str) -> Exception:  # the ORT path's line for the same failure
+        return ModelError(export_failure(recipe, exc, dump))
+
+    names = list(recipe.model.input_names), list(recipe.model.output_names)
+    export_inference(module, inputs, *names, target, explain)
     record_torch_state(module, target)  # its registered buffers are not parameters
     check_onnx(target)
     write_priors(recipe, module, target, out_dir / PRIORS_FILE)

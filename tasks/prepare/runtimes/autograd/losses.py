@@ -67,7 +67,7 @@ def plan(recipe: Recipe, outputs: tuple[Any, ...], batch: int) -> LossPlan:
     if kind == "embedded":
         if outputs[0].dim() != 0:
             raise RecipeError("loss.kind", "'embedded' only for a model whose first output is a scalar loss",
-                              f"first output '{names[0]}' has shape {list(outputs[0].shape)}")  # fmt: skip
+                              f"first output '{names[0]}' has shape {shape_of(outputs[0])}")  # fmt: skip
         return LossPlan(lambda outs, labels: (outs[0], tuple(outs[1:])), [], names[1:], "embedded")
     if kind == "custom":
         return _twin(recipe, outputs, names, batch)
@@ -82,15 +82,19 @@ def plan(recipe: Recipe, outputs: tuple[Any, ...], batch: int) -> LossPlan:
     if kind == "distillation":
         if out.dim() != 2:
             raise RecipeError("loss.kind", "'distillation' for a model with one [batch, classes] output",
-                              f"outputs {[list(o.shape) for o in outputs]}")  # fmt: skip
+                              f"outputs {', '.join(shape_of(o) for o in outputs)}")  # fmt: skip
         t = recipe.teacher.temperature if recipe.teacher else 1.0
         soft = _example(recipe, LABELS, 1, batch, out.detach().softmax(-1).numpy(), np.float32)
         return LossPlan(lambda o, lab: (distillation(o[0], lab[0], t), o), [(LABELS, soft)], names,
                         f"distillation (T = {t:g})")  # fmt: skip
+    if kind == "cross-entropy" and out.dim() > 2:  # the ORT path's words (ort_training.generate.build_loss)
+        raise RecipeError("loss.kind", f"a loss matching output '{names[0]}' of {out.dim()} dims (per-pixel class "
+                          f"scores [batch, classes, H, W] are task = \"segmentation\"; cross-entropy of task "
+                          f"'{recipe.task}' needs [batch, num_classes={recipe.model.num_classes}])", kind)  # fmt: skip
     if kind == "cross-entropy" and (
         out.dim() != 2 or out.shape[1] != (recipe.model.num_classes or out.shape[1])
     ):
-        raise RecipeError("loss.kind", f"a loss matching output '{names[0]}' of shape {list(out.shape)} (cross-entropy "
+        raise RecipeError("loss.kind", f"a loss matching output '{names[0]}' of shape {shape_of(out)} (cross-entropy "
                           f"needs [batch, num_classes={recipe.model.num_classes}])", kind)  # fmt: skip
     if kind == "cross-entropy":
         label = _example(recipe, LABELS, 1, batch, np.zeros(batch, np.int64), np.int64)
@@ -98,6 +102,12 @@ def plan(recipe: Recipe, outputs: tuple[Any, ...], batch: int) -> LossPlan:
     fallback = np.random.default_rng(0).random(tuple(out.shape), dtype=np.float32)
     target = _example(recipe, TARGET, 1, batch, fallback, np.float32)
     return LossPlan(lambda o, lab: (builtin(kind, o[0], lab[0]), o), [(TARGET, target)], names, kind)
+
+
+def shape_of(tensor: Any) -> str:
+    """An example tensor's shape for a message, its batch axis named ``batch`` as the ORT path's
+    messages name it (not the trace's example batch, :data:`.steps.BATCHES`): ``[batch, 4, 32]``."""
+    return "[" + ", ".join(["batch", *map(str, tensor.shape[1:])] if tensor.dim() else []) + "]"
 
 
 def _twin(recipe: Recipe, outputs: tuple[Any, ...], names: list[str], batch: int) -> LossPlan:

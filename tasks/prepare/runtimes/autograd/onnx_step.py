@@ -31,6 +31,8 @@ from tasks.prepare.runtimes.autograd.trace import MAX_BATCH
 
 log = logging.getLogger(__name__)
 NO_CONVERSION = re.compile(r"No ONNX function found for <OpOverload\(op='([^']+)', overload='([^']+)'\)>")
+# (an exporter's failure, the output it printed) -> the error to raise in its place
+Explain = Callable[[BaseException, str], Exception]
 RTOL = 1e-4  # of the largest |value| of each result: the graph and ORT fuse float32 ops differently
 FLOOR = 2.0  # beyond RTOL: ORT's distance from float64 at most this many times PyTorch float32's own
 
@@ -66,14 +68,18 @@ def _module(step: StepGraph, gm: Any) -> Any:
     return Step()
 
 
-def exporting(what: str, call: Callable[[], Any]) -> Any:
-    """``call()``, an ONNX exporter's run, with its output captured (logged at DEBUG); ArtifactError,
-    one line naming ``what``, when it fails."""
-    with quiet_output(f"torch.onnx.export: {what}"):
+def exporting(what: str, call: Callable[[], Any], explain: Explain | None = None) -> Any:
+    """``call()``, an ONNX exporter's run, with its output captured (logged at DEBUG); when it fails,
+    ``explain``'s error (given the failure and the captured output: the TorchScript exporter's
+    failures are the ORT path's, :func:`tasks.prepare.messages.export_failure`) or ArtifactError, one
+    line naming ``what``."""
+    with quiet_output(f"torch.onnx.export: {what}") as out:
         try:
             return call()
         except Exception as exc:  # the exporter raises many types; all mean "cannot export"
             failure = exc
+    if explain is not None:
+        raise explain(failure, out.text) from failure
     missing = NO_CONVERSION.search(str(failure))
     if missing:
         raise ArtifactError(f"{what} cannot be exported to ONNX: the exporter has no conversion for {missing[1]}."

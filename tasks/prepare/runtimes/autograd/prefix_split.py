@@ -110,9 +110,9 @@ def renamed(model: onnx.ModelProto, old: str, inputs: list[str]) -> onnx.ModelPr
 
 
 def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    import onnxruntime  # the plain inference build, as the board's; loaded by preparation already
+    from tasks.quiet import ort_session  # the plain inference build, as the board's; errors only logged
 
-    sess = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ort_session(model.SerializeToString())
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(names, {i.name: feeds[i.name] for i in sess.get_inputs()}), strict=True))
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from tasks.errors import RecipeError
+from tasks.prepare.export.tracing import model_outputs
 from tasks.prepare.feeds import example_arrays
 from tasks.prepare.runtimes.autograd.losses import LossPlan, plan
 from tasks.prepare.runtimes.autograd.noise import NoiseInput, replace_random
@@ -83,7 +84,7 @@ def build_steps(recipe: Recipe, model: Any, trainable: list[str], art: Path,
     inputs = model_inputs(recipe, batch)
     with torch.no_grad():
         out = model.eval()(*inputs)
-    outputs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    outputs = tuple(model_outputs(out))  # a dict's values in order, as the exporters flatten it
     loss = plan(recipe, outputs, batch)
     feeds = [*zip(recipe.model.input_names, inputs, strict=True), *loss.labels]
     names = [*loss.kept]

@@ -77,7 +77,7 @@ def task_loss(recipe: Recipe, out: Any, name: str) -> tuple[TaskLoss, str, Any]:
     """For a segmentation or keypoints recipe whose one output is ``out`` (an example tensor):
     ``fn(output, labels) -> loss``, the manifest's name of the loss (the ORT path's) and an example
     label batch's fallback (zeros of the labels' shape and dtype). RecipeError for a wrong shape."""
-    dims = list(out.shape)
+    dims, batch = ["batch", *out.shape[1:]], int(out.shape[0])  # messages name the batch as the ORT path's
     if recipe.task == "segmentation":
         spec, kind = segmentation_of(recipe), recipe.loss.kind
         check_scores(dims, name, recipe.model.num_classes or 0, kind)
@@ -86,7 +86,7 @@ def task_loss(recipe: Recipe, out: Any, name: str) -> tuple[TaskLoss, str, Any]:
         def seg(o: Any, lab: Any) -> Any:
             return segmentation(kind, o, lab, spec.ignore_index, spec.dice_weight)
 
-        fallback = np.zeros([dims[0], *dims[2:]], np.int64)
+        fallback = np.zeros([batch, *dims[2:]], np.int64)
         return seg, f"{kind} (per pixel, ignore_index {spec.ignore_index})", fallback
     kp = recipe.keypoints
     assert kp is not None  # task keypoints has a [keypoints] table (its rules)
@@ -97,4 +97,4 @@ def task_loss(recipe: Recipe, out: Any, name: str) -> tuple[TaskLoss, str, Any]:
         return keypoints(o, lab, hw, kp.heatmap_sigma)
 
     what = f"heatmaps (Gaussian targets, sigma {kp.heatmap_sigma:g})" if heat else "coordinates"
-    return kps, f"{recipe.loss.kind} of {what}", np.zeros([dims[0], kp.count, 3], np.float32)
+    return kps, f"{recipe.loss.kind} of {what}", np.zeros([batch, kp.count, 3], np.float32)

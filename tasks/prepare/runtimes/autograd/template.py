@@ -23,7 +23,7 @@ from device_agent.runtimes.state import CheckpointState
 from tasks.errors import ArtifactError
 from tasks.prepare.export.tracing import restored
 from tasks.prepare.onnx_versions import OPSET
-from tasks.prepare.runtimes.autograd.onnx_step import exporting
+from tasks.prepare.runtimes.autograd.onnx_step import Explain, exporting
 
 # the eval-mode export's opsets: the ORT path's first; the next only for an operator that needs it
 # (aten::col2im, F.fold, needs 18); the board's ONNX Runtime loads up to 21
@@ -32,15 +32,16 @@ ATTEMPTS = 8  # fresh markers when one happened to occur twice in the serialised
 
 
 def export_inference(model: Any, inputs: tuple[Any, ...], input_names: list[str], output_names: list[str],
-                     path: Path) -> None:  # fmt: skip
+                     path: Path, explain: Explain | None = None) -> None:  # fmt: skip
     """The TorchScript export of ``model`` in eval mode, every parameter and buffer an initializer of
-    its own name, batch dynamic, at the first opset of :data:`OPSETS` that has its operators."""
+    its own name, batch dynamic, at the first opset of :data:`OPSETS` that has its operators; a
+    failure is ``explain``'s error (:func:`.onnx_step.exporting`)."""
     for opset in OPSETS:
         try:
-            _export(model, inputs, input_names, output_names, path, opset)
+            _export(model, inputs, input_names, output_names, path, opset, explain)
             break
-        except ArtifactError as exc:
-            if opset == OPSETS[-1] or "opset version" not in str(exc):
+        except Exception as exc:  # exporting's error: ArtifactError or explain's
+            if opset == OPSETS[-1] or "opset version" not in str(exc.__cause__ or exc):
                 raise
     proto = onnx.load(str(path))  # the initializers out of the inputs again (see _export)
     inits = {i.name for i in proto.graph.initializer}
@@ -51,7 +52,7 @@ def export_inference(model: Any, inputs: tuple[Any, ...], input_names: list[str]
 
 
 def _export(model: Any, inputs: tuple[Any, ...], input_names: list[str], output_names: list[str], path: Path,
-            opset: int) -> None:  # fmt: skip
+            opset: int, explain: Explain | None) -> None:  # fmt: skip
     """One export. PRESERVE: no eval peephole, which would fold each BatchNorm into its convolution.
     Initializers as inputs: no deduplication, which makes a tensor equal to another at export (a
     fresh BatchNorm's running variance and its weight, all ones) an Identity of it, so training one
@@ -64,7 +65,7 @@ def _export(model: Any, inputs: tuple[Any, ...], input_names: list[str], output_
         exporting("the inference model", lambda: torch.onnx.export(
             model, inputs, str(path), dynamo=False, training=torch.onnx.TrainingMode.PRESERVE,
             do_constant_folding=False, export_params=True, opset_version=opset, input_names=input_names,
-            output_names=output_names, dynamic_axes=axes, keep_initializers_as_inputs=True))  # fmt: skip
+            output_names=output_names, dynamic_axes=axes, keep_initializers_as_inputs=True), explain)  # fmt: skip
 
 
 def reads(node: onnx.NodeProto) -> set[str]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.errors import ModelError
-from tasks.prepare.export.tracing import has_auxiliary_outputs, restored
+from tasks.prepare.export.tracing import has_auxiliary_outputs, model_outputs, restored
 from tasks.prepare.export.user_code import user_code_error
 from tasks.prepare.messages import layer_of
 from tasks.prepare.runtimes.autograd.decompositions import forward_table
@@ -139,7 +139,7 @@ def trace_step(forward: Any, step: StepInputs, *, grads: bool) -> Any:
 
     def loss_of(trainable: dict, frozen: dict, feeds: tuple) -> tuple[Any, tuple]:
         out = torch.func.functional_call(forward, {**frozen, **step.bound(trainable)}, feeds[:n_model])
-        loss, kept = step.loss(tuple(out) if isinstance(out, (tuple, list)) else (out,), feeds[n_model:])
+        loss, kept = step.loss(tuple(model_outputs(out)), feeds[n_model:])
         return loss, kept
 
     def run(*args: Any) -> tuple[Any, ...]:
