@@ -10,6 +10,7 @@ and each file against its traced graph (:mod:`.onnx_step`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,13 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from tasks.errors import RecipeError
+from tasks.errors import ModelError, RecipeError
 from tasks.prepare.export.tracing import model_outputs
 from tasks.prepare.feeds import example_arrays
 from tasks.prepare.runtimes.autograd.losses import LossPlan, plan
 from tasks.prepare.runtimes.autograd.noise import NoiseInput, replace_random
 from tasks.prepare.runtimes.autograd.onnx_step import StepGraph, export_step
 from tasks.prepare.runtimes.autograd.op_checks import check_recorded, recording
+from tasks.prepare.runtimes.autograd.recurrent import differentiable
 from tasks.prepare.runtimes.autograd.template import keep_outputs
 from tasks.prepare.runtimes.autograd.trace import (
     StepInputs,
@@ -109,8 +111,19 @@ def build_steps(recipe: Recipe, model: Any, trainable: list[str], art: Path,
                 "the model computes the same in both modes: %s is %s without gradients", EVAL_FILE, TRAIN_FILE
             )
             continue
-        graph = _step(decomposed(programs[training]), inputs, feeds, held, loss, training,
-                      outs + (grads if training else []), checked)  # fmt: skip
+        step_outputs = outs + (grads if training else [])
+        graph = None
+        if not training:  # no backward: make_fx decomposes the eval forward as it traces it
+            with contextlib.suppress(ModelError):  # an operator that needs the decomposition first
+                graph = _step(differentiable(programs[False].module()), inputs, feeds, held, loss, False,
+                              step_outputs, checked)  # fmt: skip
+        if graph is None:
+            log.debug(
+                "the %s step's forward is decomposed before it is traced", "train" if training else "eval"
+            )
+            graph = _step(
+                decomposed(programs[training]), inputs, feeds, held, loss, training, step_outputs, checked
+            )
         checked.update(export_step(graph, art / (TRAIN_FILE if training else EVAL_FILE)))
         noise[training] = graph.noise
     described = [
