@@ -156,8 +156,12 @@ def test_the_reports_events_link_opens_the_boards_feed(prefect_stack, tmp_path):
                   f"rows = boards.publish_overview([{seen!r}, {other!r}], SimpleNamespace(root={str(tmp_path)!r}))\n"
                   f"print(json.dumps([boards.events_link({seen!r}, time.time()), rows]))")  # fmt: skip
     link, rows = json.loads(out.strip().splitlines()[-1])
-    *recent, feed = rows[0]["events"].split("<br>")  # its last events (newest first), one a line, then the feed
-    assert recent[0].startswith("job.started ") and any(e.startswith("board.heartbeat ") for e in recent), rows[0]
+    *recent, feed = rows[0]["events"].split(
+        "<br>"
+    )  # its last events (newest first), one a line, then the feed
+    assert recent[0].startswith("job.started ") and any(e.startswith("board.heartbeat ") for e in recent), (
+        rows[0]
+    )
     assert feed.startswith("[event feed](http://127.0.0.1:") and f"odl.board.{seen}&" in feed, rows[0]
     spec = PromotionSpec(metric="accuracy", min_gain=0.0, significance=None)
     metrics = {"candidate": {"accuracy": 0.9}, "base": {"accuracy": 0.5}}

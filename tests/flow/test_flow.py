@@ -46,7 +46,9 @@ def _logs(run_id) -> list[str]:
     with get_client(sync_client=True) as client:
         while True:  # every page: the server returns 200 lines a call by default
             page = client.read_logs(
-                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])), limit=200, offset=len(found)
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])),
+                limit=200,
+                offset=len(found),
             )
             found += [rec.message for rec in page]
             if len(page) < 200:

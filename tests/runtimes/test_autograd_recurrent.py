@@ -29,24 +29,26 @@ class Net(torch.nn.Module):
     """A linear layer per step, a recurrent layer, a read-out and a linear head."""
 
     def __init__(self, cell: str, features: int, hidden: int, layers: int, bidirectional: bool,
-                 batch_first: bool, bias: bool, initial: bool, readout: str) -> None:  # fmt: skip
+                 batch_first: bool, bias: bool, initial: bool, readout: str, proj: int = 0) -> None:  # fmt: skip
         super().__init__()
-        extra = {"nonlinearity": cell} if cell in ("tanh", "relu") else {}
-        self.pre, self.init = torch.nn.Linear(3, features), torch.nn.Linear(3, hidden)
+        extra = {"nonlinearity": cell} if cell in ("tanh", "relu") else {"proj_size": proj} if proj else {}
+        out = proj or hidden  # an LSTM's projected states
+        self.pre, self.init_h, self.init_c = (torch.nn.Linear(3, n) for n in (features, out, hidden))
         self.rnn = CELLS[cell](features, hidden, layers, bias=bias, batch_first=batch_first,
                                bidirectional=bidirectional, **extra)  # fmt: skip
-        self.head = torch.nn.Linear(hidden * (2 if bidirectional else 1), 4)
+        width = hidden if readout == "state" and cell == "lstm" else out  # the state read: an LSTM's cell
+        self.head = torch.nn.Linear(width * (2 if bidirectional else 1), 4)
         self.initial, self.readout, self.cell = initial, readout, cell
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [N, T, 3]
         z = self.pre(x)
         z = z if self.rnn.batch_first else z.transpose(0, 1)
         hx = None
-        if self.initial:  # a state computed from the input, so its gradient flows
+        if self.initial:  # states computed from the input, so their gradients flow
             dirs = self.rnn.num_layers * (2 if self.rnn.bidirectional else 1)
-            h = torch.tanh(self.init(x.mean(1)))
-            h = h.unsqueeze(0).expand(dirs, -1, -1).contiguous()
-            hx = (h, h * 0.5) if self.cell == "lstm" else h
+            h, c = (torch.tanh(f(x.mean(1))).unsqueeze(0).expand(dirs, -1, -1).contiguous()
+                    for f in (self.init_h, self.init_c))  # fmt: skip
+            hx = (h, c) if self.cell == "lstm" else h
         out, state = self.rnn(z, hx)
         if self.readout == "state":
             last = (state[1] if self.cell == "lstm" else state)[-1]
@@ -97,23 +99,18 @@ def _nodes(graph: onnx.GraphProto) -> int:
     initial=st.booleans(),
     readout=st.sampled_from(["last", "mean", "state"]),
     steps=st.integers(1, 9),
+    proj=st.integers(0, 3),
 )
 @example(cell="lstm", features=3, hidden=4, layers=2, bidirectional=True, batch_first=True, bias=True,
-         initial=True, readout="state", steps=5)  # fmt: skip
+         initial=True, readout="state", steps=5, proj=0)  # fmt: skip
+# projected states
+@example(cell="lstm", features=2, hidden=5, layers=2, bidirectional=True, batch_first=False, bias=True,
+         initial=True, readout="last", steps=4, proj=3)  # fmt: skip
 @example(cell="gru", features=1, hidden=1, layers=1, bidirectional=False, batch_first=False, bias=False,
-         initial=False, readout="last", steps=1)  # fmt: skip
-@example(
-    cell="gru",
-    features=1,
-    hidden=1,
-    layers=1,
-    bidirectional=False,
-    batch_first=False,
-    bias=False,
-    initial=False,
-    readout="last",
-    steps=7,
-)  # fmt: skip - as long as the trace's batch
+         initial=False, readout="last", steps=1, proj=0)  # fmt: skip
+# as long as the trace's batch
+@example(cell="gru", features=1, hidden=1, layers=1, bidirectional=False, batch_first=False, bias=False,
+         initial=False, readout="last", steps=7, proj=0)  # fmt: skip
 def test_generated_recurrent_models_train_with_pytorch_s_gradients(
     tmp_path_factory,
     cell,
@@ -126,14 +123,21 @@ def test_generated_recurrent_models_train_with_pytorch_s_gradients(
     initial,
     readout,
     steps,
+    proj,
 ):
     torch.manual_seed(0)
-    model = Net(cell, features, hidden, layers, bidirectional, batch_first, bias, initial, readout)
+    proj = proj if cell == "lstm" and proj < hidden else 0  # an LSTM's proj_size, below its hidden size
+    model = Net(cell, features, hidden, layers, bidirectional, batch_first, bias, initial, readout, proj)
     path = tmp_path_factory.mktemp("step") / "train_step.onnx"
     trainable, checked = _export(model, steps, path)
     assert any("odl_rnn.layer_backward" in k for k in checked)  # checked against PyTorch's autograd
     step = onnx.load(str(path))
-    assert {n.op_type for n in step.graph.node} & {"GRU", "LSTM", "RNN"}  # ONNX's own forward
+    assert {n.op_type for n in step.graph.node} & {
+        "GRU",
+        "LSTM",
+        "RNN",
+        "Scan",
+    }  # ONNX's own forward, or a Scan (projected)
     assert not [o for o in step.opset_import if o.domain not in ("", "ai.onnx")]  # no placeholder left
     gen = torch.Generator().manual_seed(2)
     x, y = torch.randn(3, steps, 3, generator=gen), torch.randint(0, 4, (3,), generator=gen)  # another batch
@@ -179,6 +183,6 @@ def test_a_wrong_backward_is_refused_in_one_line(tmp_path, monkeypatch):
 
 def test_modules_it_does_not_cover_keep_pytorch_s_decomposition():
     assert recurrent.covered(torch.nn.GRU(3, 4))
-    assert not recurrent.covered(torch.nn.LSTM(3, 4, proj_size=2))
+    assert recurrent.covered(torch.nn.LSTM(3, 4, proj_size=2))
     assert not recurrent.covered(torch.nn.GRU(3, 4).double())
     assert not recurrent.covered(torch.nn.Linear(3, 4))

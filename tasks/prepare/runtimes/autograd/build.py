@@ -147,7 +147,7 @@ def exported_weights(model: Any, graph: Any) -> Any:
 
 def rnn_dropout(model: Any) -> list[str]:
     """A warning for recurrent layers with dropout between their layers that the autograd runtime
-    leaves to PyTorch's export (:func:`.recurrent.covered`: an LSTM with ``proj_size``), whose
+    leaves to PyTorch's export (:func:`.recurrent.covered`: one not in float32), whose
     decomposition never applies that dropout: they train without it."""
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
@@ -156,7 +156,7 @@ def rnn_dropout(model: Any) -> list[str]:
     if not names:
         return []
     return [f"{len(names)} recurrent layer(s) ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}) drop out "
-            "between their layers: PyTorch's export of an LSTM with proj_size leaves that dropout out, so the "
+            "between their layers: PyTorch's export of a recurrent layer not in float32 leaves that dropout out, so the "
             "autograd runtime trains them without it"]  # fmt: skip
 
 

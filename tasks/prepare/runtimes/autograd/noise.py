@@ -11,7 +11,9 @@ The board's step fills these inputs from a generator seeded by the job's seed an
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,3 +166,26 @@ def _fixed(size: Any) -> int:
     """A size that does not depend on the batch: its example value."""
     sym = getattr(size, "node", None)
     return int(size) if sym is None else int(sym.hint)
+
+
+@contextlib.contextmanager
+def dropout_masks(model: Any) -> Iterator[int]:
+    """While the block runs, each ``nn.Dropout`` of ``model`` in training mode (0 < p < 1) keeps
+    ``rand_like(x) > p`` and scales it by ``1 / (1 - p)``, exactly as PyTorch's decomposition of
+    ``aten.native_dropout`` draws and computes it; yields how many. Traced so, the forward needs no
+    decomposition pass before ``make_fx`` (``aten.dropout``'s own kernel asks a symbolic batch for
+    its element count); each module's own forward is given back at the end."""
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    found = [m for m in model.modules() if type(m) is torch.nn.Dropout and m.training and 0 < m.p < 1]
+
+    def masked(x: Any, p: float) -> Any:
+        return (torch.rand_like(x) > p) * x * (1.0 / (1.0 - p))
+
+    for m in found:
+        m.forward = lambda x, p=m.p: masked(x, p)
+    try:
+        yield len(found)
+    finally:
+        for m in found:
+            del m.forward

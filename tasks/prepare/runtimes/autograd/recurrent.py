@@ -35,7 +35,7 @@ def mode_of(module: Any) -> str | None:
     """The operator mode of a recurrent module this covers, or None."""
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
-    if not isinstance(module, torch.nn.RNNBase) or getattr(module, "proj_size", 0):
+    if not isinstance(module, torch.nn.RNNBase):
         return None
     if any(p.dtype != torch.float32 for p in module.parameters()):
         return None
@@ -47,24 +47,27 @@ def ops() -> types.SimpleNamespace:
     """The two operators (defined once per process) and their autograd wrapper."""
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
-    schema = "(Tensor x, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, Tensor b_ih, Tensor b_hh, str mode) -> (Tensor, Tensor)"
+    schema = ("(Tensor x, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, Tensor b_ih, Tensor b_hh, Tensor w_hr, "
+              "str mode) -> (Tensor, Tensor)")  # fmt: skip
 
     @torch.library.custom_op("odl_rnn::layer", mutates_args=(), schema=schema)
-    def layer(x, h0, c0, w_ih, w_hh, b_ih, b_hh, mode):  # noqa: ANN001, ANN202 - the schema types it
-        return forward_kernel(x, h0, c0, w_ih, w_hh, b_ih, b_hh, mode)
+    def layer(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode):  # noqa: ANN001, ANN202 - the schema types it
+        return forward_kernel(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode)
 
     @layer.register_fake
-    def _(x, h0, c0, w_ih, w_hh, b_ih, b_hh, mode):  # noqa: ANN001, ANN202 - torch's fake-kernel signature
+    def _(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode):  # noqa: ANN001, ANN202 - torch's fake-kernel signature
         return x.new_empty(x.shape[0], x.shape[1], w_hh.shape[1]), c0.new_empty(c0.shape)
 
     lib = torch.library.Library("odl_rnn", "FRAGMENT")  # no autograd of its own: a backward only
     lib.define("layer_backward(Tensor gy, Tensor gc, Tensor x, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, "
-               "Tensor b_ih, Tensor b_hh, Tensor y, str mode) -> Tensor[]")  # fmt: skip
+               "Tensor b_ih, Tensor b_hh, Tensor w_hr, Tensor y, str mode) -> Tensor[]")  # fmt: skip
     lib.impl("layer_backward", backward_math, "CompositeExplicitAutograd")
 
     @torch.library.register_fake("odl_rnn::layer_backward", lib=lib)
-    def _(gy, gc, x, h0, c0, w_ih, w_hh, b_ih, b_hh, y, mode):  # noqa: ANN001, ANN202
-        return [t.new_empty(t.shape) for t in (x, h0, c0, w_ih, w_hh, b_ih, b_hh)]  # contiguous, as computed
+    def _(gy, gc, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, y, mode):  # noqa: ANN001, ANN202
+        return [
+            t.new_empty(t.shape) for t in (x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr)
+        ]  # contiguous, as computed
 
     class Layer(torch.autograd.Function):
         @staticmethod
@@ -94,12 +97,14 @@ def ops() -> types.SimpleNamespace:
                                  backward=torch.ops.odl_rnn.layer_backward.default, apply=differentiable_layer)  # fmt: skip
 
 
-def forward_kernel(x: Any, h0: Any, c0: Any, w_ih: Any, w_hh: Any, b_ih: Any, b_hh: Any, mode: str) -> Any:
-    """One layer and direction with PyTorch's own kernel: ``x`` [T, B, I], states [B, H] ->
-    (the output sequence [T, B, H], the last cell state [B, H]; ``c0`` itself but for an LSTM)."""
+def forward_kernel(x: Any, h0: Any, c0: Any, w_ih: Any, w_hh: Any, b_ih: Any, b_hh: Any, w_hr: Any,
+                   mode: str) -> Any:  # fmt: skip
+    """One layer and direction with PyTorch's own kernel: ``x`` [T, B, I], states [B, H] (an LSTM
+    with a projection ``w_hr`` [P, H], empty without: ``h0`` [B, P]) -> (the output sequence
+    [T, B, H or P], the last cell state [B, H]; ``c0`` itself but for an LSTM)."""
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
-    weights = [w_ih, w_hh, b_ih, b_hh]
+    weights = [w_ih, w_hh, b_ih, b_hh, *([w_hr] if w_hr.numel() else [])]
     if mode == "LSTM":
         y, _, c = torch._VF.lstm(x, (h0[None], c0[None]), weights, True, 1, 0.0, False, False, False)
         return y.contiguous(), c[0].contiguous()
@@ -109,8 +114,8 @@ def forward_kernel(x: Any, h0: Any, c0: Any, w_ih: Any, w_hh: Any, b_ih: Any, b_
 
 
 def backward_math(gy: Any, gc: Any, x: Any, h0: Any, c0: Any, w_ih: Any, w_hh: Any, b_ih: Any, b_hh: Any,
-                  y: Any, mode: str) -> list[Any]:  # fmt: skip
-    """The gradients of (x, h0, c0, w_ih, w_hh, b_ih, b_hh) given those of the output sequence (``gy``)
+                  w_hr: Any, y: Any, mode: str) -> list[Any]:  # fmt: skip
+    """The gradients of (x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr) given those of the output sequence (``gy``)
     and of the last cell state (``gc``; but for an LSTM that output is ``c0`` itself): the formulas
     :mod:`.recurrent_onnx` writes, step by step."""
     import torch  # torch (heavy) only when a PyTorch model is built or run
@@ -118,9 +123,13 @@ def backward_math(gy: Any, gc: Any, x: Any, h0: Any, c0: Any, w_ih: Any, w_hh: A
     hprev = torch.cat([h0[None], y[:-1]], 0)
     pre_x, pre_h = x @ w_ih.T + b_ih, hprev @ w_hh.T + b_hh
     per_step = _gates(mode, pre_x, pre_h, c0, y)
-    dh, dc, dgx, dgh = torch.zeros_like(h0), gc, [], []
+    dh, dc, dgx, dgh, dw_hr = torch.zeros_like(h0), gc, [], [], torch.zeros_like(w_hr)
     for t in range(y.shape[0] - 1, -1, -1):
-        gates_x, gates_h, dh_prev, dc = _step_back(mode, gy[t] + dh, dc, [s[t] for s in per_step], hprev[t])
+        d = gy[t] + dh
+        if w_hr.numel():  # h = m W_hr^T with m = o tanh(c): through the projection first
+            dw_hr = dw_hr + d.T @ (per_step[3][t] * per_step[4][t])
+            d = d @ w_hr
+        gates_x, gates_h, dh_prev, dc = _step_back(mode, d, dc, [s[t] for s in per_step], hprev[t])
         dh = dh_prev + gates_h @ w_hh
         dgx.append(gates_x)
         dgh.append(gates_h)
@@ -134,6 +143,7 @@ def backward_math(gy: Any, gc: Any, x: Any, h0: Any, c0: Any, w_ih: Any, w_hh: A
         flat(gh).T @ flat(hprev),
         gx.sum((0, 1)),
         gh.sum((0, 1)),
+        dw_hr,
     ]
     return [g.contiguous() for g in grads]
 
@@ -160,7 +170,7 @@ def _gates(mode: str, pre_x: Any, pre_h: Any, c0: Any, y: Any) -> list[Any]:
     return [slope]
 
 
-def _step_back(mode: str, d: Any, dc: Any, s: list[Any], hprev: Any) -> tuple[Any, Any, Any, Any]:
+def _step_back(mode: str, d: Any, dc: Any, s: list[Any], hprev: Any) -> tuple[Any, Any, Any, Any]:  # noqa: C901
     """One step back: (pre-activation gradients of the input and recurrent products, the direct
     part of the previous state's gradient, the previous cell state's gradient)."""
     import torch  # torch (heavy) only when a PyTorch model is built or run
@@ -176,9 +186,9 @@ def _step_back(mode: str, d: Any, dc: Any, s: list[Any], hprev: Any) -> tuple[An
         dct = dc + d * o * (1 - tc * tc)
         gates = torch.cat([dct * g * i * (1 - i), dct * cprev * f * (1 - f), dct * i * (1 - g * g),
                            d * tc * o * (1 - o)], -1)  # fmt: skip
-        return gates, gates, torch.zeros_like(d), dct * f
+        return gates, gates, 0.0, dct * f  # the state reaches the gates through W_hh only
     dp = d * s[0]
-    return dp, dp, torch.zeros_like(d), dc
+    return dp, dp, 0.0, dc
 
 
 # --- the modules' forward as the operators -------------------------------------------------------
@@ -190,7 +200,7 @@ def _forward(module: Any, input: Any, hx: Any = None) -> Any:  # noqa: A002 - nn
 
     layer, mode = ops().layer, module.mode
     x = input.transpose(0, 1) if module.batch_first else input
-    dirs, hidden = 2 if module.bidirectional else 1, module.hidden_size
+    dirs, hidden, proj = 2 if module.bidirectional else 1, module.hidden_size, getattr(module, "proj_size", 0)
     h_in, c_in = (hx if mode == "LSTM" else (hx, None)) if hx is not None else (None, None)
     zeros = x.new_zeros(x.shape[1], hidden)
     h_out, c_out = [], []
@@ -201,9 +211,10 @@ def _forward(module: Any, input: Any, hx: Any = None) -> Any:  # noqa: A002 - nn
             w_ih, w_hh = getattr(module, f"weight_ih{suffix}"), getattr(module, f"weight_hh{suffix}")
             b_ih = getattr(module, f"bias_ih{suffix}") if module.bias else w_ih.new_zeros(w_ih.shape[0])
             b_hh = getattr(module, f"bias_hh{suffix}") if module.bias else w_hh.new_zeros(w_hh.shape[0])
-            h0 = zeros if h_in is None else h_in[i]
+            w_hr = getattr(module, f"weight_hr{suffix}") if proj else w_hh.new_zeros(0)
+            h0 = x.new_zeros(x.shape[1], proj or hidden) if h_in is None else h_in[i]
             c0 = zeros if c_in is None else c_in[i]
-            y, c = layer(x.flip(0) if d else x, h0, c0, w_ih, w_hh, b_ih, b_hh, mode)
+            y, c = layer(x.flip(0) if d else x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode)
             h_out.append(y[-1])
             c_out.append(c)
             ys.append(y.flip(0) if d else y)
@@ -263,8 +274,8 @@ def _record(gy: Any, gc: Any, saved: tuple[Any, ...], mode: str) -> None:
     """Record the backward's configuration for :func:`check_backward` (shapes and mode)."""
     from tasks.prepare.runtimes.autograd import op_checks  # its recording list
 
-    x, h0, w_ih = saved[0], saved[1], saved[3]
-    op_checks.record_use(ops().backward, (x, h0, w_ih, mode), check_backward)
+    x, h0, c0, w_ih, w_hr = saved[0], saved[1], saved[2], saved[3], saved[7]
+    op_checks.record_use(ops().backward, (x, h0, c0, w_ih, w_hr, mode), check_backward)
 
 
 def check_backward(use: Any, seed: int = 0) -> float:
@@ -273,12 +284,13 @@ def check_backward(use: Any, seed: int = 0) -> float:
     (ArtifactError beyond :data:`RTOL`)."""
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
-    x_arg, h_arg, w_arg, mode = use.args
-    (steps, batch, features), hidden, gates = x_arg.shape, h_arg.shape[-1], MODES[mode]
+    x_arg, h_arg, c_arg, _, p_arg, mode = use.args
+    (steps, batch, features), out, gates = x_arg.shape, h_arg.shape[-1], MODES[mode]
+    hidden = c_arg.shape[-1]
     gen = torch.Generator().manual_seed(seed)
     rand = lambda *s: torch.randn(*s, generator=gen) * 0.5  # noqa: E731
-    leaves = [rand(steps, batch, features), rand(batch, hidden), rand(batch, hidden), rand(gates * hidden, features),
-              rand(gates * hidden, hidden), rand(gates * hidden), rand(gates * hidden)]  # fmt: skip
+    leaves = [rand(steps, batch, features), rand(batch, out), rand(batch, hidden), rand(gates * hidden, features),
+              rand(gates * hidden, out), rand(gates * hidden), rand(gates * hidden), rand(*p_arg.shape)]  # fmt: skip
     leaves = [t.requires_grad_() for t in leaves]
     y, c = forward_kernel(*leaves, mode)
     gy, gc = rand(*y.shape), rand(*c.shape)
@@ -287,6 +299,8 @@ def check_backward(use: Any, seed: int = 0) -> float:
     worst = 0.0
     for w, g in zip(want, got, strict=True):
         w = torch.zeros_like(g) if w is None else w
+        if not g.numel():  # no projection: its empty weight
+            continue
         worst = max(worst, float((g - w).abs().max()) / max(1.0, float(w.abs().max())))
     if not worst <= RTOL:
         raise ArtifactError(f"the backward of {use.describe()} differs from PyTorch's autograd by {worst:.3g} "

@@ -42,10 +42,11 @@ def _schemas() -> None:
                         outputs=[OpSchema.FormalParameter(f"out{k}", "T") for k in range(outputs)],
                         type_constraints=[("T", ["tensor(float)"], "float32 tensors")],
                         attributes=[OpSchema.Attribute("mode", OpSchema.AttrType.STRING, "RNN_TANH ... LSTM"),
-                                    OpSchema.Attribute("hidden_size", OpSchema.AttrType.INT, "H")])  # fmt: skip
+                                    OpSchema.Attribute("hidden_size", OpSchema.AttrType.INT, "H"),
+                                    OpSchema.Attribute("projected", OpSchema.AttrType.INT, "an LSTM's w_hr")])  # fmt: skip
 
-    onnx.defs.register_schema(schema(FORWARD, 7, 2))
-    onnx.defs.register_schema(schema(BACKWARD, 10, 7))
+    onnx.defs.register_schema(schema(FORWARD, 8, 2))
+    onnx.defs.register_schema(schema(BACKWARD, 11, 8))
 
 
 def translations() -> dict[Any, Callable[..., Any]]:
@@ -57,17 +58,20 @@ def translations() -> dict[Any, Callable[..., Any]]:
     _schemas()
     opset = onnxscript.values.Opset(DOMAIN, 1)
 
-    def forward(x: Any, h0: Any, c0: Any, w_ih: Any, w_hh: Any, b_ih: Any, b_hh: Any, mode: str) -> Any:
-        hidden = int(w_hh.shape[1])
-        return getattr(opset, FORWARD)(
-            x, h0, c0, w_ih, w_hh, b_ih, b_hh, mode=mode, hidden_size=hidden, _outputs=2
-        )
+    def forward(
+        x: Any, h0: Any, c0: Any, w_ih: Any, w_hh: Any, b_ih: Any, b_hh: Any, w_hr: Any, mode: str
+    ) -> Any:
+        hidden = int(w_ih.shape[0]) // {"RNN_TANH": 1, "RNN_RELU": 1, "GRU": 3, "LSTM": 4}[mode]
+        projected = int(len(w_hr.shape) == 2)
+        return getattr(opset, FORWARD)(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode=mode, hidden_size=hidden,
+                                       projected=projected, _outputs=2)  # fmt: skip
 
-    def backward(gy: Any, gc: Any, x: Any, h0: Any, c0: Any, w_ih: Any, w_hh: Any, b_ih: Any, b_hh: Any, y: Any,
-                 mode: str) -> Any:  # fmt: skip
-        hidden = int(w_hh.shape[1])
-        return getattr(opset, BACKWARD)(gy, gc, x, h0, c0, w_ih, w_hh, b_ih, b_hh, y, mode=mode, hidden_size=hidden,
-                                        _outputs=7)  # fmt: skip
+    def backward(gy: Any, gc: Any, x: Any, h0: Any, c0: Any, w_ih: Any, w_hh: Any, b_ih: Any, b_hh: Any, w_hr: Any,
+                 y: Any, mode: str) -> Any:  # fmt: skip
+        hidden = int(w_ih.shape[0]) // {"RNN_TANH": 1, "RNN_RELU": 1, "GRU": 3, "LSTM": 4}[mode]
+        projected = int(len(w_hr.shape) == 2)
+        return getattr(opset, BACKWARD)(gy, gc, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, y, mode=mode,
+                                        hidden_size=hidden, projected=projected, _outputs=8)  # fmt: skip
 
     return {ops().layer: forward, ops().backward: backward}
 
@@ -134,7 +138,15 @@ def _onnx_gates(g: _Graph, w: str, mode: str, axis: int) -> str:
 
 
 def _forward(g: _Graph, node: onnx.NodeProto, mode: str) -> None:
-    x, h0, c0, w_ih, w_hh, b_ih, b_hh = node.input
+    x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr = node.input
+    if _attr(node, "projected"):  # ONNX's LSTM has no projection: a Scan over time
+        pre_x = g.op("Add", [g.op("MatMul", [x, g.op("Transpose", [w_ih])]), b_ih])
+        _, c, y = _scan(
+            g, [h0, c0], [pre_x], False, 1, lambda b, st, sl: _projected_cell(b, st, sl, (w_hh, b_hh), w_hr)
+        )
+        g.nodes.append(helper.make_node("Identity", [y], [node.output[0]], name=g.name("Identity")))
+        g.nodes.append(helper.make_node("Identity", [c], [node.output[1]], name=g.name("Identity")))
+        return
     zero = g.ints([0])
     weights = [g.op("Unsqueeze", [_onnx_gates(g, w, mode, 0), zero]) for w in (w_ih, w_hh)]
     bias = g.op("Unsqueeze", [g.concat([_onnx_gates(g, b, mode, 0) for b in (b_ih, b_hh)], 0), zero])
@@ -153,6 +165,19 @@ def _forward(g: _Graph, node: onnx.NodeProto, mode: str) -> None:
         y = g.op(op_type, [x, *weights, bias, "", *states], 2, **hidden, **attrs)[0]
         g.nodes.append(helper.make_node("Identity", [c0], [node.output[1]], name=g.name("Identity")))
     g.nodes.append(helper.make_node("Squeeze", [y, g.ints([1])], [node.output[0]], name=g.name("Squeeze")))
+
+
+def _attr(node: onnx.NodeProto, name: str) -> int:
+    return next((a.i for a in node.attribute if a.name == name), 0)
+
+
+def _projected_cell(b: _Graph, st: list[str], sl: list[str], weights: tuple[str, str], w_hr: str) -> tuple[list[str], list[str]]:  # fmt: skip
+    """One step of an LSTM with a projection: (h, c) from the previous ones and the step's input product."""
+    i, f, g, o = b.split(b.op("Add", [sl[0], _pre_h(b, st[0], weights)]), 4, -1)
+    i, f, g, o = b.op("Sigmoid", [i]), b.op("Sigmoid", [f]), b.op("Tanh", [g]), b.op("Sigmoid", [o])
+    c = b.op("Add", [b.mul(f, st[1]), b.mul(i, g)])
+    h = b.op("Gemm", [b.mul(o, b.op("Tanh", [c])), w_hr], transB=1)
+    return [h, c], [h]
 
 
 def _hidden(node: onnx.NodeProto) -> int:
@@ -187,8 +212,9 @@ def _scan(g: _Graph, states: list[str], slices: list[str], reverse: bool, output
     return result if isinstance(result, list) else [result]
 
 
-def _backward(g: _Graph, node: onnx.NodeProto, mode: str) -> None:
-    gy, gc, x, h0, c0, w_ih, w_hh, b_ih, b_hh, y = node.input
+def _backward(g: _Graph, node: onnx.NodeProto, mode: str) -> None:  # noqa: C901
+    gy, gc, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, y = node.input
+    projected = w_hr if _attr(node, "projected") else None
     zero, minus_one = g.ints([0]), g.ints([-1])
     hprev = g.concat([g.op("Unsqueeze", [h0, zero]), g.op("Slice", [y, zero, minus_one, zero])], 0)
     zeros = [g.op("ConstantOfShape", [g.op("Shape", [t])], value=helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0]))
@@ -203,14 +229,14 @@ def _backward(g: _Graph, node: onnx.NodeProto, mode: str) -> None:
         dh, dw_hh, db_hh, gx = _scan(
             g, zeros, [gy, slope, hprev], True, 1, lambda b, st, sl: _rnn_step(b, st, sl, weights)
         )
-        dc = gc
+        dc, dw_hr = gc, []
     else:
         pre_x = g.op("Add", [g.op("MatMul", [x, g.op("Transpose", [w_ih])]), b_ih])
         if mode == "GRU":
             dh, dw_hh, db_hh, gx = _scan(
                 g, zeros, [gy, pre_x, hprev], True, 1, lambda b, st, sl: _gru_step(b, st, sl, weights)
             )
-            dc = gc
+            dc, dw_hr = gc, []
         else:  # the cell states by a forward scan first
             cells = _scan(
                 g, [c0], [pre_x, hprev], False, 1, lambda b, st, sl: _lstm_cell(b, st, sl, weights)
@@ -218,8 +244,9 @@ def _backward(g: _Graph, node: onnx.NodeProto, mode: str) -> None:
             cprev = g.concat(
                 [g.op("Unsqueeze", [c0, zero]), g.op("Slice", [cells, zero, minus_one, zero])], 0
             )
-            dh, dc, dw_hh, db_hh, gx = _scan(g, [zeros[0], gc, *zeros[1:]], [gy, pre_x, hprev, cells, cprev], True, 1,
-                                             lambda b, st, sl: _lstm_step(b, st, sl, weights))  # fmt: skip
+            extra = [g.op("ConstantOfShape", [g.op("Shape", [w_hr])])] if projected else []
+            dh, dc, dw_hh, db_hh, *dw_hr, gx = _scan(g, [zeros[0], gc, *zeros[1:], *extra], [gy, pre_x, hprev, cells, cprev],
+                                                     True, 1, lambda b, st, sl: _lstm_step(b, st, sl, weights, projected))  # fmt: skip
     grads = [
         g.op("MatMul", [gx, w_ih]),
         dh,
@@ -228,6 +255,7 @@ def _backward(g: _Graph, node: onnx.NodeProto, mode: str) -> None:
         dw_hh,
         g.op("ReduceSum", [gx, g.ints([0, 1])], keepdims=0),
         db_hh,
+        dw_hr[0] if dw_hr else w_hr,  # without a projection, an empty tensor's (empty) gradient
     ]
     for value, out in zip(grads, node.output, strict=True):
         g.nodes.append(helper.make_node("Identity", [value], [out], name=g.name("Identity")))
@@ -275,17 +303,21 @@ def _lstm_cell(
 
 
 def _lstm_step(
-    b: _Graph, st: list[str], sl: list[str], weights: tuple[str, str]
+    b: _Graph, st: list[str], sl: list[str], weights: tuple[str, str], w_hr: str | None = None
 ) -> tuple[list[str], list[str]]:
     gy, pre_x, hprev, c, cprev = sl
     i, f, gg, o = _lstm_gates(b, pre_x, hprev, weights)
     tc = b.op("Tanh", [c])
     d = b.op("Add", [gy, st[0]])
+    projection = []
+    if w_hr is not None:  # h = m W_hr^T with m = o tanh(c): through the projection first
+        projection = [b.op("Add", [st[4], b.op("Gemm", [d, b.mul(o, tc)], transA=1)])]
+        d = b.op("MatMul", [d, w_hr])
     dct = b.op("Add", [st[1], b.mul(d, o, b.tanh_slope(tc))])
     gates = b.concat([b.mul(dct, gg, b.sigmoid_slope(i)), b.mul(dct, cprev, b.sigmoid_slope(f)),
                       b.mul(dct, i, b.tanh_slope(gg)), b.mul(d, tc, b.sigmoid_slope(o))], -1)  # fmt: skip
-    through, dw, db = _recurrent_grads(b, st[2:], gates, hprev, weights[0])
-    return [through, b.mul(dct, f), dw, db], [gates]
+    through, dw, db = _recurrent_grads(b, st[2:4], gates, hprev, weights[0])
+    return [through, b.mul(dct, f), dw, db, *projection], [gates]
 
 
 def _rnn_step(

@@ -23,7 +23,7 @@ from tasks.prepare.export.tracing import model_outputs
 from tasks.prepare.feeds import example_arrays
 from tasks.prepare.runtimes.autograd.losses import LossPlan, plan
 from tasks.prepare.runtimes.autograd.noise import NoiseInput, replace_random
-from tasks.prepare.runtimes.autograd.onnx_step import StepGraph, export_step
+from tasks.prepare.runtimes.autograd.onnx_step import StepGraph, export_step, rewrites_with
 from tasks.prepare.runtimes.autograd.op_checks import check_recorded, recording
 from tasks.prepare.runtimes.autograd.recurrent import differentiable
 from tasks.prepare.runtimes.autograd.template import keep_outputs
@@ -113,9 +113,12 @@ def build_steps(recipe: Recipe, model: Any, trainable: list[str], art: Path,
             continue
         step_outputs = outs + (grads if training else [])
         graph = None
-        if not training:  # no backward: make_fx decomposes the eval forward as it traces it
+        if not rewrites_with(
+            programs[training], {}
+        ):  # a write into a tensor (bernoulli_, div_: torchvision's
+            # StochasticDepth) is made functional by the decomposition pass, which then goes first
             with contextlib.suppress(ModelError):  # an operator that needs the decomposition first
-                graph = _step(differentiable(programs[False].module()), inputs, feeds, held, loss, False,
+                graph = _step(differentiable(programs[training].module()), inputs, feeds, held, loss, training,
                               step_outputs, checked)  # fmt: skip
         if graph is None:
             log.debug(

@@ -20,6 +20,7 @@ from tasks.prepare.export.tracing import has_auxiliary_outputs, model_outputs, r
 from tasks.prepare.export.user_code import user_code_error
 from tasks.prepare.messages import layer_of
 from tasks.prepare.runtimes.autograd.decompositions import forward_table
+from tasks.prepare.runtimes.autograd.noise import dropout_masks
 from tasks.prepare.runtimes.autograd.op_checks import recorded_table
 from tasks.prepare.runtimes.autograd.recurrent import differentiable, layer_ops
 
@@ -87,7 +88,7 @@ def exported_forward(model: Any, inputs: tuple[Any, ...], training: bool, batchn
 
     batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
     shapes = tuple({0: batch} for _ in inputs)
-    with step_mode(model, training, batchnorm, inputs, outputs), layer_ops(model):
+    with step_mode(model, training, batchnorm, inputs, outputs), layer_ops(model), dropout_masks(model):
         try:
             return torch.export.export(model, inputs, dynamic_shapes=shapes, strict=False)
         except Exception as exc:  # torch.export raises many types; all mean "cannot trace"
