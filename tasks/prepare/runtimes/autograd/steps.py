@@ -10,15 +10,16 @@ and each file against its traced graph (:mod:`.onnx_step`).
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tasks.errors import ModelError, RecipeError
+from tasks.errors import ArtifactError, ModelError, RecipeError
 from tasks.prepare.export.tracing import model_outputs
 from tasks.prepare.feeds import example_arrays
 from tasks.prepare.runtimes.autograd.losses import LossPlan, plan
@@ -111,31 +112,39 @@ def build_steps(recipe: Recipe, model: Any, trainable: list[str], art: Path,
                 "the model computes the same in both modes: %s is %s without gradients", EVAL_FILE, TRAIN_FILE
             )
             continue
-        step_outputs = outs + (grads if training else [])
-        graph = None
-        if not rewrites_with(
-            programs[training], {}
-        ):  # a write into a tensor (bernoulli_, div_: torchvision's
-            # StochasticDepth) is made functional by the decomposition pass, which then goes first
-            with contextlib.suppress(ModelError):  # an operator that needs the decomposition first
-                graph = _step(differentiable(programs[training].module()), inputs, feeds, held, loss, training,
-                              step_outputs, checked)  # fmt: skip
-        if graph is None:
-            log.debug(
-                "the %s step's forward is decomposed before it is traced", "train" if training else "eval"
-            )
-            graph = _step(
-                decomposed(programs[training]), inputs, feeds, held, loss, training, step_outputs, checked
-            )
-        checked.update(export_step(graph, art / (TRAIN_FILE if training else EVAL_FILE)))
-        noise[training] = graph.noise
+        path = art / (TRAIN_FILE if training else EVAL_FILE)
+        step = functools.partial(_step, inputs=inputs, feeds=feeds, held=held, loss=loss, training=training,
+                                 outputs=outs + (grads if training else []), checked=checked)  # fmt: skip
+        noise[training] = _written(programs[training], step, path, checked)
     described = [
         {"name": n, "dtype": str(t.numpy().dtype), "shape": ["batch", *t.shape[1:]]} for n, t in feeds
     ]
     return Steps(described, noise[True], noise[False], outs, grads, loss.name, checked, derived)
 
 
-def _step(forward: Any, inputs: tuple[Any, ...], feeds: list[tuple[str, Any]], held: dict[str, list[str]],
+def _written(
+    program: Any, step: Callable[[Any], StepGraph], path: Path, checked: dict[str, float]
+) -> list[NoiseInput]:
+    """Trace ``step`` over the exported forward ``program`` and export it to ``path``; its noise inputs.
+
+    The forward is traced by ``make_fx`` as it stands, decomposed as it is traced. The program's own
+    decomposition pass (a whole re-trace) runs first only where that cannot do: a program that
+    writes into a tensor (``bernoulli_``, ``div_``: torchvision's StochasticDepth), which the pass
+    makes functional, or one whose direct trace fails or exports with its batch made a constant (a
+    transformer encoder's fused path)."""
+    if not rewrites_with(program, {}):
+        try:
+            graph = step(differentiable(program.module()))
+            checked.update(export_step(graph, path))
+            return graph.noise
+        except (ModelError, ArtifactError) as exc:
+            log.debug("%s: traced again after the forward's decomposition pass (%s)", path.name, exc)
+    graph = step(decomposed(program))
+    checked.update(export_step(graph, path))
+    return graph.noise
+
+
+def _step(forward: Any, *, inputs: tuple[Any, ...], feeds: list[tuple[str, Any]], held: dict[str, list[str]],
           loss: LossPlan, training: bool, outputs: list[str], checked: dict[str, float]) -> StepGraph:  # fmt: skip
     """One step traced over ``forward`` (:func:`.trace.decomposed`), its decompositions checked and
     its random draws made inputs."""
