@@ -26,7 +26,7 @@ from tasks.prepare.runtimes.autograd import onnx_passes
 from tasks.prepare.runtimes.autograd.discrete import order_name, order_nodes, run_pinned, with_orders
 from tasks.prepare.runtimes.autograd.noise import NoiseInput
 from tasks.prepare.runtimes.autograd.op_checks import check_recorded, recorded_table, recording
-from tasks.prepare.runtimes.autograd.recurrent_onnx import expand, translations
+from tasks.prepare.runtimes.autograd.recurrent_onnx import DOMAIN, expand, translations
 from tasks.prepare.runtimes.autograd.trace import MAX_BATCH
 
 log = logging.getLogger(__name__)
@@ -141,8 +141,6 @@ def export_step(step: StepGraph, path: Path) -> dict[str, float]:
 
 def has_placeholders(path: Path) -> bool:
     """Whether the step at ``path`` holds :mod:`.recurrent_onnx`'s placeholder nodes."""
-    from tasks.prepare.runtimes.autograd.recurrent_onnx import DOMAIN
-
     return any(o.domain == DOMAIN for o in onnx.load(str(path), load_external_data=False).opset_import)
 
 

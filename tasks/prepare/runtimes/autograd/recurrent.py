@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from tasks.errors import ArtifactError
+from tasks.prepare.runtimes.autograd import op_checks
 
 MODES = {"RNN_TANH": 1, "RNN_RELU": 1, "GRU": 3, "LSTM": 4}  # gates per mode
 RTOL = 1e-4  # of the largest |value| of PyTorch's gradient (float32 sums in another order)
@@ -272,8 +273,6 @@ def differentiable(gm: Any) -> Any:
 
 def _record(gy: Any, gc: Any, saved: tuple[Any, ...], mode: str) -> None:
     """Record the backward's configuration for :func:`check_backward` (shapes and mode)."""
-    from tasks.prepare.runtimes.autograd import op_checks  # its recording list
-
     x, h0, c0, w_ih, w_hr = saved[0], saved[1], saved[2], saved[3], saved[7]
     op_checks.record_use(ops().backward, (x, h0, c0, w_ih, w_hr, mode), check_backward)
 

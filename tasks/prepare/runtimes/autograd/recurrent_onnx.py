@@ -26,6 +26,9 @@ from typing import Any
 
 import onnx
 from onnx import TensorProto, helper
+from onnx.defs import OpSchema
+
+from tasks.prepare.runtimes.autograd.recurrent import ops
 
 DOMAIN = "odl.rnn"
 FORWARD, BACKWARD = "Layer", "LayerBackward"
@@ -35,7 +38,6 @@ ONNX_ORDER = {"GRU": [1, 0, 2], "LSTM": [0, 3, 1, 2]}  # PyTorch's gate k at ONN
 @functools.cache
 def _schemas() -> None:
     """Register the two placeholder operators with ``onnx.defs`` (once per process)."""
-    from onnx.defs import OpSchema
 
     def schema(name: str, inputs: int, outputs: int) -> OpSchema:
         return OpSchema(name, DOMAIN, 1, inputs=[OpSchema.FormalParameter(f"in{k}", "T") for k in range(inputs)],
@@ -52,8 +54,6 @@ def _schemas() -> None:
 def translations() -> dict[Any, Callable[..., Any]]:
     """The exporter's ``custom_translation_table`` entries for :mod:`.recurrent`'s operators."""
     import onnxscript  # the exporter's tracer
-
-    from tasks.prepare.runtimes.autograd.recurrent import ops
 
     _schemas()
     opset = onnxscript.values.Opset(DOMAIN, 1)
