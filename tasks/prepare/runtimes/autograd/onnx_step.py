@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from tasks.errors import ArtifactError
+from tasks.errors import ArtifactError, ort_message
 from tasks.prepare.export.torchscript import quiet_output
 from tasks.prepare.onnx_versions import check_board_loadable
 from tasks.prepare.runtimes.autograd import onnx_passes
@@ -161,11 +161,15 @@ def check_runs(step: StepGraph, model: Any, arrays: list[np.ndarray], what: str)
 
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3
-    session = onnxruntime.InferenceSession(
-        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
-    names = [i.name for i in session.get_inputs()]
-    results = session.run(None, dict(zip(names, arrays, strict=True)))
+    try:
+        session = onnxruntime.InferenceSession(
+            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+        names = [i.name for i in session.get_inputs()]
+        results = session.run(None, dict(zip(names, arrays, strict=True)))
+    except Exception as exc:  # ONNX Runtime raises its own types (Fail, RuntimeException, ...)
+        raise ArtifactError(f"{what} does not run in ONNX Runtime: {ort_message(str(exc))[:300] or type(exc).__name__} "
+                            "(train fewer layers, or use training.runtime = 'ort-training')") from exc  # fmt: skip
     got, k = results[: len(step.outputs)], len(step.outputs)
     theirs = dict(zip([o.name for o in session.get_outputs()][k:], results[k:], strict=True))
     n = len(step.front)
