@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 NO_CONVERSION = re.compile(r"No ONNX function found for <OpOverload\(op='([^']+)', overload='([^']+)'\)>")
 RTOL = 1e-4  # of the largest |value| of each result: the graph and ORT fuse float32 ops differently
 FLOOR = 2.0  # beyond RTOL: ORT's distance from float64 at most this many times PyTorch float32's own
+WIDE = 1e-3  # or at most this from float64 (PyTorch's float32 may be luckily close): 10x RTOL, 1 % is wrong
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,9 @@ def check_runs(step: StepGraph, model: Any, arrays: list[np.ndarray], what: str)
     compare each result with the traced graph's, run with ONNX Runtime's orders where they differ
     only by near-ties (:mod:`.discrete`); the largest relative difference (ArtifactError beyond
     :data:`RTOL`, unless ONNX Runtime's result is within :data:`FLOOR` times PyTorch float32's own
-    distance from the traced graph run in float64: float32 rounding that a deep model amplifies)."""
+    distance from the traced graph run in float64, or within :data:`WIDE` of it: float32 rounding
+    that a deep model amplifies, judged against float64 rather than PyTorch's float32, which a
+    grouped convolution's sums can leave closer to float64 than ONNX Runtime's by chance)."""
     import onnxruntime  # the inference build's API, as the board's
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
@@ -186,9 +189,10 @@ def check_runs(step: StepGraph, model: Any, arrays: list[np.ndarray], what: str)
     exact = _in_float64(step.gm, [*front, *step.frozen, *noise], theirs)
     for name, g, w, e, diff in zip(step.outputs, got, want, exact or want, diffs, strict=True):
         ours, own = (relative(g, e), relative(w, e)) if exact else (diff, 0.0)
-        if not (diff <= RTOL or ours <= max(RTOL, FLOOR * own)):
+        if not (diff <= RTOL or ours <= max(WIDE if exact else RTOL, FLOOR * own)):
             why = (
-                f", and from that step in float64 by {ours:.3g} where PyTorch's float32 differs by {own:.3g}"
+                f", and from that step in float64 by {ours:.3g} (at most {WIDE}, or {FLOOR}x PyTorch float32's "
+                f"{own:.3g})"
             )
             raise ArtifactError(f"{what}: output {name!r} computed by ONNX Runtime differs from PyTorch's traced "
                                 f"step by {diff:.3g} (relative; at most {RTOL} expected){why if exact else ''}")  # fmt: skip
