@@ -7,15 +7,19 @@ autograd runtime writes each as a ScatterElements along one flat axis
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import onnx_ir as ir
 import onnxruntime
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from tasks.prepare.runtimes.autograd.onnx_passes import serial_scatter_adds
+from tests.runtimes.kit import assert_step_equals, prepared_module, torch_model
 
 
 def scatter_add(shape: list[int], k: int, count: int) -> onnx.ModelProto:
@@ -82,3 +86,42 @@ def test_many_updates_of_few_rows_are_all_added():
     run = session(rewritten(scatter_add([rows, width], 1, rows * dup)))
     for _ in range(10):
         assert np.array_equal(run.run(None, feeds)[0], np.full((rows, width), dup, np.float32))
+
+
+MODULE = """
+import torch
+from torch import nn
+
+
+class Upsampling(nn.Module):
+    # an FPN segmentation block shrunk: conv, GroupNorm, ReLU, bilinear x2 (align_corners), nearest x2
+    def __init__(self, num_classes=3):
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(1, 8, 3, stride=2, padding=1), nn.GroupNorm(2, 8)
+        self.mix, self.head = nn.Conv2d(8, 4, 3, padding=1), nn.Linear(4, num_classes)
+
+    def forward(self, x):
+        y = torch.relu(self.norm(self.conv(x)))
+        y = nn.functional.interpolate(y, scale_factor=2.0, mode="bilinear", align_corners=True)
+        y = nn.functional.interpolate(self.mix(y), scale_factor=2.0, mode="nearest")
+        return self.head(y.mean((2, 3)))
+"""
+
+
+def test_an_upsampling_block_trains_with_pytorch_gradients_and_no_scatter_nd(tmp_path):
+    recipe, prepared = prepared_module(
+        tmp_path, "upsampling", MODULE, {"model": {"callable": "upsampling:Upsampling"}}
+    )
+    step_file = prepared.artifacts_dir / "train_step.onnx"
+    assert "ScatterND" not in {n.op_type for n in onnx.load(str(step_file)).graph.node}
+    step = json.loads((prepared.artifacts_dir / "step.json").read_text())
+    with np.load(prepared.artifacts_dir / "checkpoint.npz") as ckpt:
+        weights = dict(ckpt)
+    data = np.load(recipe.data.train)
+    x, y = data["x"][:5], data["y"][:5].astype(np.int64)
+    model = torch_model(recipe, weights)
+    loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))
+    loss.backward()
+    grads = {n: p.grad.numpy() for n, p in model.named_parameters()}
+    got = session(onnx.load(str(step_file))).run(None, {"input": x, "labels": y, **weights})
+    assert_step_equals(got, step["trainable"], loss.item(), grads)
