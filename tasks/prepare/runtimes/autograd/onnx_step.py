@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from tasks.errors import ArtifactError
+from tasks.errors import ArtifactError, ort_message
 from tasks.prepare.export.torchscript import quiet_output
 from tasks.prepare.onnx_versions import check_board_loadable
 from tasks.prepare.runtimes.autograd import onnx_passes
@@ -35,6 +35,7 @@ NO_CONVERSION = re.compile(r"No ONNX function found for <OpOverload\(op='([^']+)
 Explain = Callable[[BaseException, str], Exception]
 RTOL = 1e-4  # of the largest |value| of each result: the graph and ORT fuse float32 ops differently
 FLOOR = 2.0  # beyond RTOL: ORT's distance from float64 at most this many times PyTorch float32's own
+WIDE = 1e-3  # or at most this from float64 (PyTorch's float32 may be luckily close): 10x RTOL, 1 % is wrong
 
 
 @dataclass(frozen=True)
@@ -171,17 +172,23 @@ def check_runs(step: StepGraph, model: Any, arrays: list[np.ndarray], what: str)
     compare each result with the traced graph's, run with ONNX Runtime's orders where they differ
     only by near-ties (:mod:`.discrete`); the largest relative difference (ArtifactError beyond
     :data:`RTOL`, unless ONNX Runtime's result is within :data:`FLOOR` times PyTorch float32's own
-    distance from the traced graph run in float64: float32 rounding that a deep model amplifies)."""
+    distance from the traced graph run in float64, or within :data:`WIDE` of it: float32 rounding
+    that a deep model amplifies, judged against float64 rather than PyTorch's float32, which a
+    grouped convolution's sums can leave closer to float64 than ONNX Runtime's by chance)."""
     import onnxruntime  # the inference build's API, as the board's
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3
-    session = onnxruntime.InferenceSession(
-        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
-    names = [i.name for i in session.get_inputs()]
-    results = session.run(None, dict(zip(names, arrays, strict=True)))
+    try:
+        session = onnxruntime.InferenceSession(
+            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+        names = [i.name for i in session.get_inputs()]
+        results = session.run(None, dict(zip(names, arrays, strict=True)))
+    except Exception as exc:  # ONNX Runtime raises its own types (Fail, RuntimeException, ...)
+        raise ArtifactError(f"{what} does not run in ONNX Runtime: {ort_message(str(exc))[:300] or type(exc).__name__} "
+                            "(train fewer layers, or use training.runtime = 'ort-training')") from exc  # fmt: skip
     got, k = results[: len(step.outputs)], len(step.outputs)
     theirs = dict(zip([o.name for o in session.get_outputs()][k:], results[k:], strict=True))
     n = len(step.front)
@@ -198,9 +205,10 @@ def check_runs(step: StepGraph, model: Any, arrays: list[np.ndarray], what: str)
     exact = _in_float64(step.gm, [*front, *step.frozen, *noise], theirs)
     for name, g, w, e, diff in zip(step.outputs, got, want, exact or want, diffs, strict=True):
         ours, own = (relative(g, e), relative(w, e)) if exact else (diff, 0.0)
-        if not (diff <= RTOL or ours <= max(RTOL, FLOOR * own)):
+        if not (diff <= RTOL or ours <= max(WIDE if exact else RTOL, FLOOR * own)):
             why = (
-                f", and from that step in float64 by {ours:.3g} where PyTorch's float32 differs by {own:.3g}"
+                f", and from that step in float64 by {ours:.3g} (at most {WIDE}, or {FLOOR}x PyTorch float32's "
+                f"{own:.3g})"
             )
             raise ArtifactError(f"{what}: output {name!r} computed by ONNX Runtime differs from PyTorch's traced "
                                 f"step by {diff:.3g} (relative; at most {RTOL} expected){why if exact else ''}")  # fmt: skip

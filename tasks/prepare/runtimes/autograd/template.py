@@ -23,6 +23,7 @@ from device_agent.runtimes.state import CheckpointState
 from tasks.errors import ArtifactError
 from tasks.prepare.export.tracing import projected_lstms_unrolled, restored
 from tasks.prepare.onnx_versions import OPSET
+from tasks.prepare.runtimes.autograd.onnx_passes import unfused_pads_proto
 from tasks.prepare.runtimes.autograd.onnx_step import Explain, exporting
 
 # the eval-mode export's opsets: the ORT path's first; the next only for an operator that needs it
@@ -35,7 +36,8 @@ def export_inference(model: Any, inputs: tuple[Any, ...], input_names: list[str]
                      path: Path, explain: Explain | None = None) -> None:  # fmt: skip
     """The TorchScript export of ``model`` in eval mode, every parameter and buffer an initializer of
     its own name, batch dynamic, at the first opset of :data:`OPSETS` that has its operators; a
-    failure is ``explain``'s error (:func:`.onnx_step.exporting`)."""
+    failure is ``explain``'s error (:func:`.onnx_step.exporting`); a pool after a zero Pad kept from
+    ONNX Runtime's PadFusion (:func:`.onnx_passes.unfused_pads_proto`)."""
     for opset in OPSETS:
         try:
             _export(model, inputs, input_names, output_names, path, opset, explain)
@@ -48,6 +50,7 @@ def export_inference(model: Any, inputs: tuple[Any, ...], input_names: list[str]
     kept = [i for i in proto.graph.input if i.name not in inits]
     del proto.graph.input[:]
     proto.graph.input.extend(kept)
+    unfused_pads_proto(proto)
     onnx.save(proto, str(path))
 
 
