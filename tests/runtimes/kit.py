@@ -95,3 +95,25 @@ def torch_model(recipe, weights: dict[str, np.ndarray]):
     model = build_model(recipe)
     model.load_state_dict({n: torch.from_numpy(w) for n, w in weights.items()})
     return model
+
+
+def assert_trains_like_pytorch(recipe, prepared, session=None) -> None:
+    """The prepared train step (run by ``session``, an ONNX Runtime session of it by default) gives
+    PyTorch's cross-entropy loss and gradients on 5 samples of the recipe's data, with the
+    checkpoint's weights (:func:`assert_step_equals`)."""
+    import onnxruntime  # the board's inference API, as the agent runs the step
+    import torch  # torch (heavy) only where a test compares with PyTorch
+
+    art = prepared.artifacts_dir
+    step = json.loads((art / "step.json").read_text())
+    session = session or onnxruntime.InferenceSession(str(art / "train_step.onnx"))
+    with np.load(art / "checkpoint.npz") as ckpt:
+        weights = dict(ckpt)
+    data = np.load(recipe.data.train)
+    x, y = data["x"][:5], data["y"][:5].astype(np.int64)
+    model = torch_model(recipe, weights)
+    loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))
+    loss.backward()
+    grads = {n: p.grad.numpy() for n, p in model.named_parameters()}
+    got = session.run(None, {"input": x, "labels": y, **weights})
+    assert_step_equals(got, step["trainable"], loss.item(), grads)

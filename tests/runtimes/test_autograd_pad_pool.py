@@ -7,8 +7,6 @@ the step trains with PyTorch's gradients, and a step ONNX Runtime cannot run is 
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -22,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tasks.errors import ArtifactError
 from tasks.prepare.runtimes.autograd.onnx_passes import unfused_pads, unfused_pads_proto
 from tasks.prepare.runtimes.autograd.onnx_step import StepGraph, check_runs
-from tests.runtimes.kit import assert_step_equals, prepared_module, torch_model
+from tests.runtimes.kit import assert_trains_like_pytorch, prepared_module
 
 MODULE = """
 import torch
@@ -121,16 +119,4 @@ def test_a_shake_shake_shortcut_trains_with_pytorch_gradients(tmp_path):
     recipe, prepared = prepared_module(
         tmp_path, "shake", MODULE, {"model": {"callable": "shake:ShakeShortcut"}}
     )
-    step = json.loads((prepared.artifacts_dir / "step.json").read_text())
-    session = onnxruntime.InferenceSession(str(prepared.artifacts_dir / "train_step.onnx"))
-    with np.load(prepared.artifacts_dir / "checkpoint.npz") as ckpt:
-        weights = dict(ckpt)
-    data = np.load(recipe.data.train)
-    x, y = data["x"][:5], data["y"][:5].astype(np.int64)
-    model = torch_model(recipe, weights)
-    loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))
-    loss.backward()
-    grads = {n: p.grad.numpy() for n, p in model.named_parameters()}
-    assert_step_equals(
-        session.run(None, {"input": x, "labels": y, **weights}), step["trainable"], loss.item(), grads
-    )
+    assert_trains_like_pytorch(recipe, prepared)

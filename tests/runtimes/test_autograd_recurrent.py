@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tasks.errors import ArtifactError
-from tasks.prepare.runtimes.autograd import recurrent
+from tasks.prepare.runtimes.autograd import recurrent, recurrent_math
 from tasks.prepare.runtimes.autograd.onnx_step import StepGraph, export_step
 from tasks.prepare.runtimes.autograd.op_checks import check_recorded, recording
 from tasks.prepare.runtimes.autograd.steps import example_batch
@@ -167,13 +167,13 @@ def test_the_step_does_not_grow_with_the_sequence_length(tmp_path, cell):
 
 
 def test_a_wrong_backward_is_refused_in_one_line(tmp_path, monkeypatch):
-    right = recurrent.backward_math
+    right = recurrent_math.backward_math
 
     def wrong(*args):
         grads = right(*args)
         return [grads[0], grads[1], grads[2], grads[3] * 1.01, *grads[4:]]  # the input weights' 1 % off
 
-    monkeypatch.setattr(recurrent, "backward_math", wrong)
+    monkeypatch.setattr(recurrent_math, "backward_math", wrong)
     with pytest.raises(ArtifactError) as caught:
         _export(Net("gru", 3, 4, 1, False, True, True, False, "last"), 6, tmp_path / "step.onnx")
     message = str(caught.value)

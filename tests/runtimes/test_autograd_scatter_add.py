@@ -7,19 +7,16 @@ autograd runtime writes each as a ScatterElements along one flat axis
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import onnx
 import onnx_ir as ir
 import onnxruntime
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from tasks.prepare.runtimes.autograd.onnx_passes import serial_scatter_adds
-from tests.runtimes.kit import assert_step_equals, prepared_module, torch_model
+from tests.runtimes.kit import assert_trains_like_pytorch, prepared_module
 
 
 def scatter_add(shape: list[int], k: int, count: int) -> onnx.ModelProto:
@@ -114,14 +111,4 @@ def test_an_upsampling_block_trains_with_pytorch_gradients_and_no_scatter_nd(tmp
     )
     step_file = prepared.artifacts_dir / "train_step.onnx"
     assert "ScatterND" not in {n.op_type for n in onnx.load(str(step_file)).graph.node}
-    step = json.loads((prepared.artifacts_dir / "step.json").read_text())
-    with np.load(prepared.artifacts_dir / "checkpoint.npz") as ckpt:
-        weights = dict(ckpt)
-    data = np.load(recipe.data.train)
-    x, y = data["x"][:5], data["y"][:5].astype(np.int64)
-    model = torch_model(recipe, weights)
-    loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))
-    loss.backward()
-    grads = {n: p.grad.numpy() for n, p in model.named_parameters()}
-    got = session(onnx.load(str(step_file))).run(None, {"input": x, "labels": y, **weights})
-    assert_step_equals(got, step["trainable"], loss.item(), grads)
+    assert_trains_like_pytorch(recipe, prepared, session(onnx.load(str(step_file))))

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
-import onnxruntime
 import pytest
 import torch
 
 from tasks.prepare.runtimes.autograd.op_checks import TensorArg, Use, check_use
 from tasks.prepare.runtimes.autograd.strided import as_strided_scatter
-from tests.runtimes.kit import assert_step_equals, prepared_module, torch_model
+from tests.runtimes.kit import assert_trains_like_pytorch, prepared_module
 
 aten = torch.ops.aten
 MODULE = """
@@ -63,21 +61,9 @@ def test_a_non_contiguous_input_is_left_to_pytorch():
 
 def test_a_restrided_forward_trains_with_pytorch_gradients(tmp_path):
     recipe, prepared = prepared_module(tmp_path, "pooled", MODULE, {"model": {"callable": "pooled:Pooled1d"}})
-    step = json.loads((prepared.artifacts_dir / "step.json").read_text())
     manifest = json.loads((prepared.artifacts_dir.parent / "manifest.json").read_text())
     assert any(k.startswith("aten.as_strided_scatter") for k in manifest["decompositions_checked"])
-    session = onnxruntime.InferenceSession(str(prepared.artifacts_dir / "train_step.onnx"))
-    with np.load(prepared.artifacts_dir / "checkpoint.npz") as ckpt:
-        weights = dict(ckpt)
-    data = np.load(recipe.data.train)
-    x, y = data["x"][:5], data["y"][:5].astype(np.int64)
-    model = torch_model(recipe, weights)
-    loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))
-    loss.backward()
-    grads = {n: p.grad.numpy() for n, p in model.named_parameters()}
-    assert_step_equals(
-        session.run(None, {"input": x, "labels": y, **weights}), step["trainable"], loss.item(), grads
-    )
+    assert_trains_like_pytorch(recipe, prepared)
 
 
 class _Plain(torch.nn.Module):

@@ -26,7 +26,7 @@ from tasks.prepare.runtimes.autograd import onnx_passes
 from tasks.prepare.runtimes.autograd.discrete import order_name, order_nodes, run_pinned, with_orders
 from tasks.prepare.runtimes.autograd.noise import NoiseInput
 from tasks.prepare.runtimes.autograd.op_checks import check_recorded, recorded_table, recording
-from tasks.prepare.runtimes.autograd.recurrent_onnx import DOMAIN, expand, translations
+from tasks.prepare.runtimes.autograd.recurrent_onnx import expand, translations
 from tasks.prepare.runtimes.autograd.trace import MAX_BATCH
 
 log = logging.getLogger(__name__)
@@ -121,10 +121,9 @@ def export_step(step: StepGraph, path: Path) -> dict[str, float]:
                                     output_names=[*step.outputs, *extra], custom_translation_table=translations())  # fmt: skip
         onnx_passes.optimize(program.model)  # what optimize=True does, the costly pass last
         program.save(str(path))
-        if has_placeholders(path):  # recurrent layers: their ONNX operators in the placeholders' place
-            model = onnx.load(str(path))
-            expand(model)
-            onnx.save(model, str(path))
+        stepped = onnx.load(str(path))
+        if expand(stepped):  # recurrent layers: their ONNX operators in the placeholders' place
+            onnx.save(stepped, str(path))
 
     with recording() as uses:
         exporting(f"the step {path.name}", write)
@@ -138,11 +137,6 @@ def export_step(step: StepGraph, path: Path) -> dict[str, float]:
         model.graph.output.extend(kept)
         onnx.save(model, str(path))
     return checked
-
-
-def has_placeholders(path: Path) -> bool:
-    """Whether the step at ``path`` holds :mod:`.recurrent_onnx`'s placeholder nodes."""
-    return any(o.domain == DOMAIN for o in onnx.load(str(path), load_external_data=False).opset_import)
 
 
 def export_table() -> dict[Any, Callable[..., Any]]:

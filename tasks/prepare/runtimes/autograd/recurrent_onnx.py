@@ -29,6 +29,7 @@ from onnx import TensorProto, helper
 from onnx.defs import OpSchema
 
 from tasks.prepare.runtimes.autograd.recurrent import ops
+from tasks.prepare.runtimes.autograd.recurrent_graph import Graph, scan
 
 DOMAIN = "odl.rnn"
 FORWARD, BACKWARD = "Layer", "LayerBackward"
@@ -76,60 +77,7 @@ def translations() -> dict[Any, Callable[..., Any]]:
     return {ops().layer: forward, ops().backward: backward}
 
 
-class _Graph:
-    """New nodes under one prefix, for one placeholder's expansion (or a Scan body)."""
-
-    def __init__(self, prefix: str, opset: int):
-        self.prefix, self.opset, self.nodes, self.count = prefix, opset, [], 0
-        self.inits: list[onnx.TensorProto] = []
-
-    def name(self, what: str) -> str:
-        self.count += 1
-        return f"{self.prefix}/{what}_{self.count}"
-
-    def op(self, op_type: str, inputs: list[str], outputs: int = 1, **attrs: Any) -> Any:
-        names = [self.name(op_type) for _ in range(outputs)]
-        self.nodes.append(helper.make_node(op_type, inputs, names, name=self.name(op_type), **attrs))
-        return names[0] if outputs == 1 else names
-
-    def ints(self, values: list[int]) -> str:
-        name = self.name("const")
-        self.nodes.append(helper.make_node("Constant", [], [name], name=name,
-                                           value=helper.make_tensor(name, TensorProto.INT64, [len(values)], values)))  # fmt: skip
-        return name
-
-    def scalar(self, value: float) -> str:
-        name = self.name("const")
-        self.nodes.append(helper.make_node("Constant", [], [name], name=name,
-                                           value=helper.make_tensor(name, TensorProto.FLOAT, [], [value])))  # fmt: skip
-        return name
-
-    def split(self, x: str, parts: int, axis: int) -> list[str]:
-        if parts == 1:
-            return [x]
-        attrs = {"num_outputs": parts} if self.opset >= 18 else {}
-        return self.op("Split", [x], parts, axis=axis, **attrs)
-
-    def concat(self, xs: list[str], axis: int) -> str:
-        return xs[0] if len(xs) == 1 else self.op("Concat", xs, axis=axis)
-
-    def one_minus(self, x: str) -> str:
-        return self.op("Sub", [self.scalar(1.0), x])
-
-    def mul(self, *xs: str) -> str:
-        out = xs[0]
-        for x in xs[1:]:
-            out = self.op("Mul", [out, x])
-        return out
-
-    def sigmoid_slope(self, s: str) -> str:
-        return self.mul(s, self.one_minus(s))
-
-    def tanh_slope(self, t: str) -> str:
-        return self.one_minus(self.mul(t, t))
-
-
-def _onnx_gates(g: _Graph, w: str, mode: str, axis: int) -> str:
+def _onnx_gates(g: Graph, w: str, mode: str, axis: int) -> str:
     """``w`` with its gate blocks (along ``axis``) in ONNX's order."""
     if mode not in ONNX_ORDER:
         return w
@@ -137,11 +85,11 @@ def _onnx_gates(g: _Graph, w: str, mode: str, axis: int) -> str:
     return g.concat([parts[k] for k in ONNX_ORDER[mode]], axis)
 
 
-def _forward(g: _Graph, node: onnx.NodeProto, mode: str) -> None:
+def _forward(g: Graph, node: onnx.NodeProto, mode: str) -> None:
     x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr = node.input
     if _attr(node, "projected"):  # ONNX's LSTM has no projection: a Scan over time
         pre_x = g.op("Add", [g.op("MatMul", [x, g.op("Transpose", [w_ih])]), b_ih])
-        _, c, y = _scan(
+        _, c, y = scan(
             g, [h0, c0], [pre_x], False, 1, lambda b, st, sl: _projected_cell(b, st, sl, (w_hh, b_hh), w_hr)
         )
         g.nodes.append(helper.make_node("Identity", [y], [node.output[0]], name=g.name("Identity")))
@@ -151,7 +99,7 @@ def _forward(g: _Graph, node: onnx.NodeProto, mode: str) -> None:
     weights = [g.op("Unsqueeze", [_onnx_gates(g, w, mode, 0), zero]) for w in (w_ih, w_hh)]
     bias = g.op("Unsqueeze", [g.concat([_onnx_gates(g, b, mode, 0) for b in (b_ih, b_hh)], 0), zero])
     states = [g.op("Unsqueeze", [h0, zero])] + ([g.op("Unsqueeze", [c0, zero])] if mode == "LSTM" else [])
-    hidden = {"hidden_size": _hidden(node)}
+    hidden = {"hidden_size": _attr(node, "hidden_size")}
     if mode == "LSTM":
         y, _, c = g.op("LSTM", [x, *weights, bias, "", *states], 3, **hidden)
         g.nodes.append(helper.make_node("Squeeze", [c, zero], [node.output[1]], name=g.name("Squeeze")))
@@ -171,7 +119,7 @@ def _attr(node: onnx.NodeProto, name: str) -> int:
     return next((a.i for a in node.attribute if a.name == name), 0)
 
 
-def _projected_cell(b: _Graph, st: list[str], sl: list[str], weights: tuple[str, str], w_hr: str) -> tuple[list[str], list[str]]:  # fmt: skip
+def _projected_cell(b: Graph, st: list[str], sl: list[str], weights: tuple[str, str], w_hr: str) -> tuple[list[str], list[str]]:  # fmt: skip
     """One step of an LSTM with a projection: (h, c) from the previous ones and the step's input product."""
     i, f, g, o = b.split(b.op("Add", [sl[0], _pre_h(b, st[0], weights)]), 4, -1)
     i, f, g, o = b.op("Sigmoid", [i]), b.op("Sigmoid", [f]), b.op("Tanh", [g]), b.op("Sigmoid", [o])
@@ -180,39 +128,7 @@ def _projected_cell(b: _Graph, st: list[str], sl: list[str], weights: tuple[str,
     return [h, c], [h]
 
 
-def _hidden(node: onnx.NodeProto) -> int:
-    hidden = next((a.i for a in node.attribute if a.name == "hidden_size"), 0)
-    if not hidden:
-        raise ValueError(f"{node.name}: the recurrent placeholder has no hidden_size")
-    return hidden
-
-
-def _body(opset: int, name: str, states: list[str], slices: list[str], build: Callable[[_Graph], tuple[list[str], list[str]]]) -> onnx.GraphProto:  # fmt: skip
-    """A Scan body: ``states`` then per-step ``slices`` as inputs; ``build`` gives (new states,
-    per-step outputs) from its graph, whose inputs are named as given."""
-    body = _Graph(name, opset)
-    new_states, outs = build(body)
-    outputs = [body.op("Identity", [v]) for v in new_states + outs]  # a body output is its own value
-    float_info = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, None)  # noqa: E731
-    return helper.make_graph(body.nodes, name, [float_info(n) for n in states + slices],
-                             [float_info(n) for n in outputs])  # fmt: skip
-
-
-def _scan(g: _Graph, states: list[str], slices: list[str], reverse: bool, outputs: int,
-          build: Callable[[_Graph, list[str], list[str]], tuple[list[str], list[str]]]) -> list[str]:  # fmt: skip
-    """A Scan over the first axis of ``slices`` (``reverse``: from the last step), its outputs
-    stacked in step order; returns the final states then the stacked outputs."""
-    prefix = g.name("scan")
-    state_in = [f"{prefix}/state{k}" for k in range(len(states))]
-    slice_in = [f"{prefix}/step{k}" for k in range(len(slices))]
-    body = _body(g.opset, prefix, state_in, slice_in, lambda b: build(b, state_in, slice_in))
-    direction = [1 if reverse else 0]
-    result = g.op("Scan", [*states, *slices], len(states) + outputs, body=body, num_scan_inputs=len(slices),
-                  scan_input_directions=direction * len(slices), scan_output_directions=direction * outputs)  # fmt: skip
-    return result if isinstance(result, list) else [result]
-
-
-def _backward(g: _Graph, node: onnx.NodeProto, mode: str) -> None:  # noqa: C901
+def _backward(g: Graph, node: onnx.NodeProto, mode: str) -> None:  # noqa: C901
     gy, gc, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, y = node.input
     projected = w_hr if _attr(node, "projected") else None
     zero, minus_one = g.ints([0]), g.ints([-1])
@@ -226,26 +142,26 @@ def _backward(g: _Graph, node: onnx.NodeProto, mode: str) -> None:  # noqa: C901
             if mode == "RNN_TANH"
             else g.op("Cast", [g.op("Greater", [y, g.scalar(0.0)])], to=TensorProto.FLOAT)
         )
-        dh, dw_hh, db_hh, gx = _scan(
+        dh, dw_hh, db_hh, gx = scan(
             g, zeros, [gy, slope, hprev], True, 1, lambda b, st, sl: _rnn_step(b, st, sl, weights)
         )
         dc, dw_hr = gc, []
     else:
         pre_x = g.op("Add", [g.op("MatMul", [x, g.op("Transpose", [w_ih])]), b_ih])
         if mode == "GRU":
-            dh, dw_hh, db_hh, gx = _scan(
+            dh, dw_hh, db_hh, gx = scan(
                 g, zeros, [gy, pre_x, hprev], True, 1, lambda b, st, sl: _gru_step(b, st, sl, weights)
             )
             dc, dw_hr = gc, []
         else:  # the cell states by a forward scan first
-            cells = _scan(
-                g, [c0], [pre_x, hprev], False, 1, lambda b, st, sl: _lstm_cell(b, st, sl, weights)
-            )[1]
+            cells = scan(g, [c0], [pre_x, hprev], False, 1, lambda b, st, sl: _lstm_cell(b, st, sl, weights))[
+                1
+            ]
             cprev = g.concat(
                 [g.op("Unsqueeze", [c0, zero]), g.op("Slice", [cells, zero, minus_one, zero])], 0
             )
             extra = [g.op("ConstantOfShape", [g.op("Shape", [w_hr])])] if projected else []
-            dh, dc, dw_hh, db_hh, *dw_hr, gx = _scan(g, [zeros[0], gc, *zeros[1:], *extra], [gy, pre_x, hprev, cells, cprev],
+            dh, dc, dw_hh, db_hh, *dw_hr, gx = scan(g, [zeros[0], gc, *zeros[1:], *extra], [gy, pre_x, hprev, cells, cprev],
                                                      True, 1, lambda b, st, sl: _lstm_step(b, st, sl, weights, projected))  # fmt: skip
     grads = [
         g.op("MatMul", [gx, w_ih]),
@@ -261,19 +177,19 @@ def _backward(g: _Graph, node: onnx.NodeProto, mode: str) -> None:  # noqa: C901
         g.nodes.append(helper.make_node("Identity", [value], [out], name=g.name("Identity")))
 
 
-def _recurrent_grads(b: _Graph, st: list[str], gates: str, hprev: str, w_hh: str) -> list[str]:
+def _recurrent_grads(b: Graph, st: list[str], gates: str, hprev: str, w_hh: str) -> list[str]:
     """A step's updates of the carried gradients of the recurrent weight and bias, and the
     previous state's gradient through the recurrent product."""
     return [b.op("MatMul", [gates, w_hh]), b.op("Add", [st[0], b.op("Gemm", [gates, hprev], transA=1)]),
             b.op("Add", [st[1], b.op("ReduceSum", [gates, b.ints([0])], keepdims=0)])]  # fmt: skip
 
 
-def _pre_h(b: _Graph, hprev: str, weights: tuple[str, str]) -> str:
+def _pre_h(b: Graph, hprev: str, weights: tuple[str, str]) -> str:
     return b.op("Gemm", [hprev, *weights], transB=1)
 
 
 def _gru_step(
-    b: _Graph, st: list[str], sl: list[str], weights: tuple[str, str]
+    b: Graph, st: list[str], sl: list[str], weights: tuple[str, str]
 ) -> tuple[list[str], list[str]]:
     gy, pre_x, hprev = sl
     xr, xz, xn = b.split(pre_x, 3, -1)
@@ -289,13 +205,13 @@ def _gru_step(
     return [b.op("Add", [b.mul(d, z), through]), dw, db], [gx]
 
 
-def _lstm_gates(b: _Graph, pre_x: str, hprev: str, weights: tuple[str, str]) -> list[str]:
+def _lstm_gates(b: Graph, pre_x: str, hprev: str, weights: tuple[str, str]) -> list[str]:
     i, f, g, o = b.split(b.op("Add", [pre_x, _pre_h(b, hprev, weights)]), 4, -1)
     return [b.op("Sigmoid", [i]), b.op("Sigmoid", [f]), b.op("Tanh", [g]), b.op("Sigmoid", [o])]
 
 
 def _lstm_cell(
-    b: _Graph, st: list[str], sl: list[str], weights: tuple[str, str]
+    b: Graph, st: list[str], sl: list[str], weights: tuple[str, str]
 ) -> tuple[list[str], list[str]]:
     i, f, g, _ = _lstm_gates(b, sl[0], sl[1], weights)
     c = b.op("Add", [b.mul(f, st[0]), b.mul(i, g)])
@@ -303,7 +219,7 @@ def _lstm_cell(
 
 
 def _lstm_step(
-    b: _Graph, st: list[str], sl: list[str], weights: tuple[str, str], w_hr: str | None = None
+    b: Graph, st: list[str], sl: list[str], weights: tuple[str, str], w_hr: str | None = None
 ) -> tuple[list[str], list[str]]:
     gy, pre_x, hprev, c, cprev = sl
     i, f, gg, o = _lstm_gates(b, pre_x, hprev, weights)
@@ -321,7 +237,7 @@ def _lstm_step(
 
 
 def _rnn_step(
-    b: _Graph, st: list[str], sl: list[str], weights: tuple[str, str]
+    b: Graph, st: list[str], sl: list[str], weights: tuple[str, str]
 ) -> tuple[list[str], list[str]]:
     gy, slope, hprev = sl
     dp = b.mul(b.op("Add", [gy, st[0]]), slope)
@@ -338,7 +254,7 @@ def expand(model: onnx.ModelProto) -> int:
             nodes.append(node)
             continue
         mode = next(a.s.decode() for a in node.attribute if a.name == "mode")
-        g = _Graph(node.name or node.output[0], opset)
+        g = Graph(node.name or node.output[0], opset)
         (_forward if node.op_type == FORWARD else _backward)(g, node, mode)
         nodes.extend(g.nodes)
         count += 1
