@@ -25,9 +25,13 @@ COLUMNS = [("model", "model"), ("size", "px"), ("params", "params"), ("trainable
            ("seconds", "s"), ("board_peak_mb", "board MB"), ("kind", "result"), ("short", "message")]  # fmt: skip
 
 
-def prepared_row(name: str, size: int, write: Callable[[], Path], out: Path) -> dict:
-    """Prepare the recipe ``write()`` returns into ``out``; the case's row (pipeline errors are
-    classified by :func:`tests.corpus.generator.outcome`, never raised)."""
+def prepared_row(
+    name: str, size: int, write: Callable[[], Path], out: Path, overrides: dict | None = None
+) -> dict:
+    """Prepare the recipe ``write()`` returns (with ``overrides``, as ``odl prepare --set``) into
+    ``out``; the case's row (pipeline errors are classified by
+    :func:`tests.corpus.generator.outcome`, never raised). ``seconds`` counts the case's writing
+    too; ``prepare_seconds`` only ``prepare`` (validation included)."""
     from tasks.prepare.pipeline import prepare
     from tasks.recipe.load import load_recipe
     from tests.corpus.generator import outcome
@@ -35,7 +39,9 @@ def prepared_row(name: str, size: int, write: Callable[[], Path], out: Path) -> 
     start = time.perf_counter()
     row: dict = {"model": name, "size": size}
     try:
-        done = prepare(load_recipe(write()), out)
+        recipe = load_recipe(write(), overrides)
+        prepare_start = time.perf_counter()
+        done = prepare(recipe, out)
     except Exception as exc:  # noqa: BLE001 - every failure is classified
         row["kind"], row["message"] = outcome(exc)
     else:
@@ -43,7 +49,10 @@ def prepared_row(name: str, size: int, write: Callable[[], Path], out: Path) -> 
         row.update(kind="pass", message="", trainable=manifest["trainable_count"], params=manifest.get("model_params"),
                    loss=manifest.get("loss"), fixups=manifest.get("fixups", {}),
                    board_peak_mb=round(val.get("board_peak_estimate_mb", 0.0)))  # fmt: skip
-    row["seconds"] = round(time.perf_counter() - start, 1)
+    end = time.perf_counter()
+    row["seconds"] = round(end - start, 1)
+    if "prepare_start" in locals():
+        row["prepare_seconds"] = round(end - prepare_start, 1)
     return row
 
 

@@ -40,6 +40,20 @@ from tests.corpus.generator import architectures, prepare_spec  # noqa: E402
 CORPORA = {"images": architectures, "sequences": sequence_architectures}
 
 
+def specs(examples: int, seed_value: int, corpus: str = "images") -> list[dict]:
+    """The first ``examples`` specs :func:`run` draws from ``corpus`` with ``seed_value``, in order."""
+    drawn: list[dict] = []
+
+    @seed(seed_value)
+    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(CORPORA[corpus]())
+    def one(spec: dict) -> None:
+        drawn.append(spec)
+
+    one()
+    return drawn
+
+
 def run(
     examples: int,
     seed_value: int,

@@ -128,19 +128,15 @@ def child(name: str, work: Path, runtime: str = "ort-training") -> dict:
     return _prepare_at(name, size, kwargs, work, runtime)
 
 
-def _prepare_at(name: str, size: int, kwargs: dict, work: Path, runtime: str) -> dict:
-    """Prepare ``name`` at input ``size`` in a fresh ``work`` subfolder; the row of the table."""
+def write_case(name: str, size: int, kwargs: dict, work: Path, runtime: str = "ort-training") -> Path:
+    """``name``'s recipe folder in ``work`` at input ``size`` (random data, calibrated BatchNorm
+    weights, the model module, recipe.toml under the training ``runtime``); returns the recipe."""
     import numpy as np
     import timm
     import torch
 
     from bench.zoo import calibrate_module
-    from tasks.errors import PipelineError
-    from tasks.prepare.pipeline import prepare
-    from tasks.recipe.load import load_recipe
-    from tests.corpus.generator import outcome
 
-    work = work / f"{size}px"
     work.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     (work / "data").mkdir(parents=True, exist_ok=True)
@@ -160,10 +156,22 @@ def _prepare_at(name: str, size: int, kwargs: dict, work: Path, runtime: str) ->
         "[training]\nbatch_size = 4\nepochs = 1\n"
         f'runtime = "{runtime}"\n[data]\ntrain = "data/train.npz"\ntest = "data/test.npz"\n'
     )
+    return work / "recipe.toml"
+
+
+def _prepare_at(name: str, size: int, kwargs: dict, work: Path, runtime: str) -> dict:
+    """Prepare ``name`` at input ``size`` in a fresh ``work`` subfolder; the row of the table."""
+    from tasks.errors import PipelineError
+    from tasks.prepare.pipeline import prepare
+    from tasks.recipe.load import load_recipe
+    from tests.corpus.generator import outcome
+
+    work = work / f"{size}px"
+    recipe = write_case(name, size, kwargs, work, runtime)
     row: dict = {"model": name, "size": size}
     start = time.perf_counter()
     try:
-        done = prepare(load_recipe(work / "recipe.toml"), work / "prepared")
+        done = prepare(load_recipe(recipe), work / "prepared")
     except PipelineError as exc:
         kind, message = outcome(exc)
         row.update(result=kind, message=message)
