@@ -68,7 +68,12 @@ def test_a_restrided_forward_trains_with_pytorch_gradients(tmp_path):
 
 class _Plain(torch.nn.Module):
     def forward(self, x):
-        return torch.nn.functional.linear(x, torch.ones(3, 4)).relu()
+        return torch.mm(x, torch.ones(4, 3)).relu()
+
+
+class _Composite(torch.nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.linear(x, torch.ones(3, 4)).to(torch.float64)  # kept by the export's IR
 
 
 class _WritesThroughStrides(torch.nn.Module):
@@ -78,10 +83,13 @@ class _WritesThroughStrides(torch.nn.Module):
         return out
 
 
-@pytest.mark.parametrize(("module", "expected"), [(_Plain(), False), (_WritesThroughStrides(), True)])
+@pytest.mark.parametrize(
+    ("module", "expected"), [(_Plain(), False), (_Composite(), True), (_WritesThroughStrides(), True)]
+)
 def test_the_own_decompositions_run_only_where_they_can_change_the_step(module, expected):
-    """The extra decomposition pass before the exporter's (a whole re-trace) runs on a program that
-    holds a mutable operator or one of the table's, and is skipped on one that cannot need it."""
+    """The decomposition pass before the exporter (a whole re-trace; the exporter's own is skipped)
+    runs on a program that holds a mutable operator, a composite one or one of the table's, and is
+    skipped on one that cannot need it."""
     from tasks.prepare.runtimes.autograd.onnx_step import export_table, rewrites_with
 
     exported = torch.export.export(module, (torch.randn(3, 4),), strict=False)

@@ -70,11 +70,10 @@ def test_convolution_backward_equals_pytorch(config, seed):
     want = aten.convolution_backward(
         gy, x, w, bias, stride, padding, dilation, transposed, out_pad, groups, mask
     )
-    # the weight gradient from stacked patches, per kernel offset, then as a convolution
-    for patches, columns in ((fast_grads.PATCH_BYTES, 10**9), (fast_grads.PATCH_BYTES, 0), (0, 0)):
+    # the weight gradient from the patches (one-hot grouped convolution), then as a convolution
+    for patches in (fast_grads.PATCH_BYTES, 0):
         with pytest.MonkeyPatch.context() as m:
             m.setattr(fast_grads, "PATCH_BYTES", patches)
-            m.setattr(fast_grads, "FEW_COLUMNS", columns)
             got = dec.convolution_backward(
                 gy, x, w, bias, stride, padding, dilation, transposed, out_pad, groups, mask
             )
@@ -310,8 +309,8 @@ def pooled(num_classes=3):
 
 @pytest.mark.slow
 def test_the_step_graph_has_none_of_onnx_runtime_s_slow_nodes(tmp_path):
-    """The train step of conv -> ReLU -> 2x2 max pool -> linear, everything trained: one Conv (the
-    forward's: the weight gradient is MatMuls), no MaxPool (indices), no per-pixel Where or
+    """The train step of conv -> ReLU -> 2x2 max pool -> linear, everything trained: two Convs (the
+    forward's and the weight gradient's patches, then a MatMul), no MaxPool (indices), no per-pixel Where or
     ScatterElements (the cross-entropy's per-sample ones stay), and the preparation's own checks
     pass (the step equals PyTorch's)."""
     import onnx
@@ -327,7 +326,7 @@ def test_the_step_graph_has_none_of_onnx_runtime_s_slow_nodes(tmp_path):
     assert done.validation["passed"]
     step = onnx.load(str(done.artifacts_dir / "train_step.onnx"))
     ops = [n.op_type for n in step.graph.node]
-    assert ops.count("Conv") == 1 and "MaxPool" not in ops, ops
+    assert ops.count("Conv") == 2 and "MaxPool" not in ops, ops
     inferred = onnx.shape_inference.infer_shapes(step).graph.value_info
     rank = {v.name: len(v.type.tensor_type.shape.dim) for v in inferred}
     slow = [

@@ -207,6 +207,16 @@ def _max_pool3d_backward(grad_out: Any, inp: Any, kernel: Any, stride: Any, padd
     return scatter_pool_backward(grad_out, inp, indices, 3)
 
 
+def squeeze_dims(x: Any, dims: Sequence[int]) -> Any:
+    """``aten.squeeze.dims`` (a cross-entropy's gathered targets) as one ``squeeze.dim`` per axis,
+    which the ONNX exporter converts (core ATen's decompositions turn ``squeeze.dim`` into
+    ``squeeze.dims``, which it does not: the step was re-traced to decompose it)."""
+    aten = _aten()
+    for d in sorted({d % max(x.dim(), 1) for d in dims}, reverse=True):
+        x = aten.squeeze.dim(x, d)
+    return x
+
+
 def table() -> dict[Any, Callable[..., Any]]:
     """PyTorch's core decompositions, its max-pool backward and dropout ones, and the ones of this module."""
     from torch._decomp import core_aten_decompositions, decomposition_table  # torch's own tables
@@ -215,6 +225,8 @@ def table() -> dict[Any, Callable[..., Any]]:
     out = dict(core_aten_decompositions())
     for op in (aten.native_dropout.default,):  # random: see .noise
         out[op] = decomposition_table[op]
+    out.pop(aten.squeeze.dim)  # kept: the ONNX exporter converts it, where core's form it does not
+    out[aten.squeeze.dims] = squeeze_dims
     out.update(own_table())
     return out
 

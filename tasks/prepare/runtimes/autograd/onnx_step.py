@@ -22,11 +22,11 @@ import onnx
 from tasks.errors import ArtifactError, ort_message
 from tasks.prepare.export.torchscript import quiet_output
 from tasks.prepare.onnx_versions import check_board_loadable
-from tasks.prepare.runtimes.autograd import onnx_passes
+from tasks.prepare.runtimes.autograd import exporter, onnx_passes
 from tasks.prepare.runtimes.autograd.discrete import order_name, order_nodes, run_pinned, with_orders
 from tasks.prepare.runtimes.autograd.noise import NoiseInput
 from tasks.prepare.runtimes.autograd.op_checks import check_recorded, recorded_table, recording
-from tasks.prepare.runtimes.autograd.recurrent_onnx import expand, translations
+from tasks.prepare.runtimes.autograd.recurrent_onnx import expand
 from tasks.prepare.runtimes.autograd.trace import MAX_BATCH
 
 log = logging.getLogger(__name__)
@@ -114,11 +114,11 @@ def export_step(step: StepGraph, path: Path) -> dict[str, float]:
 
     def write() -> None:
         exported = torch.export.export(module, args, dynamic_shapes=(tuple(shapes),), strict=False)
-        table = export_table()
-        if rewrites_with(exported, table):  # before the exporter's own ones
+        table = {**exporter.decomposition_table(), **export_table()}
+        if rewrites_with(exported, table):  # ours, and the exporter's, whose own pass export skips
             exported = exported.run_decompositions(table)
-        program = torch.onnx.export(exported, args, dynamo=True, input_names=names, optimize=False,
-                                    output_names=[*step.outputs, *extra], custom_translation_table=translations())  # fmt: skip
+        program = exporter.export(exported, args, input_names=names, optimize=False,
+                                  output_names=[*step.outputs, *extra])  # fmt: skip
         onnx_passes.optimize(program.model)  # what optimize=True does, the costly pass last
         program.save(str(path))
         stepped = onnx.load(str(path))
@@ -149,14 +149,26 @@ def export_table() -> dict[Any, Callable[..., Any]]:
     return {op: recorded_table()[op]}
 
 
+def _returns_tensors(schema: Any) -> bool:
+    """Whether an operator returns tensors (``sym_size`` returns a size, which no pass rewrites)."""
+    return any(str(r.type).startswith("Tensor") for r in schema.returns)
+
+
 def rewrites_with(exported: Any, table: dict[Any, Callable[..., Any]]) -> bool:
     """Whether decomposing ``exported`` with ``table`` can change it (else that pass, a whole
     re-trace: 1.5-1.9 s of digits' 10.4-10.8 s of step building, is skipped): the graph holds one of
-    its operators, or a mutable one (``copy_`` into a strided view), which functionalisation writes
-    as a ``*_scatter``, ``as_strided_scatter`` among them."""
+    its operators, a mutable one (``copy_`` into a strided view), which functionalisation writes
+    as a ``*_scatter``, ``as_strided_scatter`` among them, or a composite one (``to.dtype``: the
+    export's training IR keeps them, every decomposition pass rewrites them)."""
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    implicit = torch._C._dispatch_has_kernel_for_dispatch_key  # an op any decomposition pass rewrites
     for node in exported.graph.nodes:
         schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
-        if schema is not None and (node.target in table or schema.is_mutable):
+        if schema is None:
+            continue
+        composite = implicit(node.target.name(), "CompositeImplicitAutograd") and _returns_tensors(schema)
+        if node.target in table or schema.is_mutable or composite:
             return True
     return False
 
