@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,23 +154,33 @@ def _returns_tensors(schema: Any) -> bool:
     return any(str(r.type).startswith("Tensor") for r in schema.returns)
 
 
+def writes_into(exported: Any) -> bool:
+    """Whether ``exported`` holds a mutable operator (``copy_`` into a strided view, ``bernoulli_``),
+    which a decomposition pass makes functional (as a ``*_scatter``, ``as_strided_scatter`` among
+    them)."""
+    return any(schema.is_mutable for _, schema in _operators(exported))
+
+
 def rewrites_with(exported: Any, table: dict[Any, Callable[..., Any]]) -> bool:
     """Whether decomposing ``exported`` with ``table`` can change it (else that pass, a whole
     re-trace: 1.5-1.9 s of digits' 10.4-10.8 s of step building, is skipped): the graph holds one of
-    its operators, a mutable one (``copy_`` into a strided view), which functionalisation writes
-    as a ``*_scatter``, ``as_strided_scatter`` among them, or a composite one (``to.dtype``: the
+    its operators, a mutable one (:func:`writes_into`), or a composite one (``to.dtype``: the
     export's training IR keeps them, every decomposition pass rewrites them)."""
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
-    implicit = torch._C._dispatch_has_kernel_for_dispatch_key  # an op any decomposition pass rewrites
-    for node in exported.graph.nodes:
-        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
-        if schema is None:
-            continue
-        composite = implicit(node.target.name(), "CompositeImplicitAutograd") and _returns_tensors(schema)
-        if node.target in table or schema.is_mutable or composite:
+    implicit = torch._C._dispatch_has_kernel_for_dispatch_key
+    for target, schema in _operators(exported):
+        composite = implicit(target.name(), "CompositeImplicitAutograd") and _returns_tensors(schema)
+        if target in table or schema.is_mutable or composite:
             return True
     return False
+
+
+def _operators(exported: Any) -> Iterator[tuple[Any, Any]]:
+    for node in exported.graph.nodes:
+        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        if schema is not None:
+            yield node.target, schema
 
 
 def check_runs(step: StepGraph, model: Any, arrays: list[np.ndarray], what: str) -> float:

@@ -24,7 +24,7 @@ from tasks.prepare.export.tracing import model_outputs
 from tasks.prepare.feeds import example_arrays
 from tasks.prepare.runtimes.autograd.losses import LossPlan, plan
 from tasks.prepare.runtimes.autograd.noise import NoiseInput, replace_random
-from tasks.prepare.runtimes.autograd.onnx_step import StepGraph, export_step, rewrites_with
+from tasks.prepare.runtimes.autograd.onnx_step import StepGraph, export_step, writes_into
 from tasks.prepare.runtimes.autograd.op_checks import check_recorded, recording
 from tasks.prepare.runtimes.autograd.recurrent import differentiable
 from tasks.prepare.runtimes.autograd.template import keep_outputs
@@ -132,9 +132,11 @@ def _written(
     writes into a tensor (``bernoulli_``, ``div_``: torchvision's StochasticDepth), which the pass
     makes functional, or one whose direct trace fails or exports with its batch made a constant (a
     transformer encoder's fused path)."""
-    if not rewrites_with(program, {}):
+    if not writes_into(program):
         try:
             graph = step(differentiable(program.module()))
+            if fixed_batch(graph.gm) is not None:  # known before the export would find it
+                raise ModelError(f"the direct trace fixes the batch at {fixed_batch(graph.gm)}")
             checked.update(export_step(graph, path))
             return graph.noise
         except (ModelError, ArtifactError) as exc:
@@ -142,6 +144,14 @@ def _written(
     graph = step(decomposed(program))
     checked.update(export_step(graph, path))
     return graph.noise
+
+
+def fixed_batch(gm: Any) -> int | None:
+    """The batch a traced step's first input has as a constant (its trace specialised it: a
+    transformer encoder's fused path read as it stands), else None."""
+    size = next(n for n in gm.graph.nodes if n.op == "placeholder").meta["val"].shape[0]
+    expr = getattr(getattr(size, "node", None), "expr", size)
+    return int(expr) if getattr(expr, "is_number", isinstance(expr, int)) else None
 
 
 def _step(forward: Any, *, inputs: tuple[Any, ...], feeds: list[tuple[str, Any]], held: dict[str, list[str]],
