@@ -19,7 +19,7 @@ from typing import Any
 
 from tasks.errors import RegistryError
 from tasks.judge.direction import LOWER_IS_BETTER
-from tasks.judge.gate import guardrails, objects_check, significance
+from tasks.judge.gate import class_checks, guardrails, objects_check, significance
 from tasks.recipe.extras import PromotionSpec
 
 Check = dict[str, Any]  # {"kind", "name", "holds", "text", "figures", "short", ...}: one check of the gate
@@ -185,6 +185,7 @@ def decide(
     objects = objects_check(candidate, reference, test, rule.significance)
     if objects is not None:
         checks.append(objects)
+        checks += class_checks(candidate, reference, rule.class_tolerance, rule.min_class_iou)
     cand_sets, ref_sets = sets or ({"test": candidate}, {"test": reference})
     rules = guarded_rules(rule, cand_sets, ref_sets)
     rails = guardrails(rules, cand_sets, ref_sets)
