@@ -23,7 +23,6 @@ from typing import Any
 from prefect import flow
 from prefect.futures import wait
 from prefect.runtime import flow_run
-from prefect.states import Completed
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import Field
 
@@ -32,6 +31,7 @@ from tasks.board.inventory import BOARD_NAME_PATTERN, Board, get_group, load_inv
 from tasks.fleet.buffered import BufferedRun
 from tasks.fleet.rounds import FleetRun, check_fleet
 from tasks.judge.decision import headline, verdict_message
+from tasks.judge.report import report_key
 from tasks.judge.report_gate import gate_md
 from tasks.prefect import boards as boards_overview
 from tasks.prefect import fleet as ft
@@ -39,6 +39,7 @@ from tasks.prefect import tasks as pt
 from tasks.prefect.buffered import run_buffered
 from tasks.prefect.logs import quiet_user_errors
 from tasks.prefect.params import StrictParams, flow_run_name, parameter, run_tags, tag_run
+from tasks.prefect.verdict import verdict_state
 from tasks.prepare import Prepared
 from tasks.recipe.extras import BufferSize, DeadlineS, FleetMode, FleetStrategy, MinBoards, Rounds
 from tasks.recipe.load import load_recipe
@@ -152,9 +153,9 @@ def odl_fleet(params: FleetParams = DEFAULT_PARAMS) -> FleetOutcome | None:
     ft.publish_fleet(fleet.summary(), verdict, gate_md(decision))
     boards_overview.publish_overview(sorted(load_inventory()), stages.registry())  # outliers in view
     outcome = FleetOutcome(fleet.summary(), decision.promote, promotion.version, decision.reason)
-    name = "Promoted" if decision.promote else "Not promoted"
     message = verdict_message(promotion.version, decision, served)
-    return Completed(data=outcome, name=name, message=message)
+    report = f"the artifact {report_key(recipe.name, p.group, 'fleet')}"
+    return verdict_state(outcome, decision.promote, message, report)
 
 
 def _serving(fleet: FleetRun | BufferedRun) -> list[str]:

@@ -33,6 +33,7 @@ from tasks.prefect.limits import ensure_board_limit
 from tasks.prefect.logs import quiet_user_errors
 from tasks.prefect.params import StrictParams, flow_run_name, parameter, run_tags, tag_run
 from tasks.prefect.publish import publish, report_input
+from tasks.prefect.verdict import verdict_state
 from tasks.recipe.extras import MinGain
 from tasks.recipe.load import load_recipe
 from tasks.recipe.training import BatchSize, Epochs, LearningRate
@@ -120,7 +121,8 @@ def odl(params: OdlParams = DEFAULT_PARAMS) -> Outcome | None:
         warm, t["warm start"] = pt.timed(pt.warm_start, recipe, prep, board.name)
     data = pt.board_data(recipe, board) if recipe.data.board_dataset else None
     if isinstance(data, str):  # a night without new data on the board: nothing to retrain
-        return Completed(data=None, name="No new data", message=data[:500])
+        tag_run(["no-new-data"])
+        return Completed(data=None, message=f"No new data: {data}"[:500])
     extra = (warm.record["checkpoint_sha256"] if warm else "") + (_files_key(data) if data else "")
     spec, files = stages.job_spec(
         inp,
@@ -159,16 +161,14 @@ def odl(params: OdlParams = DEFAULT_PARAMS) -> Outcome | None:
     )
     lineage = {**info, "rollout": served.removeprefix("; "), "weights": weights}
     warned = preparation_warnings(prep.manifest, prep.validation)
-    summary = publish(
+    summary, report = publish(
         report_input(recipe, board.name, run_id, training, evaluation, promotion, t, lineage, warned)
     )
     boards.publish_overview(sorted(load_inventory()), stages.registry())  # the fleet overview, refreshed
     test = evaluation.test
     outcome = Outcome(spec.job_id, run_dir, promotion.decision.promote, promotion.version, summary, test, t)
-    # the runs list shows "Promoted" or "Not promoted" (a Completed state with that name) and why
-    name = "Promoted" if outcome.promoted else "Not promoted"
     message = verdict_message(promotion.version, promotion.decision, served)  # a headline, then what failed
-    return Completed(data=outcome, name=name, message=message)
+    return verdict_state(outcome, promotion.decision.promote, message, report)
 
 
 def _files_key(data: Any) -> str:

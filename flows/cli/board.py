@@ -49,8 +49,17 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def cmd_down(args: argparse.Namespace) -> int:
     """``odl board down``: stop a virtual board (``--purge``: and remove it)."""
-    print(json.dumps(board_down(args.name, purge=args.purge)))
+    print(down_line(board_down(args.name, purge=args.purge)))
     return 0
+
+
+def down_line(done: dict) -> str:
+    """``odl board down``'s one line (``make down`` ends on it): what stopped, what is kept."""
+    name = done["name"]
+    if done["purged"]:
+        return f"board {name} removed: its user, data and inventory entry are gone"
+    what = "stopped" if done["stopped_sshd"] else "was not running"
+    return f"board {name} {what}; its user, data and inventory entry are kept (--purge removes them)"
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -92,6 +92,8 @@ def prefect_api() -> str:
         "PREFECT_RESULTS_PERSIST_BY_DEFAULT",
     ):
         os.environ.setdefault(key, env[key])
+    # Prefect creates its home without parents: a new ODL home would print "Failed to create the Prefect home"
+    Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
     # a temporary server on a new database migrates it first: ~10 s here, more on a loaded machine
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     if "PREFECT_API_URL" in os.environ:

@@ -12,6 +12,28 @@ from pathlib import Path
 
 Sub = argparse._SubParsersAction
 
+STACK_ACTIONS = """The local Prefect stack of this ODL_HOME, one action at a time:
+
+  up      start the Prefect server, the work pool odl-pool, the deployment odl/full
+          and the worker(s); prints the UI's address (--port, --db, --workers, --host)
+  down    stop the worker(s), the server and PostgreSQL if used; keeps every run's data,
+          the registry and the reports
+  status  the server's address and database, each service's pid, where alerts go
+  deploy  create the work pool if missing and (re)deploy every deployment of
+          deploy/prefect.yaml on the running server
+  env     print `export PREFECT_API_URL=...` lines for this home's stack; eval them so
+          the prefect CLI talks to it: eval "$(odl stack env)"
+  notify  where the automations' alerts go: --webhook URL, --block TYPE/NAME or --off
+
+example: odl stack up && odl watch odl/full && odl stack down"""
+
+RUN_DESCRIPTION = """One training job on a board without Prefect: prepare the recipe (export, training
+artifacts, offline validation), deploy the job, train on the board with progress bars and retrieve
+the trained model into --out. It neither evaluates nor promotes: the registry is not touched (use
+`odl flow` or `odl watch odl/full` for the whole pipeline, or `odl evaluate` on the model it retrieved).
+
+example: odl run recipes/digits.toml --board vboard --set training.epochs=3"""
+
 
 def build_parser() -> argparse.ArgumentParser:
     """Build the argument parser with every subcommand."""
@@ -58,11 +80,10 @@ def add_prepare(sub: Sub) -> None:
 
 def add_flow(sub: Sub) -> None:
     """``odl stack | flow | evaluate | registry | report`` (areas ``home``, ``run`` and ``nightly``)."""
-    stack = _command(sub, "stack", "home", "cmd_stack",
-                     help="local Prefect server + work pool + deployment + worker(s)")  # fmt: skip
+    stack = _command(sub, "stack", "home", "cmd_stack", help="local Prefect server + work pool + deployment + worker(s)",
+                     description=STACK_ACTIONS, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     stack.add_argument("action", choices=["up", "down", "status", "deploy", "env", "notify"],
-                       help="env: print `export PREFECT_API_URL=...` lines for this home's stack (eval them); "
-                       "notify: where the automations' alerts go (--webhook, --block, --off)")  # fmt: skip
+                       help="what to do (each action is described above)")  # fmt: skip
     stack.add_argument(
         "--port",
         type=int,
@@ -182,8 +203,8 @@ def add_board(sub: Sub) -> None:
 
 def add_run(sub: Sub) -> None:
     """``odl run``: prepare, deploy, train on a board and retrieve, without Prefect."""
-    p = _command(sub, "run", "run", "cmd_run",
-                 help="prepare, deploy, train on a board and retrieve (no Prefect)")  # fmt: skip
+    p = _command(sub, "run", "run", "cmd_run", help="prepare, deploy, train on a board and retrieve (no Prefect)",
+                 description=RUN_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("recipe", type=Path, help="recipe TOML file (relative to the current folder)")
     p.add_argument("--board", required=True, help="board name in the inventory")
     p.add_argument("--out", type=Path, help="output folder (default $ODL_HOME/runs/JOB_ID)")
@@ -204,7 +225,7 @@ def add_nightly(sub: Sub) -> None:
     back.add_argument("recipe")
     back.add_argument("board")
     models = _command(sub, "models", "nightly", "cmd_models",
-                      help="the model the board serves for a recipe, and the registry's")  # fmt: skip
+                      help="the model the board serves for a recipe, and the registry's current version")  # fmt: skip
     models.add_argument("recipe")
     models.add_argument("board")
     models.add_argument("--json", action="store_true", help="the board's answer as JSON")

@@ -76,7 +76,7 @@ def follow(run_id: Any, ui: str, timeout: float) -> int:
                 time.sleep(1.0)  # the run's last log lines reach the API in a batch
                 stages.poll(tasks, _logs(client, run_id), float("inf"))
                 progress.clear()
-                print(f"{state.name}: {state.message or ''}".rstrip(": "))
+                print(_verdict(state))
                 print(_where(client, run_id, ui))
                 return 0 if state.is_completed() else 1
             if time.monotonic() > deadline:
@@ -87,6 +87,14 @@ def follow(run_id: Any, ui: str, timeout: float) -> int:
                 return 1
             progress.show()
             time.sleep(1.0)
+
+
+def _verdict(state: Any) -> str:
+    """The final state's line(s): a completed run's message ("Promoted: v0003: ..."; its report line
+    left to :func:`_where`), else the state's name and message."""
+    if state.is_completed() and state.message:
+        return "\n".join(line for line in state.message.splitlines() if not line.startswith("report: "))
+    return f"{state.name}: {state.message or ''}".rstrip(": ")
 
 
 def _logs(client: Any, run_id: Any, page: int = 200) -> list[Any]:

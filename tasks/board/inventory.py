@@ -45,7 +45,7 @@ from typing import Any
 
 from device_agent.protocol import NAME, RUNTIME_ARTIFACTS
 from tasks.errors import BoardError
-from tasks.paths import odl_home
+from tasks.paths import home_hint, odl_home
 
 BOARD_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,19}$"
 BOARD_NAME = NAME.narrowed(
@@ -122,7 +122,9 @@ def get_board(name: str, path: Path | None = None) -> Board:
     boards = load_inventory(path)
     if name not in boards:
         known = ", ".join(sorted(boards)) or "none"
-        raise BoardError(f"board {name!r} is not in {path or inventory_path()} (known boards: {known})")
+        raise BoardError(
+            f"board {name!r} is not in {path or inventory_path()} (known boards: {known}; {home_hint()})"
+        )
     return boards[name]
 
 

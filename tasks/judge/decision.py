@@ -19,7 +19,7 @@ from typing import Any
 
 from tasks.errors import RegistryError
 from tasks.judge.direction import LOWER_IS_BETTER
-from tasks.judge.gate import guardrails, objects_check, significance
+from tasks.judge.gate import class_checks, guardrails, objects_check, significance
 from tasks.recipe.extras import PromotionSpec
 
 Check = dict[str, Any]  # {"kind", "name", "holds", "text", "figures", "short", ...}: one check of the gate
@@ -107,6 +107,37 @@ def with_check(decision: Decision, check: Check) -> Decision:
     )
 
 
+def same_scores(candidate: dict[str, Any], reference: dict[str, Any]) -> bool:
+    """The candidate scores exactly as the reference on every quality metric both have (the
+    latency and the size, which vary between measurements, left out)."""
+    shared = [k for k, v in candidate.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+              and isinstance(reference.get(k), (int, float)) and not k.startswith(("latency", "model_size"))]  # fmt: skip
+    return bool(shared) and all(float(candidate[k]) == float(reference[k]) for k in shared)
+
+
+def _short_gain(gain: float, candidate: dict[str, Any], reference: dict[str, Any]) -> str:
+    """The min_gain check's few words in a headline when it fails."""
+    if same_scores(candidate, reference):
+        return "same scores as the reference (the same model)"
+    return "no gain" if gain == 0 else "gain below min_gain"
+
+
+def gain_sentence(gain: float, min_gain: float, reference_name: str, same: bool) -> str:
+    """What the gain means against ``min_gain``: beats it, falls short of it, is no gain at all, or is
+    no gain because the candidate scores exactly as the reference (a re-run on the same data)."""
+    if gain > min_gain:
+        return f"gain {gain:+.4f} beats the required {min_gain:+.4f}"
+    if same:
+        return (f"no gain: the candidate scores exactly as {reference_name} on every metric, as a re-run "
+                f"on the same data and recipe does (training is seeded, so it trains the same model); "
+                f"new data, other settings or another [training].seed give a different candidate")  # fmt: skip
+    if gain == 0:
+        return (
+            f"no gain over {reference_name} (the same figure); promotion needs a gain above {min_gain:+.4f}"
+        )
+    return f"gain {gain:+.4f} does not beat the required {min_gain:+.4f}"
+
+
 def decide(
     candidate: dict[str, Any],
     reference: dict[str, Any],
@@ -136,10 +167,10 @@ def decide(
     checks: list[Check] = [
         {
             "kind": "min_gain", "name": "min_gain", "holds": enough, "gain": gain, "min_gain": rule.min_gain,
-            "short": "gain below min_gain", "label": label,
+            "short": _short_gain(gain, candidate, reference), "label": label,
             "figures": f"{new:.4f} vs {ref:.4f}: gain {gain:+.4f} (min {rule.min_gain:+g})",
-            "text": f"{label} {new:.4f} vs {ref:.4f} ({reference_name}): gain {gain:+.4f} "
-                    f"{'beats' if enough else 'does not beat'} the required {rule.min_gain:+.4f}",
+            "text": f"{label} {new:.4f} vs {ref:.4f} ({reference_name}): "
+                    + gain_sentence(gain, rule.min_gain, reference_name, same_scores(candidate, reference)),
         }
     ]  # fmt: skip
     test = significance(metric, candidate, reference, rule.significance) if rule.significance else None
@@ -154,6 +185,7 @@ def decide(
     objects = objects_check(candidate, reference, test, rule.significance)
     if objects is not None:
         checks.append(objects)
+        checks += class_checks(candidate, reference, rule.class_tolerance, rule.min_class_iou)
     cand_sets, ref_sets = sets or ({"test": candidate}, {"test": reference})
     rules = guarded_rules(rule, cand_sets, ref_sets)
     rails = guardrails(rules, cand_sets, ref_sets)

@@ -14,7 +14,8 @@ A gain on a test set of a few hundred samples can be two samples. Before the pro
 * mIoU and pixel accuracy of a segmentation: a paired bootstrap over test images (both models' metrics
   recomputed from the summed confusion matrices of each resample, :mod:`tasks.judge.segmentation_resample`),
   and on the same resamples the object classes' mIoU, whose gain must be significant too
-  (:func:`objects_check`: a model that learns only the background is never promoted);
+  (:func:`objects_check`: a model that learns only the background is never promoted), and each
+  object class is guarded on its own (:func:`class_checks`: the mean may rise while a class is lost);
 * OKS AP of keypoints (``oks_ap``, ``oks_ap50``, ``oks_ap75``): the detector's bootstrap over test
   images on pycocotools' keypoint matches (:mod:`tasks.judge.keypoints`); PCK: the paired bootstrap
   of the per-image PCK.
@@ -173,6 +174,38 @@ def objects_check(
                 + ("" if holds else f": no {'significant ' if alpha else ''}gain on the object classes{share}, "
                    f"while {test['reason']}"),
     }  # fmt: skip
+
+
+def class_checks(
+    candidate: dict[str, Any], reference: dict[str, Any], tolerance: float | None, floor: float | None
+) -> list[dict[str, Any]]:
+    """A segmentation's object classes guarded one by one (the object mean can rise while one class is
+    lost): each class's IoU may fall at most ``tolerance`` below the reference's and may not stay
+    under ``floor`` (the candidate does not find the class). None of either: that part is off."""
+    cand, ref = candidate.get("per_class_iou"), reference.get("per_class_iou")
+    if not isinstance(cand, dict) or not isinstance(ref, dict) or (tolerance is None and floor is None):
+        return []
+    names = list(candidate.get("classes") or cand)
+    background = int(candidate.get("background", -1))
+    out = []
+    for i, name in enumerate(names):
+        c, r = cand.get(name), ref.get(name)
+        if i == background or c is None:  # the background, or a class in neither truth nor prediction
+            continue
+        drop = (r - c) if r is not None else 0.0
+        lost = tolerance is not None and drop > tolerance
+        unfound = floor is not None and c < floor
+        why = [f"falls {drop:.4f}, beyond its tolerance {tolerance:g}"] if lost else []
+        why += [f"under {floor:g}: the candidate does not find {name}"] if unfound else []
+        was = "-" if r is None else f"{r:.4f}"
+        out.append({
+            "kind": "class", "name": f"class {name}", "holds": not why, "drop": drop > 0,
+            "short": f"class {name} IoU {c:.3f}",
+            "figures": f"IoU {was} -> {c:.4f}" + (f" (tol. {tolerance:g})" if tolerance is not None else ""),
+            "text": f"the IoU of {name} goes {was} -> {c:.4f}" + (": " + "; ".join(why) if why else
+                    (f", within its tolerance {tolerance:g}" if tolerance is not None else "")),
+        })  # fmt: skip
+    return out
 
 
 def guardrails(

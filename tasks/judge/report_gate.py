@@ -12,8 +12,8 @@ def gate_md(d: Decision) -> list[str]:
     """The promotion gate: every check of the decision, failing first, as the headline names them:
     a table of their figures (cells of at most CELL_CHARS), then each check's sentence under it.
 
-    A guarded test set that drops is flagged in red even when the drop is within its tolerance,
-    and a gain judged without a test says so."""
+    A guarded test set that drops within its tolerance holds and is flagged amber (red is for a
+    check that fails), and a gain judged without a test says so."""
     ordered = d.failing() + [c for c in d.checks if c["holds"]]
     if not ordered:  # a decision recorded before the checks list
         return []
@@ -22,7 +22,7 @@ def gate_md(d: Decision) -> list[str]:
         if not c["holds"]:
             mark = "🔴 **fails**"
         elif c.get("drop"):
-            mark = "🔴 **holds, but drops**"
+            mark = "🟡 holds (within tolerance), but drops"
         elif c["kind"] == "significance" and not c.get("tested", True):
             mark = "⚠️ not tested"
         else:

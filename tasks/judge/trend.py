@@ -120,7 +120,8 @@ def trend_markdown(points: Sequence[dict[str, Any]], chart: bytes | None) -> lis
     out = [
         "",
         HEADING,
-        f"`{label}` ({better} is better) of {len(points)} recorded candidates, {promoted} promoted; "
+        f"`{label}` ({better} is better) of {len(points)} recorded candidate{'s' * (len(points) != 1)}, "
+        f"{promoted} promoted; "
         + (f"`{serving}` is in service." if serving else "none of them is in service."),
     ]
     if chart:

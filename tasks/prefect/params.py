@@ -83,17 +83,23 @@ def run_tags(recipe: str | Path, target: str, kind: str, fleet: bool = False) ->
 
 
 def tag_run(tags: list[str]) -> None:
-    """Add ``tags`` to the running flow run (kept with the ones it was created with); a no-op
-    outside a flow run."""
+    """Add ``tags`` to the running flow run (kept with the ones it was created with), on the server and
+    in the run's context, so the events emitted from now on carry them too (a ``prefect deployment
+    run``'s events carried only its deployment's ``odl``); a no-op outside a flow run."""
     from prefect.client.orchestration import get_client  # Prefect only inside a flow run
+    from prefect.context import FlowRunContext  # Prefect only inside a flow run
     from prefect.runtime import flow_run  # Prefect only inside a flow run
 
     run_id = flow_run.get_id()
     if not run_id:
         return
     have = list(flow_run.get_tags() or [])
+    merged = have + [t for t in tags if t not in have]
     with get_client(sync_client=True) as client:
-        client.update_flow_run(run_id, tags=have + [t for t in tags if t not in have])
+        client.update_flow_run(run_id, tags=merged)
+    context = FlowRunContext.get()
+    if context is not None and context.flow_run is not None:  # what the run's events take their tags from
+        context.flow_run.tags = merged
 
 
 def parameter(name: str, default: str) -> str:

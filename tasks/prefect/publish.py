@@ -89,8 +89,9 @@ def board_versions(result: dict[str, Any]) -> dict[str, str]:
     return {label: str(vers[key]) for key, label in BOARD_FIELDS.items() if vers.get(key)}
 
 
-def publish(inp: ReportInput) -> str:
-    """Create the report artifacts, keep a copy under ``$ODL_HOME/reports``; returns the summary."""
+def publish(inp: ReportInput) -> tuple[str, str]:
+    """Create the report artifacts, keep a copy under ``$ODL_HOME/reports``; returns the summary and
+    where the report is (its page in the UI when the server has one, else the file)."""
     from prefect import get_run_logger  # Prefect only inside a flow run
     from prefect.artifacts import (  # Prefect only inside a flow run
         create_markdown_artifact,
@@ -98,7 +99,7 @@ def publish(inp: ReportInput) -> str:
     )
 
     markdown, summary = render_report(inp), summary_text(inp)
-    create_markdown_artifact(
+    artifact = create_markdown_artifact(
         markdown, key=report_key(inp.recipe, inp.board), description=f"ODL report {inp.recipe} on {inp.board}"
     )
     create_table_artifact(
@@ -110,4 +111,5 @@ def publish(inp: ReportInput) -> str:
     (folder / "latest.md").write_text(markdown)
     (folder / "latest.txt").write_text(summary + "\n")
     get_run_logger().info("summary:\n%s", summary)
-    return summary
+    ui = boards.ui_url()
+    return summary, f"{ui}/artifacts/artifact/{artifact}" if ui else str(folder / "latest.md")

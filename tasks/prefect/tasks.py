@@ -22,6 +22,7 @@ from prefect.cache_policies import CacheKeyFnPolicy
 from tasks import stages
 from tasks.board.inventory import Board
 from tasks.errors import DeviceUnreachable, NoNewData, should_retry
+from tasks.judge.decision import headline
 from tasks.prefect import boards
 from tasks.prefect.progress import BoardProgress, terminal
 from tasks.prepare import Prepared
@@ -109,12 +110,15 @@ def validate(inp: stages.Inputs) -> dict[str, Any]:
 @task(name="deploy", task_run_name="deploy to {board.name}", **RETRY)
 def deploy(board: Board, spec: Any, files: dict[str, Path]) -> stages.Deployment:
     """Install/check the agent and upload the blobs the board lacks (a heartbeat of the board)."""
+    t0 = time.perf_counter()
     try:
         done = stages.deploy(board, spec, files, progress=terminal().upload)
     except DeviceUnreachable:
         boards.heartbeat(board.name, False)
         raise
     boards.heartbeat(board.name, True, boards.free_space(done.info))  # the overview's disk and RAM
+    said(f"deployed job {spec.job_id} to {board.name}: {len(done.uploaded)} file(s) uploaded "
+         f"({done.bytes_sent} bytes), {len(done.skipped)} already on the board", t0)  # fmt: skip
     return done
 
 
@@ -134,8 +138,11 @@ def train(board: Board, spec: Any, files: dict[str, Path], progress_key: str) ->
 @task(name="retrieve", task_run_name="retrieve from {board.name}", **RETRY)
 def retrieve(board: Board, training: stages.Training, out_dir: Path) -> stages.Retrieved:
     """Download the trained model and outputs, verified against ``result.json``."""
+    t0 = time.perf_counter()
     retrieved = stages.retrieve(board, training, out_dir, progress=terminal().download)
     retrieved.inference  # noqa: B018 - fails the task now when the model is missing
+    said(f"retrieved {', '.join(sorted(retrieved.files))} of job {training.job_id} into {out_dir} "
+         "(sha256 verified)", t0)  # fmt: skip
     return retrieved
 
 
@@ -149,7 +156,15 @@ def evaluate(
 ) -> stages.Evaluation:
     """Evaluate base, current (if any) and candidate on the test set, the extra test sets and the
     held-out parts of the ``learnt`` board shards."""
-    return stages.evaluate(recipe, prep, candidate, reference, learnt)
+    t0 = time.perf_counter()
+    done = stages.evaluate(recipe, prep, candidate, reference, learnt)
+    metric = recipe.promotion.metric
+    figures = ", ".join(
+        f"{col} {m[metric]:.4f}" for col, m in done.test.items() if isinstance(m.get(metric), (int, float))
+    )
+    said(f"evaluated {', '.join(done.test)} on the test set and {len(done.sets) - 1} more set(s): "
+         f"{metric} {figures or 'not reported'}", t0)  # fmt: skip
+    return done
 
 
 @task(name="promote", task_run_name="promote")
@@ -162,11 +177,14 @@ def promote(
     info: dict[str, Any],
 ) -> stages.Promotion:
     """Record the candidate in the registry; it becomes current only if it beats the reference."""
+    t0 = time.perf_counter()
     done = stages.promote(recipe, board, evaluation, candidate, prep, info)
     d = done.decision
     boards.emit("odl.model.promoted" if d.promote else "odl.model.rejected", board,
                 {"recipe": recipe.name, "version": done.version, "metric": d.metric, "candidate": d.candidate,
                  "reference": d.reference, "reference_name": d.reference_name, "reason": d.reason})  # fmt: skip
+    verdict = "promoted: now current" if d.promote else "not promoted: current unchanged"
+    said(f"recorded {done.version} in the registry, {verdict} ({headline(d)})", t0)
     return done
 
 
@@ -189,7 +207,9 @@ def warm_start(recipe: Recipe, prep: Prepared, board: str) -> Any:
 @task(name="rollout", task_run_name="rollout to {board.name}", **RETRY)
 def rollout(board: Board, recipe: str, version: str) -> Any:
     """Install the promoted version as the board's models/<recipe>/current, hash-verified."""
+    t0 = time.perf_counter()
     done = nightly.rollout(board, recipe, version)
+    said(f"{board.name} serves {version} as models/{recipe}/current (previous {done.previous or 'none'})", t0)
     boards.emit("odl.model.rolled-out", board.name, {"recipe": recipe, "version": version})
     return done
 

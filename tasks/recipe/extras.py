@@ -209,6 +209,15 @@ class FleetSpec:
         return self
 
 
+# an IoU or a tolerance of one, in [0, 1], or "off" (None)
+UnitOrOff = Annotated[
+    Annotated[Number, Field(ge=0, le=1)] | None,
+    BeforeValidator(_off),
+    WithJsonSchema({"anyOf": [{"type": "number", "minimum": 0, "maximum": 1}, {"enum": [False, "off"]}]}),
+    Expect('a number in [0, 1], or "off"'),
+]
+
+
 @recipe_table("promotion")
 class PromotionSpec:
     """``[promotion]``: when a trained model replaces the one in service."""
@@ -247,6 +256,16 @@ class PromotionSpec:
         0.02,
         description="each [data] extra_tests set is guarded on the promotion metric (else its loss): it may "
         'regress by at most this much (absolute) unless a guardrail names the set; "off": not guarded',
+    )
+    class_tolerance: UnitOrOff = Field(
+        0.02,
+        description="segmentation: each object class's IoU may fall by at most this much (absolute) below "
+        'the reference\'s, class by class; "off": not guarded',
+    )
+    min_class_iou: UnitOrOff = Field(
+        0.05,
+        description="segmentation: a candidate with an object class below this IoU does not find that class "
+        'and is not promoted, whatever its mean; "off": no floor',
     )
     rollout: Bool = Field(
         True, description="install a promoted model on the board (models/<recipe>/current.onnx)"

@@ -89,7 +89,9 @@ class ModelSpec:
         "opset 13-21, external data allowed)",
     )
     num_classes: Annotated[Int, Field(ge=1)] | None = Field(
-        None, description="classes of the model's output; torchvision: its new classifier head (required)"
+        None,
+        description="classes of the model's output; torchvision: its new classifier head (required); a "
+        "module:callable builder receives it as num_classes when it names that parameter or takes **kwargs",
     )
     weights: FilePath | None = Field(None, description="a local state_dict file to load")
     kwargs: dict[str, Any] = Field(

@@ -19,9 +19,11 @@ def _run(board: str, **kw):
     state = odl(OdlParams(board=board, **kw), return_state=True)
     assert state.is_completed(), state.message
     outcome = state.result()
-    # the runs list tells a promotion from a rejection without opening the run
-    assert state.name == ("Promoted" if outcome.promoted else "Not promoted")
-    assert state.message.startswith(outcome.version + ": ")
+    # a standard state name (the UI's deployment page lists runs by those); the verdict in its message
+    assert state.name == "Completed"
+    verdict = "Promoted: " if outcome.promoted else "Not promoted: "
+    assert state.message.startswith(verdict + outcome.version + ": "), state.message
+    assert re.search(r"^report: \S+", state.message, re.M), state.message
     return state.state_details.flow_run_id, outcome
 
 
@@ -107,6 +109,79 @@ def test_first_run_is_promoted_with_report_and_progress(promoted_run, flow_board
     _assert_readable_run(run_id, f"digits@{board}", ["recipe:digits", f"board:{board}", "kind:full"])
     epochs = [m for m in _logs(run_id) if m.startswith(f"board {board}: epoch ")]
     assert epochs and len(epochs) == len(set(epochs)), epochs  # each epoch's line once
+
+
+# the standard state names but Scheduled: the filter the Prefect UI's deployment page lists runs with
+# (prefect/server/ui-v2/assets/deployment._id-*.js, its default state filter from flow-runs-list-*.js)
+UI_STATE_NAMES = ["Late", "Resuming", "AwaitingRetry", "AwaitingConcurrencySlot", "Pending", "Submitting",
+                  "InfrastructurePending", "Paused", "Suspended", "Running", "Retrying", "Completed", "Cached",
+                  "Cancelled", "Cancelling", "Crashed", "Failed", "TimedOut"]  # fmt: skip
+
+
+def test_the_run_is_listed_by_the_deployment_page_with_its_verdict(promoted_run):
+    """The issue: the deployment page said "No runs found" after three runs ended "Promoted" /
+    "Not promoted". The run is found with the UI's own filter, its verdict in a tag and its message."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        FlowRunFilterState,
+        FlowRunFilterStateName,
+    )
+
+    run_id, out = promoted_run
+    names = FlowRunFilterState(name=FlowRunFilterStateName(any_=UI_STATE_NAMES))
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id]), state=names)
+        )
+    assert len(runs) == 1 and "verdict:promoted" in runs[0].tags, runs
+    assert runs[0].state.message.startswith(f"Promoted: {out.version}: ")
+
+
+def test_every_stage_logs_a_line_and_the_run_ends_on_its_verdict(promoted_run, flow_board):
+    """deploy, retrieve, evaluate, promote and rollout logged nothing in the run's Logs tab; a watched
+    run (`prefect deployment run --watch` prints logs, then only the state's name) ended without the
+    verdict: its last line is now the verdict with the report's link."""
+    run_id, out = promoted_run
+    logs = _logs(run_id)
+    board = flow_board.name
+    for start in (f"deployed job {out.job_id} to {board}: ", "retrieved ", "evaluated base, candidate on the test set",
+                  f"recorded {out.version} in the registry, promoted: now current",
+                  f"{board} serves {out.version} as models/digits/current"):  # fmt: skip
+        assert any(m.startswith(start) for m in logs), (start, logs)
+    verdict = [m for m in logs if m.startswith("Promoted: ")]
+    assert (
+        verdict
+        and verdict[-1].startswith(f"Promoted: {out.version}: accuracy ")
+        and "\nreport: " in verdict[-1]
+    )
+
+
+def test_the_runs_events_carry_its_recipe_board_and_kind_tags(promoted_run, flow_board):
+    """Events of a `prefect deployment run` carried only the deployment's tag: the tags the run takes
+    at its start reach the events of its tasks and the board's events."""
+    import time
+
+    from prefect.client.orchestration import get_client
+
+    run_id, _ = promoted_run
+    want = {f"prefect.tag.{t}" for t in ("recipe:digits", f"board:{flow_board.name}", "kind:full")}
+    run = {"id": [f"prefect.flow-run.{run_id}"]}
+    kinds = ({"prefix": ["odl."]}, {"name": ["prefect.task-run.Completed"]})  # 50 events a page at most
+    deadline, ours = time.monotonic() + 30, []
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:  # events reach the database in batches
+            ours = [e for kind in kinds for e in client.request("POST", "/events/filter", json={
+                "filter": {"any_resource": run, "event": kind}, "limit": 50}).json()["events"]]  # fmt: skip
+            if any(e["event"] == "odl.model.promoted" for e in ours):
+                break
+            time.sleep(1)
+    assert any(e["event"] == "odl.model.promoted" for e in ours), [e["event"] for e in ours]
+    assert sum(e["event"] == "prefect.task-run.Completed" for e in ours) >= 5
+    for e in ours:
+        tags = {r["prefect.resource.id"] for r in e["related"] if r.get("prefect.resource.role") == "tag"}
+        assert want <= tags, (e["event"], e["resource"].get("prefect.resource.name"), tags)
 
 
 def _assert_readable_run(run_id, prefix: str, tags: list[str]) -> None:

@@ -95,7 +95,7 @@ def test_nightly_cycles_promote_reject_rollout_and_rollback(prefect_harness, flo
     from flows.odl import OdlParams, odl
 
     state = odl(OdlParams(board=board.name, recipe=str(RECIPE)), return_state=True)
-    assert state.is_completed() and state.name == "No new data", state.message
+    assert state.is_completed() and state.message.startswith("No new data: "), state.message
     assert "no new file in" in state.message
     assert len(reg.versions("digits_nightly", board.name)) == before + 2
 

@@ -51,7 +51,10 @@ def test_segmentation_is_promoted_on_a_significant_miou_gain(segmentation_run):
     assert decision["metric"] == "miou"
     test = decision["significance"]
     assert test["test"].startswith("paired bootstrap over 96 test images") and test["low"] > 0
-    assert [c["kind"] for c in decision["checks"]] == ["min_gain", "significance", "objects"]
+    kinds = ["min_gain", "significance", "objects", "class", "class", "class"]  # each object class guarded
+    assert [c["kind"] for c in decision["checks"]] == kinds
+    ious = cand["per_class_iou"]
+    assert all(ious[c] >= 0.05 for c in ("square", "disc", "triangle")), ious
     assert all(c["holds"] for c in decision["checks"])
     assert "segmentation" not in version.metrics["per_sample"]  # per-image matrices stay in the cache
     recipe = load_recipe(PROJECT_ROOT / "recipes" / "segmentation.toml")

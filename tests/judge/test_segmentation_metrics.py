@@ -127,4 +127,28 @@ def test_a_better_model_is_promoted_on_miou():
     y, good, poor, _ = _scene(2)
     d = decide(_metrics(good, y), _metrics(poor, y), PromotionSpec(metric="miou"), "base")
     assert d.promote, d.reason
-    assert [c["kind"] for c in d.checks] == ["min_gain", "significance", "objects"]
+    assert [c["kind"] for c in d.checks] == ["min_gain", "significance", "objects", "class", "class", "class"]
+    assert [c["name"] for c in d.checks[3:]] == ["class a", "class b", "class c"]
+
+
+def test_a_class_the_candidate_does_not_find_is_refused_whatever_the_mean():
+    """The issue's case: mIoU 0.08 -> 0.63 promoted a model with one object class at IoU 0.003. Each
+    object class is guarded on its own: under min_class_iou, or fallen beyond class_tolerance."""
+    y, good, poor, _ = _scene(2)
+    lost = np.where(y == 3, 0, good)  # class c's pixels predicted as background
+    cand, ref = _metrics(lost, y), _metrics(poor, y)
+    assert cand["object_miou"] > ref["object_miou"] + 0.2 and cand["per_class_iou"]["c"] < 0.05
+    d = decide(cand, ref, PromotionSpec(metric="miou"), "base")
+    assert not d.promote and [c["name"] for c in d.failing()] == ["class c"], d.reason
+    assert "under 0.05: the candidate does not find c" in d.reason and "class c IoU 0.000" in headline(d)
+    off = PromotionSpec(metric="miou", min_class_iou="off", class_tolerance="off")
+    assert decide(cand, ref, off, "base").promote  # the object mean alone would have promoted it
+    # against a reference that finds c, the candidate's loss of c is a drop beyond the tolerance
+    d = decide(
+        cand,
+        _metrics(good, y),
+        PromotionSpec(metric="miou", min_class_iou="off", significance="off", min_gain=-1),
+        "v0001",
+    )
+    c = next(c for c in d.checks if c["name"] == "class c")
+    assert not c["holds"] and "beyond its tolerance 0.02" in c["text"]

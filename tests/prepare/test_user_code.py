@@ -47,6 +47,14 @@ def broken(num_classes=3):
 
 def narrow(num_classes=3):
     return Narrow(num_classes)
+
+
+def fixed_head(**options):
+    return Net(num_classes=3, **options)
+
+
+def no_classes(width=4):
+    return Net(3, width)
 """
 
 EMBEDDED = {
@@ -96,3 +104,24 @@ def test_an_exception_while_building_the_model_names_the_users_line(tmp_path):
 def test_arguments_the_callable_does_not_take_stay_a_recipe_error(tmp_path):
     with pytest.raises(RecipeError, match="model.kwargs"):
         prepare(_recipe(tmp_path, "int32_loss", {"model": {"kwargs": {"depth": 3}}}), tmp_path / "out")
+
+
+def test_a_builder_without_a_num_classes_parameter_is_built_without_it(tmp_path):
+    """model.num_classes is passed only to a builder that takes it (a parameter or **kwargs)."""
+    from tasks.prepare.export.torch_model import build_model
+
+    model = build_model(_recipe(tmp_path, "no_classes", {"model": {"kwargs": {"width": 2}}}))
+    assert model.fc.out_features == 3 and model.conv.out_channels == 2
+
+
+def test_a_builder_that_sets_its_own_num_classes_names_the_recipe_key(tmp_path):
+    """The issue's case: "multiple values for keyword argument 'num_classes'" was blamed on the
+    user's code; the error names model.num_classes and what to change."""
+    from tasks.prepare.export.torch_model import build_model
+
+    with pytest.raises(RecipeError) as err:
+        build_model(_recipe(tmp_path, "fixed_head"))
+    text = str(err.value)
+    assert text.startswith("recipe field 'model.num_classes': expected a builder that takes num_classes")
+    assert "usercode:fixed_head receives num_classes=3 from model.num_classes through its **kwargs" in text
+    assert "multiple values for keyword argument 'num_classes'" in text

@@ -22,6 +22,7 @@ import functools
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import logging
 import sys
 import threading
@@ -156,12 +157,18 @@ def _callable_model(recipe: Recipe) -> Any:
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
     func = load_ref(recipe.base_dir, recipe.model.ref)
-    kwargs = dict(recipe.model.kwargs)
-    if recipe.model.num_classes is not None:
-        kwargs.setdefault("num_classes", recipe.model.num_classes)
+    kwargs = builder_kwargs(func, recipe.model.kwargs, recipe.model.num_classes)
     try:
         model = func(**kwargs)
     except Exception as exc:  # noqa: BLE001 - the user's code may raise anything
+        if "num_classes" not in recipe.model.kwargs and _sets_its_own(exc, "num_classes"):
+            raise RecipeError(
+                "model.num_classes",
+                f"a builder that takes num_classes: {recipe.model.ref} receives num_classes="
+                f"{recipe.model.num_classes} from model.num_classes through its **kwargs and passes its own "
+                "as well; give it a num_classes parameter (model.num_classes is passed there) or no **kwargs",
+                str(exc).splitlines()[0],
+            ) from exc
         named = user_code_error(exc, recipe.base_dir, "building the model")
         if named is not None:
             raise named from exc
@@ -171,6 +178,29 @@ def _callable_model(recipe: Recipe) -> Any:
     if not isinstance(model, torch.nn.Module):
         raise ModelError(f"{recipe.model.ref} returned {type(model).__name__}, expected a torch.nn.Module")
     return model
+
+
+def builder_kwargs(func: Any, kwargs: dict[str, Any], num_classes: int | None) -> dict[str, Any]:
+    """The keyword arguments of a ``module:callable`` builder: ``model.kwargs``, and ``num_classes``
+    (``model.num_classes``) when the builder accepts it: a parameter of that name or ``**kwargs``."""
+    out = dict(kwargs)
+    if num_classes is None or "num_classes" in out:
+        return out
+    try:
+        params = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): pass it, as documented
+        return {**out, "num_classes": num_classes}
+    named = any(
+        p.name == "num_classes" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params
+    )
+    if named or any(p.kind == p.VAR_KEYWORD for p in params):
+        out["num_classes"] = num_classes
+    return out
+
+
+def _sets_its_own(exc: BaseException, name: str) -> bool:
+    """``exc`` is Python's "got multiple values for keyword argument '<name>'"."""
+    return isinstance(exc, TypeError) and f"multiple values for keyword argument '{name}'" in str(exc)
 
 
 def load_weights(model: Any, path: Path, *, replaced_head: bool = False) -> None:
