@@ -193,11 +193,9 @@ def prepare(
                     return _cached(inp or inputs(spec), validated=validate, rehearse=rehearse)
                 return _prepared(spec, inp, out_dir, validate, rehearse)
         except PipelineError as stop:
-            if not advise or not advice.overrides(str(stop)):
-                raise
-            raise advice.rehearsed(
-                spec, stop, _rehearsal(isinstance(stop, ValidationFailed))
-            ) from stop.__cause__
+            if advise and advice.overrides(str(stop)):
+                advice.rehearse(spec, stop, _rehearsal(isinstance(stop, ValidationFailed)))
+            raise
 
 
 def _rehearsal(validated: bool) -> Callable[[Recipe], object]:

@@ -38,10 +38,11 @@ def volume(num_classes=3):
 """
 
 
-def test_a_gradient_without_a_cpu_kernel_names_its_layer_and_a_way_out(tmp_path):
-    recipe = tiny_recipe(
-        tmp_path, merge({"model": {"callable": "volume:volume"}}, {"trainable": {"strategy": "all"}})
-    )
+@pytest.mark.parametrize("chosen", [{"strategy": "all"}, {"strategy": None, "patterns": ["conv.*"]}])
+def test_a_gradient_without_a_cpu_kernel_names_its_layer_and_a_way_out(tmp_path, chosen):
+    """The advice to train the classifier is rehearsed (the classifier alone, not beside the
+    recipe's patterns) and holds: the node lies before the classifier."""
+    recipe = tiny_recipe(tmp_path, merge({"model": {"callable": "volume:volume"}}, {"trainable": chosen}))
     (tmp_path / "volume.py").write_text(VOLUME_MODULE)
     with pytest.raises(ValidationFailed) as err:
         prepare(recipe, tmp_path / "out")
@@ -96,8 +97,8 @@ def test_advice_that_would_end_in_the_same_stop_is_not_offered(tmp_path, strateg
     assert err.value.check == "load_artifacts"
     assert "no CPU kernel for the gradient of ConvTranspose (node /up/ConvTranspose, layer up)" in text
     assert text.endswith("make only parameters after that layer trainable (trainable.train_from) or freeze the layer; "
-                         + ("trainable.strategy = 'classifier' would not help (rehearsed: it ends in this same stop)"
-                            if strategy == "all" else "the recipe already has trainable.strategy = 'classifier'")), text  # fmt: skip
+                         + ("the recipe already has trainable.strategy = 'classifier'" if strategy == "classifier"
+                            else "trainable.strategy = 'classifier' would not help (rehearsed: it ends in this same stop)")), text  # fmt: skip
     assert not list(tmp_path.glob("out*")), "a stopped preparation leaves nothing"
 
 
