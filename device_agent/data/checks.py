@@ -45,8 +45,7 @@ def model_io(eval_model: str, input_names: list[str]) -> tuple[list[InputSpec], 
     specs = []
     for name in input_names:
         arg = by_name[name]
-        shape = tuple(d if isinstance(d, int) else None for d in arg.shape)
-        specs.append(InputSpec(name, shape, np_dtype(arg.type)))
+        specs.append(InputSpec.of(name, arg.shape, np_dtype(arg.type)))
     outs = sess.get_outputs()
     classes = outs[1].shape[-1] if len(outs) > 1 and outs[1].shape else None
     return specs, classes if isinstance(classes, int) else None
@@ -83,14 +82,15 @@ def _check_array(arr: Any, spec: InputSpec, n: int, field: str) -> None:
     if arr.ndim != len(spec.shape):
         raise AgentError(
             ExitCode.DATA_MISMATCH,
-            f"{where}: expected {len(spec.shape)} dims {_fmt(spec.shape)}, got shape {tuple(arr.shape)}",
+            f"{where}: expected {len(spec.shape)} dims {spec.shape_text()}, got shape {tuple(arr.shape)}",
             field,
         )
-    for want, got in zip(spec.shape[1:], arr.shape[1:], strict=True):
+    for axis, (want, got) in enumerate(zip(spec.shape[1:], arr.shape[1:], strict=True), 1):
         if want is not None and want != got:
             raise AgentError(
                 ExitCode.DATA_MISMATCH,
-                f"{where}: expected shape {_fmt(spec.shape)}, got {tuple(arr.shape)}",
+                f"{where}: expected shape {spec.shape_text()}, got {tuple(arr.shape)} (axis {axis}: "
+                f"{got}, the model's input takes {want})",
                 field,
             )
     if np.dtype(arr.dtype).kind != spec.dtype.kind and not (spec.dtype.kind == "i" and arr.dtype.kind == "u"):
@@ -153,7 +153,3 @@ def _check_visibility(labels: Any, where: str, field: str) -> None:
                 f"(sample {start + int(np.argwhere(bad)[0][0])})",
                 field,
             )
-
-
-def _fmt(shape: tuple[int | None, ...]) -> str:
-    return "(" + ", ".join("N" if d is None else str(d) for d in shape) + ")"

@@ -7,6 +7,7 @@ sees exactly the batches an uninterrupted one would.
 
 from __future__ import annotations
 
+import re
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,11 +23,36 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 
 @dataclass(frozen=True)
 class InputSpec:
-    """One model input: name, shape (ints or None for symbolic dims) and numpy dtype."""
+    """One model input: name, shape (ints or None for symbolic dims), numpy dtype and the symbolic
+    dims' names as the graph gives them (``""`` for a size or an unnamed dim; may be empty)."""
 
     name: str
     shape: tuple[int | None, ...]
     dtype: np.dtype
+    symbols: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, name: str, dims: Any, dtype: np.dtype) -> InputSpec:
+        """From a graph's dims: ints, and a name (str) or None for each symbolic one."""
+        dims = tuple(dims)
+        shape = tuple(d if isinstance(d, int) and d > 0 else None for d in dims)
+        return cls(name, shape, dtype, tuple(d if isinstance(d, str) else "" for d in dims))
+
+    def shape_text(self) -> str:
+        """The shape as a message shows it: ``N`` for the batch and every dim named as the batch is
+        (they take its size), a size as its number, another symbolic dim by its name (``?`` when it
+        has none): ``(N, 4, height)``, never a second ``N`` that is not the batch."""
+        names = self.symbols + ("",) * (len(self.shape) - len(self.symbols))
+        batch = names[0] if names else ""
+        words = []
+        for k, (size, name) in enumerate(zip(self.shape, names, strict=True)):
+            if size is not None:
+                words.append(str(size))
+            elif k == 0 or (batch and name == batch):
+                words.append("N")
+            else:
+                words.append(name if name and not re.fullmatch(r"unk__\d+", name) else "?")
+        return "(" + ", ".join(words) + ")"
 
 
 def load_npz_arrays(path: Path, field: str) -> dict[str, np.ndarray]:

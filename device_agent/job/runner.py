@@ -162,10 +162,7 @@ def _prefix_inputs(path: Path, spec: JobSpec, inputs: list) -> tuple[Any, list]:
     """The prefix session, and the inputs the data must hold: the prefix's, then the module's others."""
     assert spec.prefix is not None
     sess = open_prefix(path, spec.prefix)
-    first = [
-        InputSpec(i.name, tuple(d if isinstance(d, int) else None for d in i.shape), np_dtype(i.type))
-        for i in sess.get_inputs()
-    ]
+    first = [InputSpec.of(i.name, i.shape, np_dtype(i.type)) for i in sess.get_inputs()]
     return sess, first + [i for i in inputs if i.name != spec.prefix.output]
 
 

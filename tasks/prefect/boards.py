@@ -7,7 +7,7 @@
 * **Automations** installed by ``odl stack up`` (:mod:`tasks.stack.automations`): "a board silent for 10 minutes" (no heartbeat;
   ``ODL_BOARD_SILENT_S`` changes the window) and "a nightly run failed twice" (two failed runs
   tagged ``kind:nightly`` within two days). They notify the block ``odl stack notify`` set
-  (:mod:`tasks.stack.alerts`), else do nothing and say so in their description.
+  (:mod:`tasks.stack.alerts`); with none set they are not installed.
 * **The fleet overview**: a table artifact ``odl-boards`` with one row per inventory board
   (reachable, model in service and its metric, last training and its last fleet round (an outlier
   flagged), last promotion, free disk and RAM, its last few events with their age and a link to

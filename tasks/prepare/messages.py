@@ -47,7 +47,7 @@ def _what_works(model: onnx.ModelProto, node: onnx.NodeProto | None) -> str:
         return "trainable.patterns naming later layers"
     if node is not None and any(i in downstream(model, set(names)) for i in node.input):
         return "trainable.patterns naming layers after it; the classifier alone still needs it"
-    return "trainable.strategy = 'classifier' avoids it"
+    return "trainable.strategy = 'classifier' avoids it, or trainable.patterns naming layers after it"
 
 
 def vector_matmul_message(error: str, model: onnx.ModelProto) -> str | None:

@@ -20,14 +20,16 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tasks.errors import PipelineError, ValidationFailed
 from tasks.hashing import file_sha256
 from tasks.paths import odl_home
-from tasks.prepare import Prepared
+from tasks.prepare import Prepared, advice
 from tasks.prepare.datasets import ensure_datasets
 from tasks.prepare.export.torch_model import one_build
 from tasks.prepare.runtimes import export_model, generate
@@ -163,6 +165,7 @@ def prepare(
     validate: bool = True,
     cache: bool = False,
     rehearse: Rehearsal | None = None,
+    advise: bool = True,
 ) -> Prepared:
     """Generate the data if missing, check it, export, generate artifacts and (by default) validate
     offline; ``rehearse`` (the judging rehearsal of :mod:`tasks.stages.rehearse`) then runs on the
@@ -174,7 +177,8 @@ def prepare(
     (``$ODL_HOME/prepared/<recipe>-<hash12>``) and skips each step already done for the same inputs
     (``odl run``, the flow); ``recipe`` may be those inputs, already hashed. Raises the stage's
     PipelineError subclass (RecipeError, DataError, ModelError, ArtifactError, ValidationFailed) on
-    the first problem.
+    the first problem; an override its line suggests is rehearsed first (``advise``,
+    :mod:`tasks.prepare.advice`).
     """
     if cache and out_dir is not None:
         raise ValueError("prepare(cache=True) works in the folder of the recipe's inputs: pass no out_dir")
@@ -183,10 +187,26 @@ def prepare(
     with warnings_at_debug(log):  # torch's and the model's warnings: in the log, not on the terminal
         ensure_datasets(spec)
         check_data_files(spec)  # what the board would refuse, before anything is exported
-        with one_build():  # the PyTorch model's weights and statistics loaded once in this preparation
-            if cache:
-                return _cached(inp or inputs(spec), validated=validate, rehearse=rehearse)
-            return _prepared(spec, inp, out_dir, validate, rehearse)
+        try:
+            with one_build():  # the PyTorch model's weights and statistics loaded once in this preparation
+                if cache:
+                    return _cached(inp or inputs(spec), validated=validate, rehearse=rehearse)
+                return _prepared(spec, inp, out_dir, validate, rehearse)
+        except PipelineError as stop:
+            if advise and advice.overrides(str(stop)):
+                advice.rehearse(spec, stop, _rehearsal(isinstance(stop, ValidationFailed)))
+            raise
+
+
+def _rehearsal(validated: bool) -> Callable[[Recipe], object]:
+    """A preparation of an overridden recipe in a scratch folder (removed), up to the stage that
+    stopped: validation only when the stop was a validation check; its own advice not rehearsed."""
+
+    def run(recipe: Recipe) -> object:
+        with tempfile.TemporaryDirectory(prefix="odl-rehearsal-") as scratch:
+            return prepare(recipe, Path(scratch) / "prepared", validate=validated, advise=False)
+
+    return run
 
 
 def _prepared(spec: Recipe, inp: Inputs | None, out_dir: Path | None, validate: bool,

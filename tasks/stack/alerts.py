@@ -4,8 +4,8 @@
 URL in ``$ODL_HOME/stack.json`` and writes it into the block ``custom-webhook/odl-alerts`` (a JSON
 POST of ``{"subject", "body"}``); ``--block TYPE/NAME`` names an existing notification block instead
 (Slack, e-mail, ...: made in the UI's Blocks page). The automations (:mod:`tasks.stack.automations`)
-then send to that block; with none set they do nothing and say so. All through the server's REST
-API (:func:`tasks.stack.ownership.api`), no Prefect import."""
+then send to that block; with none set none is installed and :func:`line` says so. All through
+the server's REST API (:func:`tasks.stack.ownership.api`), no Prefect import."""
 
 from __future__ import annotations
 

@@ -5,8 +5,10 @@
 
 Their action is ``send-notification`` to the block of :mod:`tasks.stack.alerts` (``odl stack
 notify``), its subject and body naming the board or the flow run, what happened and where its events
-are; with no block set it is ``do-nothing`` and each automation's description says so. Also here:
-the address of the UI's event feed filtered to one resource (:func:`events_page`)."""
+are. With no block set none is installed: a ``do-nothing`` action is an empty box in the UI's
+automations page, and ``odl stack up`` and ``status`` say instead that alerts go nowhere and the
+command that sets them. Also here: the address of the UI's event feed filtered to one resource
+(:func:`events_page`)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ AROUND_H = 12  # a report's events link: this many hours either side of the run
 SPAN_S = 7 * 86400  # an overview's events link: the last week (the UI's longest range)
 BOARD_ID = "{{ labels['prefect.resource.id'] }}"  # the silent board's resource (for_each label)
 BOARD = "{{ labels['prefect.resource.id'] | replace('odl.board.', '', 1) }}"
+NAMES = ("odl: board silent", "odl: nightly run failed twice")  # replaced by name at each install
 
 
 def events_page(ui: str, resource_id: str, around: float | None = None) -> str:
@@ -43,9 +46,10 @@ def automations(
     silent_s: int | None = None, target: alerts.Target | None = None, ui: str = ""
 ) -> list[dict[str, Any]]:
     """The automations ``odl stack up`` installs (Prefect's AutomationCreate bodies), notifying
-    ``target``'s block (``ui``: the UI address their messages link to)."""
+    ``target``'s block (``ui``: the UI address their messages link to); none without a block."""
+    if target is None or target.block_id is None:
+        return []
     window = int(silent_s or os.environ.get("ODL_BOARD_SILENT_S") or SILENT_S)
-    target = target or alerts.Target(None, alerts.NONE_SET)
     board_events = events_page(ui, "RESOURCE").replace("RESOURCE", BOARD_ID)
     silent = _action(
         target,
@@ -62,8 +66,8 @@ def automations(
     )
     return [
         {
-            "name": "odl: board silent",
-            "description": _described(f"a board sent no heartbeat for {window} s (odl board check, a run's deployment)", target),
+            "name": NAMES[0],
+            "description": f"a board sent no heartbeat for {window} s (odl board check, a run's deployment); {target.why}",
             "enabled": True,
             "trigger": {
                 "type": "event", "posture": "Proactive", "match": {"prefect.resource.id": "odl.board.*"},
@@ -73,8 +77,8 @@ def automations(
             "actions": [silent],
         },
         {
-            "name": "odl: nightly run failed twice",
-            "description": _described("two runs tagged kind:nightly failed within two days", target),
+            "name": NAMES[1],
+            "description": f"two runs tagged kind:nightly failed within two days; {target.why}",
             "enabled": True,
             "trigger": {
                 "type": "event", "posture": "Reactive", "match": {"prefect.resource.id": "prefect.flow-run.*"},
@@ -87,8 +91,6 @@ def automations(
 
 
 def _action(target: alerts.Target, subject: str, body: str) -> dict[str, Any]:
-    if target.block_id is None:
-        return {"type": "do-nothing"}
     return {
         "type": "send-notification",
         "block_document_id": target.block_id,
@@ -97,23 +99,17 @@ def _action(target: alerts.Target, subject: str, body: str) -> dict[str, Any]:
     }
 
 
-def _described(what: str, target: alerts.Target) -> str:
-    return f"{what}; {target.why}"
-
-
 def install_automations(env: dict[str, str]) -> alerts.Target:
-    """Create (or replace, by name) the automations of :func:`automations`, sending to the alert
-    block this home has set (``ODL_ALERT_WEBHOOK`` first recorded); where they send, also kept in
-    ``stack.json`` for ``odl stack status``."""
+    """Replace (by name) the automations of :func:`automations`, sending to the alert block this
+    home has set (``ODL_ALERT_WEBHOOK`` first recorded); with none, the old ones are removed and
+    none made. Where they send, also kept in ``stack.json`` for ``odl stack status``."""
     alerts.from_environment(env)
     try:
         target = alerts.resolve(env)
+        found = api(env, "POST", "/automations/filter", {"automations": {"name": {"any_": list(NAMES)}}})
+        for old in found or []:
+            api(env, "DELETE", f"/automations/{old['id']}")
         for body in automations(target=target, ui=env["PREFECT_API_URL"].removesuffix("/api")):
-            found = api(
-                env, "POST", "/automations/filter", {"automations": {"name": {"any_": [body["name"]]}}}
-            )
-            for old in found or []:
-                api(env, "DELETE", f"/automations/{old['id']}")
             api(env, "POST", "/automations/", body)
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace")[:300]

@@ -105,10 +105,12 @@ def test_a_stack_never_uses_another_homes_server(tmp_path: Path, capsys):
 
 def test_a_silent_board_is_marked_by_the_automation(tmp_path: Path, monkeypatch):
     """The stack's "board silent" automation fires for a board whose heartbeats stop (window
-    shortened to 15 s here; 10 minutes by default)."""
+    shortened to 15 s here; 10 minutes by default), installed as a notification is set (a webhook
+    no one listens at: the automation fires, its notification fails)."""
     from tasks.stack import ownership, server
 
     monkeypatch.setenv("ODL_BOARD_SILENT_S", "15")
+    monkeypatch.setenv("ODL_ALERT_WEBHOOK", "http://127.0.0.1:9/unheard")
     home = tmp_path / "silent" / ".odl"
     env = server.stack_env(port=ownership.free_port(0), home=home)
     try:

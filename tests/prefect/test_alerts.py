@@ -1,5 +1,5 @@
 """Alerts that reach someone and board events in view, without a server: the automations' actions
-and descriptions with and without a notification block, their messages rendered by Prefect's own
+and descriptions with a notification block (none without), their messages rendered by Prefect's own
 template engine, the alert setting kept in stack.json, the event-feed link's query, and the fleet
 overview's events cells. The server side (a webhook really called, the page really filtered) is
 ``tests/e2e/test_alerts.py``."""
@@ -20,7 +20,7 @@ from prefect.server.utilities.user_templates import render_user_template_sync, v
 
 from tasks.prefect import boards
 from tasks.stack import StackError, alerts
-from tasks.stack.automations import AROUND_H, SPAN_S, automations, events_page
+from tasks.stack.automations import AROUND_H, NAMES, SPAN_S, automations, events_page
 from tasks.stack.ownership import stack_config, update_stack_config
 
 UI = "http://127.0.0.1:4242"
@@ -33,10 +33,13 @@ def _by_name(found: list[dict]) -> dict[str, dict]:
     return {a["name"]: a for a in found}
 
 
-def test_without_a_block_the_automations_do_nothing_and_say_so():
-    for automation in automations(silent_s=60):
-        assert automation["actions"] == [{"type": "do-nothing"}]
-        assert automation["description"].endswith("; no notification set: odl stack notify --webhook URL")
+def test_without_a_block_no_automation_is_made():
+    """An automation whose action does nothing shows an empty action in the UI: none is made."""
+    assert automations(silent_s=60) == []
+    assert automations(silent_s=60, target=alerts.Target(None, alerts.NONE_SET), ui=UI) == []
+    found = automations(silent_s=60, target=TARGET, ui=UI)
+    assert tuple(a["name"] for a in found) == NAMES  # the names an install replaces
+    assert all(a["enabled"] and a["actions"][0]["type"] == "send-notification" for a in found)
 
 
 def test_with_a_block_they_send_notifications_naming_board_and_run():

@@ -38,16 +38,68 @@ def volume(num_classes=3):
 """
 
 
-def test_a_gradient_without_a_cpu_kernel_names_its_layer_and_a_way_out(tmp_path):
-    recipe = tiny_recipe(
-        tmp_path, merge({"model": {"callable": "volume:volume"}}, {"trainable": {"strategy": "all"}})
-    )
+@pytest.mark.parametrize("chosen", [{"strategy": "all"}, {"strategy": None, "patterns": ["conv.*"]}])
+def test_a_gradient_without_a_cpu_kernel_names_its_layer_and_a_way_out(tmp_path, chosen):
+    """The advice to train the classifier is rehearsed (the classifier alone, not beside the
+    recipe's patterns) and holds: the node lies before the classifier."""
+    recipe = tiny_recipe(tmp_path, merge({"model": {"callable": "volume:volume"}}, {"trainable": chosen}))
     (tmp_path / "volume.py").write_text(VOLUME_MODULE)
     with pytest.raises(ValidationFailed) as err:
         prepare(recipe, tmp_path / "out")
     text = str(err.value)
     assert "no CPU kernel for the gradient of ConvTranspose (node /up/ConvTranspose, layer up)" in text
     assert "trainable.train_from" in text and not UNSPECIFIC.search(text)
+    assert "(trainable.train_from, or trainable.strategy = 'classifier')" in text  # rehearsed: it passes
+    assert "would not help" not in text
+
+
+TOKENS_MODULE = """
+import numpy as np
+import torch
+from torch import nn
+
+
+class Upsampled(nn.Module):
+    # int64 ids -> an embedding -> the classifier (Linear) -> a 3-D transposed convolution after it,
+    # whose gradient ORT 1.19.2 has no CPU kernel for: freezing what precedes the classifier cannot help
+    def __init__(self, num_classes=3):
+        super().__init__()
+        self.emb = nn.Embedding(12, 8)
+        self.head = nn.Linear(8, 16)
+        self.up = nn.ConvTranspose3d(2, num_classes, 2, stride=2)
+
+    def forward(self, ids):
+        return self.up(self.head(self.emb(ids).mean(1)).view(-1, 2, 2, 2, 2)).mean((2, 3, 4))
+
+
+def upsampled(num_classes=3):
+    return Upsampled(num_classes)
+
+
+def make(out_dir):
+    rng = np.random.default_rng(0)
+    for name, n in (("train", 96), ("test", 32)):
+        x = rng.integers(0, 12, (n, 5)).astype(np.int64)
+        np.savez(out_dir / f"{name}.npz", x=x, y=(x[:, 0] % 3).astype(np.int64))
+"""
+
+
+@pytest.mark.parametrize("strategy", ["all", "classifier"])
+def test_advice_that_would_end_in_the_same_stop_is_not_offered(tmp_path, strategy):
+    """Issue 46: the stop advised trainable.strategy = 'classifier', which ended in the identical
+    stop. Rehearsed first, the override is taken out of the advice and the line says why."""
+    (tmp_path / "tokens.py").write_text(TOKENS_MODULE)
+    recipe = tiny_recipe(tmp_path, {"model": {"callable": "tokens:upsampled", "input_shape": [5], "input_dtype": "int64"},
+                                    "trainable": {"strategy": strategy}, "data": {"make": "tokens:make"}})  # fmt: skip
+    with pytest.raises(ValidationFailed) as err:
+        prepare(recipe, tmp_path / "out")
+    text = str(err.value)
+    assert err.value.check == "load_artifacts"
+    assert "no CPU kernel for the gradient of ConvTranspose (node /up/ConvTranspose, layer up)" in text
+    assert text.endswith("make only parameters after that layer trainable (trainable.train_from) or freeze the layer; "
+                         + ("the recipe already has trainable.strategy = 'classifier'" if strategy == "classifier"
+                            else "trainable.strategy = 'classifier' would not help (rehearsed: it ends in this same stop)")), text  # fmt: skip
+    assert not list(tmp_path.glob("out*")), "a stopped preparation leaves nothing"
 
 
 def test_a_probe_killed_by_a_signal_says_which_and_where():

@@ -115,3 +115,46 @@ def test_a_classification_cross_entropy_on_per_pixel_scores_says_task_segmentati
         build_loss(classifier, _conv_model(classes=4))
     block, name = build_loss(recipe, _conv_model(classes=4))
     assert name == "cross-entropy (per pixel, ignore_index 255)"
+
+
+def test_a_custom_per_pixel_loss_names_the_labels_dims_it_expects(tmp_path):
+    """The issue's case: a custom onnxblock loss (ORT's own CrossEntropyLoss, classes on the last
+    axis) on scores [batch, 4, height, width] makes the labels [batch, 4, height]; masks (96, 64, 64)
+    are refused, on the host and on the board, with the dims named as the graph names them (read
+    "(N, 4, N), got (96, 64, 64)" before: height is not the batch)."""
+    from onnxruntime.training import artifacts, onnxblock
+
+    from device_agent.data.checks import check_dataset, model_io
+    from device_agent.errors import AgentError
+    from tasks.prepare.validation.data_checks import board_inputs
+
+    w = numpy_helper.from_array(np.ones((4, 2, 1, 1), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["input", "w"], ["scores"])], "seg",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 2, "height", "width"])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 4, "height", "width"])], [w],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    artifacts.generate_artifacts(model, requires_grad=["w"], loss=onnxblock.loss.CrossEntropyLoss(),
+                                 optimizer=artifacts.OptimType.AdamW, artifact_directory=tmp_path)  # fmt: skip
+    manifest = {"files": {"eval_model": {"path": "eval_model.onnx"}}, "feeds": {"input": "x", "labels": "y"}}
+    host = board_inputs(tmp_path, manifest)
+    board, _ = model_io(str(tmp_path / "eval_model.onnx"), ["input", "labels"])
+    assert [s.shape_text() for s in host] == [s.shape_text() for s in board] == ["(N, 2, height, width)",
+                                                                                 "(N, 4, height)"]  # fmt: skip
+    x, y = np.zeros((96, 2, 64, 64), np.float32), np.zeros((96, 64, 64), np.int64)
+    for inputs in (host, board):
+        with pytest.raises(AgentError) as caught:
+            check_dataset(_Data(x, y), inputs, "segmentation", 4, "train_data", 255)
+        assert str(caught.value) == ("train_data: input 'labels': expected shape (N, 4, height), got (96, 64, 64) "
+                                     "(axis 1: 64, the model's input takes 4)")  # fmt: skip
+
+
+class _Data:
+    """A data set as the board's check reads it: its arrays by input name."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
+        self.arrays = {"input": x, "labels": y}
+
+    def __len__(self) -> int:
+        return len(self.arrays["input"])

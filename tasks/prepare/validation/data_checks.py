@@ -52,8 +52,8 @@ def board_inputs(out_dir: Path, manifest: dict) -> list[InputSpec]:
     specs = []
     for name in [i.name for i in graph.input if i.name in manifest["feeds"]]:  # the board's order
         tensor = by_name[name]
-        shape = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
-        specs.append(InputSpec(name, shape, np.dtype(tensor_dtype_to_np_dtype(tensor.elem_type))))
+        dims = [d.dim_value if d.HasField("dim_value") else d.dim_param or None for d in tensor.shape.dim]
+        specs.append(InputSpec.of(name, dims, np.dtype(tensor_dtype_to_np_dtype(tensor.elem_type))))
     return specs
 
 
