@@ -167,7 +167,7 @@ class EvaluationError(PipelineError):
 
 @host_error(HostExit.REGISTRY)
 class RegistryError(PipelineError):
-    """The local model registry refused an operation."""
+    """The model registry (local folder or shared store) refused an operation."""
 
 
 @host_error(HostExit.FLEET)
@@ -178,6 +178,16 @@ class FleetError(PipelineError):
 @host_error(HostExit.STRAGGLER)
 class Straggler(FleetError):
     """Never retried: the round goes on without the board while the quorum holds."""
+
+
+@host_error(HostExit.STORE)
+class StoreError(PipelineError):
+    """The shared store: its URL, credentials or schema (tasks/store/); the message names the variable."""
+
+
+@host_error(HostExit.STORE_UNREACHABLE)
+class StoreUnreachable(StoreError):
+    """Retried: the server may come back; nothing is referenced before it is whole."""
 
 
 def should_retry(exc: BaseException) -> bool:

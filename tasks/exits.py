@@ -44,6 +44,8 @@ class HostExit(enum.IntEnum):
     NO_NEW_DATA = 68
     FLEET = 69
     STRAGGLER = 70
+    STORE = 71
+    STORE_UNREACHABLE = 72
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,12 @@ HOST_EXITS: tuple[HostExitInfo, ...] = (
     HostExitInfo(HostExit.STRAGGLER, "Straggler", "FleetError",
                  "a board did not finish its part of a fleet round before fleet.deadline_s: check the board (odl "
                  "board status), or raise deadline_s"),
+    HostExitInfo(HostExit.STORE, "StoreError", "PipelineError",
+                 "the shared store (ODL_STORE_URL) refused this host or its configuration: fix the variable the "
+                 "message names (URL without a password, ODL_STORE_PASSWORD_FILE or ~/.pgpass)"),
+    HostExitInfo(HostExit.STORE_UNREACHABLE, "StoreUnreachable", "StoreError",
+                 "the shared store (ODL_STORE_URL) cannot be reached: check the server and the network, run "
+                 "again (nothing half-written is used)", retryable=True),
 )  # fmt: skip
 HOST_EXIT_HELP: dict[HostExit, str] = {info.code: info.help for info in HOST_EXITS}
 EXIT_INFO: dict[HostExit, HostExitInfo] = {info.code: info for info in HOST_EXITS}

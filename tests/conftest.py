@@ -20,6 +20,7 @@ pytest_plugins = [
     "tests.fixtures_board",
     "tests.fixtures_flow",
     "tests.fixtures_postgres",
+    "tests.fixtures_store",
     "tests.e2e.faultkit",
 ]
 

@@ -19,7 +19,7 @@ def free_ports(n: int) -> list[int]:
         return [s.getsockname()[1] for s in socks]
 
 
-def _processes_under(folder: Path) -> list[str]:
+def processes_under(folder: Path) -> list[str]:
     """Live processes whose command line names ``folder`` (a postmaster names its data folder)."""
     found = []
     for proc in Path("/proc").glob("[0-9]*"):
@@ -50,6 +50,6 @@ def postgres_stack(tmp_path_factory: pytest.TempPathFactory):
         server.down(home)
         left = {name: pid for name, pid in server.status(home).items() if pid}
         cluster = postgres.cluster_dir(home)
-        left_pg = _processes_under(cluster) if cluster else []
+        left_pg = processes_under(cluster) if cluster else []
         postgres.remove(home)
         assert not left and not left_pg, f"still running after down: {left} {left_pg}"

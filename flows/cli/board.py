@@ -13,10 +13,10 @@ from tasks.board.check_items import FAIL, SKIPPED
 from tasks.board.inventory import get_board, inventory_path, load_groups, load_inventory, save_group
 from tasks.board.transport import connect
 from tasks.errors import BoardError
-from tasks.judge.registry import Registry
 from tasks.paths import odl_home
 from tasks.prefect import boards
 from tasks.stack import ownership, server
+from tasks.stages import registry
 from tasks.vboard.lifecycle import board_down, board_status, board_up
 
 
@@ -122,7 +122,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         }
         boards.heartbeat(board.name, reachable, detail)
         worst = worst or exit_code(checks)
-    boards.publish_overview(sorted(load_inventory()), Registry(odl_home() / "registry"))
+    boards.publish_overview(sorted(load_inventory()), registry())
     boards.flush()
     return worst
 

@@ -31,8 +31,7 @@ from tasks.board.transport import connect
 from tasks.errors import DataError, RegistryError
 from tasks.fleet.report import privacy_line
 from tasks.judge.decision import LINE_CHARS, Decision, decision_from_dict, details, headline
-from tasks.judge.registry import Registry, Version
-from tasks.paths import odl_home
+from tasks.judge.registry import Version
 from tasks.stages import nightly, registry
 
 
@@ -47,7 +46,7 @@ def _recipe(args: argparse.Namespace) -> str:
 
 def cmd_registry(args: argparse.Namespace) -> int:
     """``odl registry``: the versions of a recipe+board in the model registry, the current one marked."""
-    reg = Registry(odl_home() / "registry")
+    reg = registry()
     current = reg.current(_recipe(args), args.board)
     for v in reg.versions(args.recipe, args.board):
         mark = "*" if current and v.name == current.name else " "

@@ -32,6 +32,9 @@ narrowed to 1-20 characters of ``[a-z0-9-]`` starting with a letter or digit, si
 virtual board's Unix user, network namespace and folder: :data:`BOARD_NAME` is the rule and
 :data:`BOARD_NAME_PATTERN` its pattern, used by the inventory, the command line and the flow's
 parameters. A wrong entry refuses the inventory with one line naming the file and the entry.
+
+With a shared store (``ODL_STORE_URL``) the inventory and the boards' pinned host keys are read
+through it: :mod:`tasks.board.shared_inventory` says how the local file is kept in step.
 """
 
 from __future__ import annotations
@@ -43,7 +46,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from device_agent.protocol import NAME, RUNTIME_ARTIFACTS
+from device_agent.protocol import NAME
+from tasks.board.inventory_values import RUNTIMES, convert, toml_value
+from tasks.board.shared_inventory import pull_inventory, push_host_keys, shared_edit
 from tasks.errors import BoardError
 from tasks.paths import home_hint, odl_home
 
@@ -53,9 +58,9 @@ BOARD_NAME = NAME.narrowed(
     "(it also names a virtual board's Unix user and network namespace)",
 )  # fmt: skip
 TRANSPORTS = ("ssh", "local")
-# The training runtimes (a job spec's ``runtime``): "ort-training" needs ONNX Runtime's training API
-# (onnxruntime-training); "autograd" runs a train step as a plain ONNX graph with any InferenceSession.
-RUNTIMES = tuple(RUNTIME_ARTIFACTS)
+__all__ = ["BOARD_NAME", "BOARD_NAME_PATTERN", "RUNTIMES", "TRANSPORTS", "Board", "get_board", "get_group",
+           "inventory_path", "load_groups", "load_inventory", "remove_board", "save_board", "save_group",
+           "valid_board_name"]  # fmt: skip
 REQUIRED = {"ssh": ("host", "user", "key", "root"), "local": ("root",)}
 
 
@@ -84,7 +89,7 @@ class Board:
             val = getattr(self, f.name)
             if f.name == "name" or val is None or val == "" or val == ():
                 continue
-            lines.append(f"{f.name} = {_toml_value(val)}")
+            lines.append(f"{f.name} = {toml_value(val)}")
         return "\n".join(lines) + "\n"
 
 
@@ -102,8 +107,11 @@ def inventory_path() -> Path:
 
 
 def load_inventory(path: Path | None = None) -> dict[str, Board]:
-    """Read every board of the inventory; a wrong entry raises BoardError naming the field."""
-    path = path or inventory_path()
+    """Read every board of the inventory; a wrong entry raises BoardError naming the field. The default
+    inventory is first brought up to date from the shared store, when one is configured."""
+    if path is None:
+        path = inventory_path()
+        pull_inventory(path, load_inventory)
     if not path.exists():
         return {}
     try:
@@ -130,21 +138,26 @@ def get_board(name: str, path: Path | None = None) -> Board:
 
 def save_board(board: Board, path: Path | None = None) -> Path:
     """Add or replace ``board`` in the inventory (other boards and the groups are kept); atomic write."""
-    path = path or inventory_path()
+    shared, path = path is None, path or inventory_path()
     valid_board_name(board.name)  # it is written as a TOML table name
-    boards = load_inventory(path)
-    boards[board.name] = board
-    return _write(path, boards, _raw_groups(path))
+    with shared_edit(path, shared):
+        boards = load_inventory(path)
+        boards[board.name] = board
+        written = _write(path, boards, _raw_groups(path))
+    if shared:
+        push_host_keys(board)
+    return written
 
 
 def remove_board(name: str, path: Path | None = None) -> bool:
     """Remove board ``name`` from the inventory (and from its groups); True when it was there."""
-    path = path or inventory_path()
-    boards = load_inventory(path)
-    if boards.pop(name, None) is None:
-        return False
-    groups = {g: [b for b in members if b != name] for g, members in _raw_groups(path).items()}
-    _write(path, boards, groups)
+    shared, path = path is None, path or inventory_path()
+    with shared_edit(path, shared):
+        boards = load_inventory(path)
+        if boards.pop(name, None) is None:
+            return False
+        groups = {g: [b for b in members if b != name] for g, members in _raw_groups(path).items()}
+        _write(path, boards, groups)
     return True
 
 
@@ -189,16 +202,16 @@ def get_group(name: str, path: Path | None = None) -> list[Board]:
 
 def save_group(name: str, members: list[str], path: Path | None = None) -> Path:
     """Set group ``name`` to ``members`` (boards of the inventory); atomic write."""
-    path = path or inventory_path()
+    shared, path = path is None, path or inventory_path()
     valid_board_name(name, "group name")
     for member in members:
         valid_board_name(member, "board name")
-    boards = load_inventory(path)
-    unknown = [m for m in members if m not in boards]
-    if unknown or not members:
-        raise BoardError(f"group {name!r}: board {unknown[0] if unknown else None!r} is not in {path}")
-    groups = {**_raw_groups(path), name: list(members)}
-    return _write(path, boards, groups)
+    with shared_edit(path, shared):
+        boards = load_inventory(path)
+        unknown = [m for m in members if m not in boards]
+        if unknown or not members:
+            raise BoardError(f"group {name!r}: board {unknown[0] if unknown else None!r} is not in {path}")
+        return _write(path, boards, {**_raw_groups(path), name: list(members)})
 
 
 def _raw_groups(path: Path) -> dict[str, Any]:
@@ -218,7 +231,7 @@ def _write(path: Path, boards: dict[str, Board], groups: dict[str, Any]) -> Path
     text += "\n".join(b.to_toml() for _, b in sorted(boards.items()))
     if groups:
         text += "\n[groups]\n" + "".join(
-            f"{g} = [{', '.join(_toml_value(m) for m in members)}]\n" for g, members in sorted(groups.items())
+            f"{g} = [{', '.join(toml_value(m) for m in members)}]\n" for g, members in sorted(groups.items())
         )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -246,37 +259,5 @@ def _parse_board(name: str, entry: Any, path: Path) -> Board:
         raise BoardError(f"{where}: missing key '{missing[0]}'")
     vals: dict[str, Any] = {"name": name}
     for key, val in entry.items():
-        vals[key] = _convert(where, key, val)
+        vals[key] = convert(where, key, val)
     return Board(**vals)
-
-
-def _convert(where: str, key: str, val: Any) -> Any:
-    if key == "port":
-        if isinstance(val, bool) or not isinstance(val, int) or not 0 < val < 65536:
-            raise BoardError(f"{where}: key 'port': expected an integer in 1..65535 (got {val!r})")
-        return val
-    if key == "connect_timeout":
-        if isinstance(val, bool) or not isinstance(val, int | float) or val <= 0:
-            raise BoardError(f"{where}: key 'connect_timeout': expected seconds > 0 (got {val!r})")
-        return float(val)
-    if key == "runtimes":
-        if not isinstance(val, list) or not val or any(v not in RUNTIMES for v in val):
-            raise BoardError(f"{where}: key 'runtimes': expected a non-empty list of {', '.join(map(repr, RUNTIMES))} "
-                             f"(got {val!r})")  # fmt: skip
-        return tuple(val)
-    if not isinstance(val, str) or not val:
-        raise BoardError(f"{where}: key '{key}': expected a non-empty string (got {val!r})")
-    if key in ("key", "known_hosts"):
-        return Path(val).expanduser()
-    return val
-
-
-def _toml_value(val: Any) -> str:
-    if isinstance(val, tuple | list):
-        return "[" + ", ".join(_toml_value(v) for v in val) + "]"
-    if isinstance(val, bool):
-        return "true" if val else "false"
-    if isinstance(val, int | float):
-        return repr(val)
-    text = str(val).replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{text}"'

@@ -15,6 +15,10 @@ Layout under the registry root (default ``$ODL_HOME/registry``)::
 Every candidate is recorded, promoted or not; only a promotion moves ``current``. A candidate is
 promoted when it beats the reference (the current version, or the base model on a first run) by
 the recipe's rule: ``new - ref > min_gain`` (for lower-is-better metrics ``ref - new > min_gain``).
+
+This is the embedded backend of :class:`~tasks.judge.registry_base.ModelRegistry`; the shared one,
+for several hosts, is :mod:`tasks.judge.registry_shared`, and :func:`tasks.judge.registry_open.open_registry`
+chooses between them.
 """
 
 from __future__ import annotations
@@ -26,59 +30,19 @@ import re
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.board.inventory import valid_board_name
-from tasks.errors import BoardError, RegistryError
+from tasks.errors import RegistryError
 from tasks.hashing import file_sha256
 from tasks.judge.decision import Decision, decide, decision_from_dict
-from tasks.recipe.load import NAME_RE as RECIPE_NAME_RE
+from tasks.judge.registry_base import ModelRegistry, Version, candidate_files, check_names, version_info
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Decision", "Registry", "Version", "decide", "decision_from_dict"]
+__all__ = ["Decision", "ModelRegistry", "Registry", "Version", "decide", "decision_from_dict"]
 
 VERSION_RE = re.compile(r"^v(\d{4,})$")
-
-
-@dataclass(frozen=True)
-class Version:
-    """One recorded candidate in the registry."""
-
-    name: str
-    path: Path
-    info: dict[str, Any]
-    metrics: dict[str, Any]
-
-    @property
-    def model(self) -> Path:
-        """The version's inference model."""
-        return self.path / "model.onnx"
-
-    @property
-    def promoted(self) -> bool:
-        """Whether this candidate was promoted when it was recorded."""
-        return bool(self.info.get("promoted"))
-
-    def verified_files(self, names: tuple[str, ...], hint: str = "") -> dict[str, tuple[Path, str]]:
-        """Those of ``names`` the version holds, with their sha256, each equal to the one recorded
-        with it (RegistryError naming the file otherwise: the registry copy was modified)."""
-        recorded = self.info.get("files_sha256") or {}
-        out = {}
-        for name in names:
-            path = self.path / name
-            if not path.is_file():
-                continue
-            actual = file_sha256(path)
-            if recorded.get(name) and recorded[name] != actual:
-                raise RegistryError(
-                    f"{path}: sha256 {actual[:12]} differs from the {recorded[name][:12]} recorded with "
-                    f"{self.name}; the registry copy was modified: restore it{hint}"
-                )
-            out[name] = (path, actual)
-        return out
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -98,8 +62,8 @@ def _atomic_write(path: Path, text: str) -> None:
         raise
 
 
-class Registry:
-    """The model registry rooted at ``root`` (see the module docstring for the layout)."""
+class Registry(ModelRegistry):
+    """The local model registry rooted at ``root`` (see the module docstring for the layout)."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
@@ -107,12 +71,7 @@ class Registry:
     def entry(self, recipe: str, board: str) -> Path:
         """The folder of one recipe+board pair (names are validated by the recipe's and the
         inventory's own rules, never used raw in paths)."""
-        if not isinstance(recipe, str) or not RECIPE_NAME_RE.match(recipe):
-            raise RegistryError(f"recipe name {recipe!r}: expected 1-64 chars of [a-z0-9_-]")
-        try:
-            valid_board_name(board)
-        except BoardError as exc:
-            raise RegistryError(str(exc)) from exc
+        check_names(recipe, board)
         return self.root / f"{recipe}-{board}"
 
     def versions(self, recipe: str, board: str) -> list[Version]:
@@ -154,33 +113,16 @@ class Registry:
         manifest: Path | None = None,
         extras: dict[str, Path] | None = None,
     ) -> Version:
-        """Store a candidate as the next version; move ``current`` to it only if promoted.
-
-        ``extras`` are files the model needs beside it, stored under their given names (a
-        detector's ``priors.npy``, which its board application decodes boxes with)."""
+        """Store a candidate as the next version; move ``current`` to it only if promoted."""
         folder = self.entry(recipe, board)
         folder.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=folder, prefix=".staging-"))
         try:
-            shutil.copy2(model, staging / "model.onnx")
-            if manifest is not None:
-                shutil.copy2(manifest, staging / "manifest.json")
-            for name, extra in (extras or {}).items():
-                shutil.copy2(extra, staging / name)
+            for name, src in candidate_files(model, manifest, extras).items():
+                shutil.copy2(src, staging / name)
             _write_json(staging / "metrics.json", metrics)
             hashes = {p.name: file_sha256(p) for p in sorted(staging.iterdir()) if p.suffix != ".json"}
-            full = {
-                **(info or {}),
-                "recipe": recipe,
-                "board": board,
-                "promoted": decision.promote,
-                "reason": decision.reason,
-                "decision": asdict(decision),
-                "recorded_at": time.time(),
-                "model_sha256": hashes["model.onnx"],
-                "files_sha256": hashes,
-            }
-            _write_json(staging / "info.json", full)
+            _write_json(staging / "info.json", version_info(recipe, board, decision, hashes, info))
             path = self._claim_next(folder, staging)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -207,37 +149,12 @@ class Registry:
             ]
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
-    def previous(self, recipe: str, board: str) -> Version | None:
-        """The version that was in service before the current one (what a rollback restores)."""
-        stack = self._stack(recipe, board)
-        return self._load(self.entry(recipe, board) / stack[-2]) if len(stack) > 1 else None
-
-    def rollback_target(self, recipe: str, board: str) -> tuple[Version, Version]:
-        """(current, previous) for a rollback; RegistryError saying why there is nothing to roll back to."""
-        current, previous = self.current(recipe, board), self.previous(recipe, board)
-        if current is None or previous is None:
-            raise RegistryError(
-                f"{recipe} on {board}: nothing to roll back to "
-                f"({'no version in service' if current is None else f'{current.name} is the first promoted'})"
-            )
-        return current, previous
-
     def rollback(self, recipe: str, board: str) -> Version:
         """Put the previous version back in service; RegistryError when there is none."""
         current, previous = self.rollback_target(recipe, board)
         self._set_current(recipe, board, previous.name, f"rollback from {current.name}")
         log.info("registry %s-%s: rolled back %s -> %s", recipe, board, current.name, previous.name)
         return previous
-
-    def _stack(self, recipe: str, board: str) -> list[str]:
-        """The versions in service over time, a rollback popping the one it replaced."""
-        stack: list[str] = []
-        for change in self.history(recipe, board):
-            if str(change.get("action", "")).startswith("rollback") and stack:
-                stack.pop()
-            else:
-                stack.append(change["version"])
-        return stack
 
     def _set_current(self, recipe: str, board: str, name: str, action: str) -> None:
         folder = self.entry(recipe, board)

@@ -26,7 +26,7 @@ import numpy as np
 from device_agent.protocol import DataFile, DataRef
 from tasks.errors import DataError, NoNewData, RegistryError
 from tasks.judge.continual import learnt_shards
-from tasks.judge.registry import Registry
+from tasks.judge.registry import ModelRegistry
 from tasks.recipe.schema import Recipe
 from tasks.recipe.teacher import label_key
 
@@ -39,7 +39,7 @@ class BoardData:
     record: dict[str, Any]
 
 
-def seen_files(reg: Registry, recipe: str, board: str) -> set[tuple[str, str]]:
+def seen_files(reg: ModelRegistry, recipe: str, board: str) -> set[tuple[str, str]]:
     """(name, sha256) of every file the model in service has learnt from: the files of the
     current version and of each version it was warm-started from, back to the base weights (after
     a rollback, what only the rolled-back version saw counts as new again)."""
@@ -84,7 +84,7 @@ def select(
     return chosen, [f["name"] for f in new], [f["name"] for f in replayed]
 
 
-def pinned(reg: Registry, recipe: str, board: str, version: str, listing: dict[str, Any]) -> list[dict]:
+def pinned(reg: ModelRegistry, recipe: str, board: str, version: str, listing: dict[str, Any]) -> list[dict]:
     """The files ``version`` trained on, each still on the board with the same sha256."""
     files = (reg.version(recipe, board, version).info.get("board_data") or {}).get("files")
     if not files:
@@ -96,7 +96,7 @@ def pinned(reg: Registry, recipe: str, board: str, version: str, listing: dict[s
     return files
 
 
-def board_data(recipe: Recipe, board: str, listing: dict[str, Any], reg: Registry) -> BoardData:
+def board_data(recipe: Recipe, board: str, listing: dict[str, Any], reg: ModelRegistry) -> BoardData:
     """The DataRef (pinned files) and its record for the recipe's board dataset folder."""
     d = recipe.data
     mode = d.board_select

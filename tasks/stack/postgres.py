@@ -186,20 +186,41 @@ def start(home: Path, port: int = DEFAULT_PORT, timeout: int = 60) -> int:
     return running[0]
 
 
-def _create_database(cluster: Path, port: int) -> None:
-    pw = (cluster / "password").read_text().strip()
+def _create_database(cluster: Path, port: int, role: str = "prefect", database: str = "prefect",
+                     pwfile: str = "password") -> None:  # fmt: skip
+    pw = (cluster / pwfile).read_text().strip()
     sql = (
-        "SELECT 'CREATE ROLE prefect LOGIN' WHERE NOT EXISTS "
-        "(SELECT FROM pg_roles WHERE rolname = 'prefect')\\gexec\n"
-        f"ALTER ROLE prefect WITH LOGIN PASSWORD '{pw}';\n"
-        "SELECT 'CREATE DATABASE prefect OWNER prefect' WHERE NOT EXISTS "
-        "(SELECT FROM pg_database WHERE datname = 'prefect')\\gexec\n"
+        f"SELECT 'CREATE ROLE {role} LOGIN' WHERE NOT EXISTS "
+        f"(SELECT FROM pg_roles WHERE rolname = '{role}')\\gexec\n"
+        f"ALTER ROLE {role} WITH LOGIN PASSWORD '{pw}';\n"
+        f"SELECT 'CREATE DATABASE {database} OWNER {role}' WHERE NOT EXISTS "
+        f"(SELECT FROM pg_database WHERE datname = '{database}')\\gexec\n"
     )
     argv = [str(bindir() / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", str(_socket_dir(cluster)),
             "-p", str(port), "-d", "postgres", "-f", "-"]  # fmt: skip
     done = _run(cluster, argv, input=sql)
     if done.returncode != 0:
-        raise StackError(f"could not create role/database prefect: {(done.stdout + done.stderr)[-1500:]}")
+        raise StackError(f"could not create role/database {database}: {(done.stdout + done.stderr)[-1500:]}")
+
+
+def create_store_database(home: Path, port: int, database: str = "odl_store", role: str = "odl") -> Path:
+    """Role ``role`` and database ``database`` for the shared store (tasks/store/) in the running cluster
+    of ``home``; the role's password is generated once into ``password-<role>`` (mode 0600) in the
+    cluster folder, whose path is returned (ODL_STORE_PASSWORD_FILE). Idempotent."""
+    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", role) or not re.fullmatch(
+        r"[a-z_][a-z0-9_]{0,62}", database
+    ):
+        raise StackError(f"store role {role!r} / database {database!r}: expected 1-63 chars of [a-z0-9_]")
+    cluster = cluster_dir(Path(home))
+    if cluster is None or _postmaster(cluster) is None:
+        raise StackError(f"PostgreSQL of {home} is not running: start it first (odl stack up --db postgres)")
+    pwfile = cluster / f"password-{role}"
+    if not pwfile.is_file():
+        fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(24) + "\n")
+    _create_database(cluster, port, role, database, pwfile.name)
+    return pwfile
 
 
 def query(home: Path, port: int, sql: str) -> str:

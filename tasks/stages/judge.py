@@ -18,7 +18,8 @@ from tasks.judge.detection import teacher_box_metrics
 from tasks.judge.evaluate import base_inference_model, evaluate_cached, judged_as
 from tasks.judge.losses import GRAPH_LOSSES, host_loss, task_loss
 from tasks.judge.quantize import int8_verdict, quantize_int8
-from tasks.judge.registry import Decision, Registry, decide
+from tasks.judge.registry import Decision, ModelRegistry, decide
+from tasks.judge.registry_open import open_registry
 from tasks.paths import state_dir
 from tasks.prepare import Prepared
 from tasks.prepare.runtimes.autograd.template import inference_of as autograd_inference
@@ -65,12 +66,13 @@ class Promotion:
     version: str
 
 
-def registry() -> Registry:
-    """The model registry under ``$ODL_HOME/registry``."""
-    return Registry(state_dir("registry"))
+def registry() -> ModelRegistry:
+    """The model registry this host is configured for: the shared store when ``ODL_STORE_URL`` is set
+    (refused in one line without valid credentials), else ``$ODL_HOME/registry``."""
+    return open_registry()
 
 
-def choose_reference(recipe: str, board: str, reg: Registry | None = None) -> Reference:
+def choose_reference(recipe: str, board: str, reg: ModelRegistry | None = None) -> Reference:
     """The current version of ``recipe`` on ``board``, else the base model."""
     current = (reg or registry()).current(recipe, board)
     return Reference(current.name, current.model) if current else Reference("base")
@@ -178,7 +180,7 @@ def promote(
     candidate: Path,
     prep: Prepared,
     info: dict[str, Any],
-    reg: Registry | None = None,
+    reg: ModelRegistry | None = None,
 ) -> Promotion:
     """Record the candidate; it becomes current only if it beats the evaluation's reference."""
     ref = evaluation.reference

@@ -19,7 +19,7 @@ from tasks.board.control import list_dataset
 from tasks.board.inventory import Board
 from tasks.board.releases import install_version
 from tasks.board.transport import connect
-from tasks.judge.registry import Registry
+from tasks.judge.registry import ModelRegistry
 from tasks.nightly.board_data import BoardData
 from tasks.nightly.board_data import board_data as choose
 from tasks.recipe.schema import Recipe
@@ -28,7 +28,7 @@ from tasks.stages.judge import registry
 log = logging.getLogger(__name__)
 
 
-def board_data(recipe: Recipe, board: Board, reg: Registry | None = None) -> BoardData | None:
+def board_data(recipe: Recipe, board: Board, reg: ModelRegistry | None = None) -> BoardData | None:
     """The files of the board's dataset folder this run trains on (``[data] board_dataset``),
     listed and hashed on the board and chosen by ``board_select``; None for other recipes."""
     if recipe.data.board_dataset is None:
@@ -57,7 +57,7 @@ class Installed:
 
 
 def rollout(
-    board: Board, recipe: str, version: str, reg: Registry | None = None, registry_key: str | None = None
+    board: Board, recipe: str, version: str, reg: ModelRegistry | None = None, registry_key: str | None = None
 ) -> Installed:
     """Install registry ``version`` as the board's ``models/<recipe>/current`` (hash-verified);
     ``registry_key`` names the registry entry when it is not the board's (a fleet's group)."""
@@ -71,7 +71,7 @@ def rollout(
     return Installed(board.name, recipe, version, previous.get("version"), current["files"], answer)
 
 
-def rollback(board: Board, recipe: str, reg: Registry | None = None) -> Installed:
+def rollback(board: Board, recipe: str, reg: ModelRegistry | None = None) -> Installed:
     """Serve the previous version again: on the board first, then in the registry (so a board
     that cannot be reached leaves both as they were)."""
     reg = reg or registry()

@@ -29,7 +29,7 @@ from onnx import numpy_helper
 from tasks.checkpoint import checkpoint_weights, write_checkpoint
 from tasks.errors import RegistryError
 from tasks.hashing import file_sha256
-from tasks.judge.registry import Registry
+from tasks.judge.registry import ModelRegistry
 from tasks.paths import state_dir
 from tasks.prepare import Prepared
 from tasks.recipe.schema import Recipe
@@ -97,7 +97,9 @@ def build_warm_checkpoint(base: Path, version: Any, out: Path) -> WarmStart:
     return WarmStart(out, record)
 
 
-def warm_start(recipe: Recipe, prep: Prepared, board: str, reg: Registry | None = None) -> WarmStart | None:
+def warm_start(
+    recipe: Recipe, prep: Prepared, board: str, reg: ModelRegistry | None = None
+) -> WarmStart | None:
     """The job's checkpoint with the current version's weights when ``training.start_from`` is
     "current" and a version is in service; None otherwise (the prepared checkpoint is used)."""
     if recipe.training.start_from != "current":
