@@ -56,7 +56,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_flow(args: argparse.Namespace) -> int:
     """``odl flow``: the whole Prefect flow ``odl`` in this process, with progress bars."""
     valid_board_name(args.board)
-    get_board(args.board)  # a board missing from this home: one line naming the home, before Prefect starts
     where = prefect_api()  # before Prefect is imported: it reads its settings once
     from flows.odl import OdlParams, odl  # imports Prefect: only now that prefect_api() set its settings
 
@@ -76,6 +75,9 @@ def cmd_flow(args: argparse.Namespace) -> int:
         flag = "--" + "-".join(map(str, err["loc"])).replace("_", "-")
         raise RecipeError(flag, err["msg"][0].lower() + err["msg"][1:], err.get("input")) from exc
     load_recipe(params.recipe_path(), params.recipe_overrides())  # bad input: one line, nothing started
+    get_board(
+        params.board
+    )  # a board missing from this home: one line naming the home, before the flow starts
     print(f"flow run on {where}", file=sys.stderr)
     with Bars() as bars:
         watch(bars)
