@@ -12,8 +12,8 @@ def cell(text: object) -> str:
 
 
 def code(text: object) -> str:
-    """An inline code span for a table cell (pipes escaped for the table)."""
-    value = str(text).replace("|", "\\|")
+    """An inline code span for a table cell (Python-Markdown's tables split no row inside a code span)."""
+    value = str(text)
     fence = "``" if "`" in value else "`"
     return f"{fence}{value}{fence}"
 
