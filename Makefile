@@ -13,13 +13,13 @@ QUIET := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || 
 STAMP := $(VENV)/.installed
 export ODL_HOME ?= $(CURDIR)/.odl
 
-.PHONY: demo nightly teacher teacher-detection segmentation keypoints fleet down test install system-deps lint clean
+.PHONY: demo nightly teacher teacher-detection segmentation keypoints fleet down test install system-deps lint docs docs-serve clean
 
 $(STAMP): pyproject.toml constraints.txt deploy/system-packages.txt
 	@command -v $(PY) >/dev/null || { echo "need python3.11 (both training runtimes) or python3.13/3.12 (autograd only)"; exit 1; }
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	@echo "installing Python packages from constraints.txt into $(VENV) (first time: a few minutes)"
-	@set -o pipefail; $(PIP) -e '.[test]' $(QUIET)
+	@set -o pipefail; $(PIP) -e '.[test,docs]' $(QUIET)
 	@! { $(BIN)/pip show -q onnxruntime && $(BIN)/pip show -q onnxruntime-training; } 2>/dev/null || { echo "plain onnxruntime is installed beside onnxruntime-training: remove it"; exit 1; }
 	@touch $(STAMP)
 
@@ -74,5 +74,14 @@ fleet: install
 down:
 	@BIN=$(BIN) bash deploy/demo.sh down
 
+# the manual (docs/, mkdocs.yml) into site/, warnings, broken links and anchors failing the build;
+# docs/reference/ is generated from the code: $(BIN)/python -m docs.gen rewrites it (a test compares)
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q
+
+# the manual on http://127.0.0.1:8000, rebuilt as its files change
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache site

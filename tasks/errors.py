@@ -3,7 +3,7 @@
 Each error's exit code, help (cause: what to do) and retry flag are written once, in
 :data:`tasks.exits.HOST_EXITS`; the tree and the table below, :data:`tasks.exits.HOST_EXIT_HELP`, each class's ``exit_code``,
 ``retryable`` and the first line of its docstring (:func:`host_error`) are rendered from it, and
-``tests/test_errors.py`` holds the README's table equal to it. Callers catch at the level they care
+``tests/test_errors.py`` holds the manual's table (docs/reference/exit-codes.md) equal to it. Callers catch at the level they care
 about::
 
 {tree}

@@ -130,7 +130,7 @@ EXIT_INFO: dict[HostExit, HostExitInfo] = {info.code: info for info in HOST_EXIT
 
 
 def exit_table() -> str:
-    """The exit codes as a Markdown table (the module docstring's and the README's)."""
+    """The exit codes as a Markdown table (the module docstring's and the manual's docs/reference/exit-codes.md)."""
     rows = [f"| {int(i.code)} | `{i.code.name}` | `{i.error}` | {i.help} |" for i in HOST_EXITS]
     return "\n".join(["| code | name | error | what to do |", "|---|---|---|---|", *rows])
 

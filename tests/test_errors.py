@@ -1,8 +1,9 @@
 """The host's exit codes and retry policy (tasks/exits.py, tasks/errors.py): one code per error class, each with help,
 none shared with the agent; the tree, the table, the classes' codes, retry flags and docstrings all
-rendered from ``HOST_EXITS``, and the README's table equal to it.
+rendered from ``HOST_EXITS``, and the manual's table (docs/reference/exit-codes.md) equal to it.
 
-``.venv/bin/python -m tests.test_errors`` rewrites the README's table from ``HOST_EXITS``.
+``.venv/bin/python -m tests.test_errors`` rewrites that page from ``HOST_EXITS`` (as ``python -m docs.gen``
+does with every reference page).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from tasks.errors import HostExit, PipelineError
 from tasks.exits import HOST_EXIT_HELP, HOST_EXITS, exit_table
 from tasks.paths import PROJECT_ROOT
 
-README = PROJECT_ROOT / "README.md"
+EXIT_PAGE = PROJECT_ROOT / "docs" / "reference" / "exit-codes.md"
 HEADER = exit_table().splitlines()[0]
 
 
@@ -61,16 +62,16 @@ def test_docstring_table_matches_the_enum() -> None:
     assert [i.code for i in HOST_EXITS] == list(HostExit)
 
 
-def _readme_table(lines: list[str]) -> slice:
-    """Where the README's exit-code table is: its header line and the table lines after it."""
+def _page_table(lines: list[str]) -> slice:
+    """Where the page's exit-code table is: its header line and the table lines after it."""
     start = lines.index(HEADER)
     end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
     return slice(start, end)
 
 
-def test_the_readme_table_is_rendered_from_host_exits() -> None:
-    lines = README.read_text().splitlines()
-    assert lines[_readme_table(lines)] == exit_table().splitlines(), (
+def test_the_manuals_table_is_rendered_from_host_exits() -> None:
+    lines = EXIT_PAGE.read_text().splitlines()
+    assert lines[_page_table(lines)] == exit_table().splitlines(), (
         "run: .venv/bin/python -m tests.test_errors"
     )
 
@@ -87,11 +88,11 @@ def test_each_class_takes_code_retry_flag_parent_and_cause_from_host_exits() -> 
     assert all(info.cause in (errors.__doc__ or "") for info in HOST_EXITS)  # the tree
 
 
-def write_readme_table() -> None:
-    """Replace the README's exit-code table with the one rendered from ``HOST_EXITS``."""
-    lines = README.read_text().splitlines()
-    lines[_readme_table(lines)] = exit_table().splitlines()
-    README.write_text("\n".join(lines) + "\n")
+def write_exit_page() -> None:
+    """Rewrite the manual's exit-code page (its table rendered from ``HOST_EXITS``) with the reference's generator."""
+    from docs.gen import write
+
+    write(EXIT_PAGE.parent, ["exit-codes.md"])
 
 
 @pytest.mark.parametrize(
@@ -121,4 +122,4 @@ def test_agent_exit_retryable_is_never_retry_complement() -> None:
 
 
 if __name__ == "__main__":
-    write_readme_table()
+    write_exit_page()
