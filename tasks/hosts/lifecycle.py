@@ -57,7 +57,7 @@ def check_counts(hosts: int, cpu_quota: float | None, limit: int) -> None:
     if hosts < 1:
         raise StackError(f"--hosts {hosts}: at least one host")
     if cpu_quota is not None and not 0.01 <= cpu_quota <= (os.cpu_count() or 1):
-        raise StackError(f"--cpu-quota {cpu_quota}: a number of CPUs in [0.01, {os.cpu_count()}]")
+        raise StackError(f"--cpu-quota {cpu_quota:g}: a number of CPUs in [0.01, {os.cpu_count()}]")
     if limit < 1:
         raise StackError(f"--limit {limit}: at least one flow run at a time per host")
 

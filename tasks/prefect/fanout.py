@@ -37,6 +37,7 @@ def fan_out_round(
     flow run id, host, final state, bytes of updates sent back)."""
     params = {"recipe": str(recipe), "overrides": overrides, "run_id": fleet.run_id, "round": r,
               "deadline_wall": deadline_wall, "weights": fanout.pack_weights(fleet.weights)}  # fmt: skip
+    sent = len(params["weights"])  # the bytes of weights each group run's parameters carry
     started: list[tuple[list[str], Any]] = []
     for part in fanout.split([b.name for b in boards], groups):
         run = run_deployment(
@@ -45,7 +46,8 @@ def fan_out_round(
         )  # fmt: skip
         started.append((part, run.id))
     log.info("round %d: %d boards in %d group runs on the pool", r, len(boards), len(started))
-    return _collect(fleet, r, started, deadline_wall + MARGIN_S)
+    results, records = _collect(fleet, r, started, deadline_wall + MARGIN_S)
+    return results, [{**rec, "bytes_out": sent} for rec in records]
 
 
 def _collect(
