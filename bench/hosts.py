@@ -79,15 +79,18 @@ def fleet_lab(home: Path, boards: int, board_quota: float | None, alpha: float =
             postgres.remove(home)
 
 
-def run_fleet(env: dict[str, str], rounds: int, epochs: int, fanout: int | None) -> dict[str, Any]:
+def run_fleet(
+    env: dict[str, str], rounds: int, epochs: int, fanout: int | None, deadline_s: int | None = None
+) -> dict[str, Any]:
     """The fleet flow in this process against the lab's server; its summary (rounds.json)."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from flows.fleet import FleetParams, odl_fleet
 
     params = FleetParams(
-        group=GROUP, rounds=rounds, epochs=epochs, fanout=fanout, overrides={"promotion.rollout": False}
-    )
+        group=GROUP, rounds=rounds, epochs=epochs, fanout=fanout, deadline_s=deadline_s,
+        overrides={"promotion.rollout": False},
+    )  # fmt: skip
     with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
         state = odl_fleet(params, return_state=True)
         if not state.is_completed():

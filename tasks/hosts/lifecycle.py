@@ -31,6 +31,7 @@ from tasks.vboard.sshd import make_netns
 log = logging.getLogger(__name__)
 FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 STORE_URL, STORE_PASSWORD = "ODL_STORE_URL", "ODL_STORE_PASSWORD_FILE"
+HEARTBEAT_S = "30"  # a host's flow runs beat this often (Prefect's least): a silent one is lost
 DROPPED = ("ODL_INVENTORY", "PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_SERVER_DATABASE_CONNECTION_URL")
 
 
@@ -135,10 +136,11 @@ def _start(first: Path, name: str, env: dict[str, str], use_ns: bool, quota: flo
 
 def host_env(env: dict[str, str], home: Path, api: str) -> dict[str, str]:
     """A host worker's environment: its own home and Prefect home, the server at ``api``, no
-    database URL; the store's address and password file passed on when set (the password copied
+    database URL, flow-run heartbeats every 30 s (the first host's fleet flow tells a lost host by them); the store's address and password file passed on when set (the password copied
     into the host's home, 0600, never printed)."""
     wenv = {k: v for k, v in env.items() if k not in DROPPED}
-    wenv.update(ODL_HOME=str(home), PREFECT_HOME=str(home / "prefect"), PREFECT_API_URL=api)
+    wenv.update(ODL_HOME=str(home), PREFECT_HOME=str(home / "prefect"), PREFECT_API_URL=api,
+                PREFECT_FLOWS_HEARTBEAT_FREQUENCY=HEARTBEAT_S)  # fmt: skip
     wenv.pop(STORE_URL, None)
     wenv.pop(STORE_PASSWORD, None)
     if os.environ.get(STORE_URL):

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
+from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterType
 from prefect.deployments import run_deployment
-from prefect.states import Cancelling
+from prefect.states import Cancelling, Crashed
 
 from tasks.board.inventory import Board
 from tasks.fleet import fanout
@@ -38,30 +41,52 @@ def fan_out_round(
     params = {"recipe": str(recipe), "overrides": overrides, "run_id": fleet.run_id, "round": r,
               "deadline_wall": deadline_wall, "weights": fanout.pack_weights(fleet.weights)}  # fmt: skip
     sent = len(params["weights"])  # the bytes of weights each group run's parameters carry
-    started: list[tuple[list[str], Any]] = []
-    for part in fanout.split([b.name for b in boards], groups):
-        run = run_deployment(
-            fanout.GROUP_DEPLOYMENT, parameters={"params": {**params, "boards": part}}, timeout=0,
-            tags=[f"group:{fleet.group}", "kind:fleet-group", f"round:{r}"],
-        )  # fmt: skip
-        started.append((part, run.id))
+    submit = _submitter(params, [f"group:{fleet.group}", "kind:fleet-group", f"round:{r}"])
+    started = [(part, submit(part)) for part in fanout.split([b.name for b in boards], groups)]
     log.info("round %d: %d boards in %d group runs on the pool", r, len(boards), len(started))
-    results, records = _collect(fleet, r, started, deadline_wall + MARGIN_S)
+    results, records = _collect(fleet, r, started, deadline_wall + MARGIN_S, submit)
     return results, [{**rec, "bytes_out": sent} for rec in records]
 
 
+def _submitter(params: dict[str, Any], tags: list[str]) -> Callable[[list[str]], Any]:
+    """A function that starts a group run of these boards (without waiting for it); its id."""
+
+    def submit(part: list[str]) -> Any:
+        run = run_deployment(fanout.GROUP_DEPLOYMENT, parameters={"params": {**params, "boards": part}},
+                             timeout=0, tags=tags)  # fmt: skip
+        return run.id
+
+    return submit
+
+
 def _collect(
-    fleet: FleetRun, r: int, started: list[tuple[list[str], Any]], give_up: float
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    fleet: FleetRun, r: int, started: list[tuple[list[str], Any]], give_up: float,
+    submit: Callable[[list[str]], Any],
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:  # fmt: skip
+    """Wait for the group runs; a run whose host went silent (no heartbeat for :func:`stale_s`) is
+    marked Crashed and its group started once more, on whichever host takes it (its boards' jobs
+    go on: the new run asks for the same job ids)."""
     results: dict[str, Any] = {}
     records: list[dict[str, Any]] = []
     out = fleet.folder / f"round-{r:03d}"
     with get_client(sync_client=True) as client:
-        pending = dict((str(i), (part, i)) for part, i in started)
+        pending = {str(i): (part, i, False) for part, i in started}
         while pending:
-            for key, (part, run_id) in list(pending.items()):
+            for key, (part, run_id, again) in list(pending.items()):
                 run = client.read_flow_run(run_id)
                 late = time.time() > give_up
+                if not again and not late and _lost(client, run):
+                    why = f"its host went silent: no heartbeat for {stale_s():.0f} s"
+                    client.set_flow_run_state(run.id, Crashed(message=why), force=True)
+                    records.append({"boards": part, "flow_run_id": str(run.id), "state": "Crashed",
+                                    "bytes_back": 0, "host": None, "lost": why})  # fmt: skip
+                    del pending[key]
+                    new = submit(part)
+                    pending[str(new)] = (part, new, True)
+                    log.warning(
+                        "round %d: group run %s lost (%s); started again as %s", r, run.name, why, new
+                    )
+                    continue
                 if not (run.state and run.state.is_final()) and not late:
                     continue
                 del pending[key]
@@ -69,6 +94,33 @@ def _collect(
             if pending:
                 time.sleep(POLL_S)
     return results, records
+
+
+def stale_s() -> float:
+    """Seconds without a heartbeat after which a running group run's host counts as lost
+    (``ODL_GROUP_STALE_S``; default three of the hosts' 30 s heartbeats and a margin)."""
+    return float(os.environ.get("ODL_GROUP_STALE_S") or 100)
+
+
+def _lost(client: Any, run: Any) -> bool:
+    """Whether ``run`` is Running but its last sign of life (its heartbeat, else its start) is older
+    than :func:`stale_s`."""
+    if not (run.state and run.state.is_running()):
+        return False
+    body = {
+        "filter": {
+            "resource": {"id": [f"prefect.flow-run.{run.id}"]},
+            "event": {"name": ["prefect.flow-run.heartbeat"]},
+        },
+        "limit": 1,
+    }  # newest first
+    found = client.request("POST", "/events/filter", json=body).json().get("events") or []
+    last = max([run.state.timestamp.timestamp()] + [_epoch(e["occurred"]) for e in found])
+    return time.time() - last > stale_s()
+
+
+def _epoch(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 def _finished(client: Any, run: Any, part: list[str], out: Path, results: dict[str, Any], late: bool) -> dict:

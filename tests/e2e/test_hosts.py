@@ -139,3 +139,93 @@ def _aggregate_both_ways(home: Path, record: dict, originals: dict[str, Path]) -
         one.close_round(1, results)
         fanned = checkpoint_weights(fleet_dir / "round-001" / "aggregate.ckpt", trainable_only=True)
     return fanned, one.weights, start
+
+
+def _kill_host(netns: str) -> int:
+    """SIGKILL every process in the network namespace ``netns`` (a host's worker and its flow runs)."""
+    import signal
+
+    target = os.stat(f"/run/netns/{netns}").st_ino
+    killed = 0
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if os.stat(proc / "ns" / "net").st_ino == target:
+                os.kill(int(proc.name), signal.SIGKILL)
+                killed += 1
+        except OSError:
+            continue
+    return killed
+
+
+def _started_jobs(board: str) -> list[str]:
+    """The jobs on a virtual board that wrote their "started" event (read as root, locally)."""
+    from tasks.board.inventory import get_board
+
+    root = Path(get_board(board).root)
+    return sorted(p.parent.name for p in root.glob("jobs/*/events.jsonl") if '"started"' in p.read_text())
+
+
+def test_a_host_killed_mid_round_loses_nothing(lab, monkeypatch):
+    """h2's every process is SIGKILLed while its group's boards train: the fleet run marks that group
+    run Crashed once its heartbeats stop, starts the group again (h1 takes it), the boards' jobs
+    that were running are reattached, not run twice, and the round completes with all four."""
+    import threading
+    import time
+
+    from tasks.hosts import lifecycle
+    from tests.fixtures_board import odl_home_env
+
+    env, home = lab, Path(lab["ODL_HOME"])
+    up = _odl(env, "up", "--hosts", "2", ODL_BOARD_LEASE_S="60")
+    assert up.returncode == 0, up.stderr[-2000:]
+    hosts = {h["name"]: h for h in lifecycle.status()}
+    monkeypatch.setenv("ODL_GROUP_STALE_S", "70")
+    with odl_home_env(home):
+        before = {b: _started_jobs(b) for b in ("hb0", "hb1", "hb2", "hb3")}
+    seen: dict[str, list[str]] = {}
+    since = time.time()
+
+    def killer() -> None:  # the first group run h2 takes: kill h2 once one of its boards trains
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            with odl_home_env(home):
+                fresh = {b: sorted(set(_started_jobs(b)) - set(before[b])) for b in before}
+            mine = [b for b, jobs in fresh.items() if jobs and _group_host(home, b, since) == "h2"]
+            if mine:
+                seen.update({b: fresh[b] for b in mine})
+                seen["killed"] = [str(_kill_host(hosts["h2"]["netns"]))]
+                return
+            time.sleep(0.5)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    try:
+        summary = run_fleet(env, rounds=1, epochs=4, fanout=2, deadline_s=400)
+    finally:
+        thread.join(timeout=5)
+        _odl(env, "down")
+    assert int(seen.get("killed", ["0"])[0]) >= 2, seen  # the worker and its flow run at least
+    (record,) = summary["rounds"]
+    assert record["took_part"] == ["hb0", "hb1", "hb2", "hb3"]
+    lost = [g for g in record["groups"] if g.get("lost")]
+    assert len(lost) == 1 and "no heartbeat" in lost[0]["lost"]
+    again = [g for g in record["groups"] if g["boards"] == lost[0]["boards"] and not g.get("lost")]
+    assert len(again) == 1 and again[0]["state"] == "Completed" and again[0]["host"] == "h1"
+    assert any(b in seen for b in lost[0]["boards"])  # h2 was killed while its boards trained
+    for board in (b for b in lost[0]["boards"] if b in seen):  # its job went on: reattached, not rerun
+        with odl_home_env(home):
+            assert sorted(set(_started_jobs(board)) - set(before[board])) == seen[board]
+        assert record["boards"][board]["job_id"] == seen[board][0]
+
+
+def _group_host(home: Path, board: str, since: float) -> str | None:
+    """Which host runs the group of ``board`` (its folder ``round-001-<first board>``, made since
+    ``since``): h1, h2, or None before a host took it."""
+    first = "hb0" if board in ("hb0", "hb1") else "hb2"
+    for host in ("h1", "h2"):
+        if any(
+            p.stat().st_mtime >= since
+            for p in (home / "hosts" / host).glob(f"fleet-groups/*/round-001-{first}")
+        ):
+            return host
+    return None
