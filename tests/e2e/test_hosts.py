@@ -6,6 +6,7 @@ and the aggregate equals the one-host aggregation of the very updates the boards
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -229,3 +230,70 @@ def _group_host(home: Path, board: str, since: float) -> str | None:
         ):
             return host
     return None
+
+
+def test_one_job_per_board_holds_across_hosts(lab):
+    """Two group runs of the same board at once (two fleet runs' ids), one on each host: the board's
+    slot on the server lets one job train at a time, so their jobs on the board never overlap."""
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterType
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from tasks import stages
+    from tasks.board.inventory import get_board
+    from tasks.checkpoint import checkpoint_weights
+    from tasks.fleet.fanout import GROUP_DEPLOYMENT, RESULT_TYPE, pack_weights
+    from tasks.recipe.load import load_recipe
+    from tests.fixtures_board import odl_home_env
+
+    env, home = lab, Path(lab["ODL_HOME"])
+    up = _odl(env, "up", "--hosts", "2")
+    assert up.returncode == 0, up.stderr[-2000:]
+    recipe_path = PROJECT_ROOT / "recipes" / "digits_fleet.toml"
+    with odl_home_env(home):
+        prep = stages.prepare(stages.inputs(load_recipe(recipe_path)), validate_recipe=False)
+        weights = pack_weights(checkpoint_weights(prep.checkpoint, trainable_only=True))
+        root = Path(get_board("hb0").root)
+    params = {"recipe": str(recipe_path), "overrides": {"training.epochs": 2}, "boards": ["hb0"], "round": 1,
+              "deadline_wall": time.time() + 400, "weights": weights}  # fmt: skip
+    try:
+        with (
+            temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}),
+            get_client(sync_client=True) as client,
+        ):
+            ids = [
+                run_deployment(GROUP_DEPLOYMENT, parameters={"params": {**params, "run_id": f"excl{i}"}}, timeout=0).id
+                for i in (1, 2)
+            ]  # fmt: skip
+            deadline, runs = time.monotonic() + 400, []
+            while time.monotonic() < deadline:
+                runs = [client.read_flow_run(i) for i in ids]
+                if all(r.state and r.state.is_final() for r in runs):
+                    break
+                time.sleep(1)
+            assert all(r.state.is_completed() for r in runs), [r.state for r in runs]
+            jobs = []
+            for i in ids:
+                flt = ArtifactFilter(
+                    flow_run_id=ArtifactFilterFlowRunId(any_=[i]), type=ArtifactFilterType(any_=[RESULT_TYPE])
+                )
+                (art,) = client.read_artifacts(artifact_filter=flt)
+                (item,) = json.loads(art.data) if isinstance(art.data, str) else art.data
+                assert "npz" in item, item
+                jobs.append((item["host"], item["job_id"]))
+    finally:
+        _odl(env, "down")
+    assert sorted(h for h, _ in jobs) == ["h1", "h2"] and jobs[0][1] != jobs[1][1]
+    spans = []
+    for _, job in jobs:
+        events = [
+            json.loads(line) for line in (root / "jobs" / job / "events.jsonl").read_text().splitlines()
+        ]
+        started = min(e["ts"] for e in events if e["type"] == "started")
+        ended = max(e["ts"] for e in events if e["type"] == "finished")
+        spans.append((started, ended))
+    (a0, a1), (b0, b1) = sorted(spans)
+    assert a1 <= b0, f"two jobs on board hb0 at once: {spans}"
