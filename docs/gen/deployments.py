@@ -13,11 +13,15 @@ from tasks.paths import PROJECT_ROOT
 PREFECT_YAML = PROJECT_ROOT / "deploy" / "prefect.yaml"
 
 
-def _models() -> dict[str, Any]:
-    from flows.fleet import FleetParams
-    from flows.odl import OdlParams
+def _params_model(entry: str) -> Any:
+    """The parameter model of the flow at ``entry`` (``flows/x.py:func``): its ``params`` annotation."""
+    import importlib
+    import typing
 
-    return {"flows/odl.py:odl": OdlParams, "flows/fleet.py:odl_fleet": FleetParams}
+    path, name = entry.split(":")
+    flow = getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), name)
+    fn = getattr(flow, "fn", flow)  # a Prefect flow wraps its function
+    return typing.get_type_hints(fn)["params"]
 
 
 def _kind(prop: dict[str, Any]) -> str:
@@ -46,7 +50,6 @@ def _parameters(model: Any) -> str:
 def deployments_page() -> str:
     """One section per deployment: entrypoint, tags, schedule, the defaults it is deployed with, parameters."""
     spec = yaml.safe_load(PREFECT_YAML.read_text())
-    models = _models()
     out = [
         "# Deployments",
         "",
@@ -71,6 +74,6 @@ def deployments_page() -> str:
             f"- schedule: {schedules or 'none'} (machine-local time)",
             f"- deployed with: `params = {json.dumps(dep.get('parameters', {}).get('params', {}))}`",
             "",
-            _parameters(models[entry]),
+            _parameters(_params_model(entry)),
         ]
     return "\n".join(out)
