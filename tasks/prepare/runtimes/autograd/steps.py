@@ -135,8 +135,9 @@ def _written(
     if not writes_into(program):
         try:
             graph = step(differentiable(program.module()))
-            if fixed_batch(graph.gm) is not None:  # known before the export would find it
-                raise ModelError(f"the direct trace fixes the batch at {fixed_batch(graph.gm)}")
+            fixed = fixed_batch(graph.gm)
+            if fixed is not None:  # known before the export would find it
+                raise ModelError(f"the direct trace fixes the batch at {fixed}")
             checked.update(export_step(graph, path))
             return graph.noise
         except (ModelError, ArtifactError) as exc:
