@@ -71,3 +71,15 @@ def autograd_digits_momentum(tmp_path_factory: pytest.TempPathFactory, autograd_
             entries["step"] = file_entry(step, entries["step"]["path"])
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
     return recipe, Prepared.of(out, manifest, autograd_digits[1].validation)
+
+
+@pytest.fixture
+def traced_steps(monkeypatch):
+    """The autograd runtime's steps traced by ``make_fx``, as for a model whose exported graph has an
+    operator without an ONNX gradient rule (:mod:`tasks.prepare.runtimes.autograd.graph_step`)."""
+    from tasks.prepare.runtimes.autograd import steps
+
+    def refuse(*args, **kwargs):
+        raise steps.Unsupported("this test traces the steps")
+
+    monkeypatch.setattr(steps, "graph_step", refuse)

@@ -1,6 +1,7 @@
-"""A model that computes the same in training and eval mode (no dropout, BatchNorm frozen) gets
-its eval step as its train step without the gradients (one trace and export fewer); one whose
-modes differ gets its eval step traced in eval mode. Either eval step gives PyTorch's eval-mode
+"""Traced (:mod:`tasks.prepare.runtimes.autograd.trace`), a model that computes the same in training
+and eval mode (no dropout, BatchNorm frozen) gets its eval step as its train step without the
+gradients (one trace and export fewer); one whose modes differ gets its eval step traced in eval
+mode. From the exported graph (:mod:`tasks.prepare.runtimes.autograd.graph_step`) each is exported. Either eval step gives PyTorch's eval-mode
 loss and outputs."""
 
 from __future__ import annotations
@@ -58,14 +59,19 @@ def test_the_modes_compare_by_what_they_compute():
     assert not same_forward(*_programs(_Branch()))
 
 
-@pytest.mark.parametrize(("builder", "derived"), [("net", True), ("dropped", False)])
-def test_the_eval_step_gives_pytorch_s_eval_loss(tmp_path, builder, derived):
+@pytest.mark.parametrize("traced", [True, False])
+@pytest.mark.parametrize(("builder", "same"), [("net", True), ("dropped", False)])
+def test_the_eval_step_gives_pytorch_s_eval_loss(tmp_path, request, builder, same, traced):
+    """Traced, a model computing the same in both modes has its eval step derived; from the
+    exported graph, each step is its own export (a fraction of a second)."""
+    if traced:
+        request.getfixturevalue("traced_steps")
     recipe, prepared = prepared_module(
         tmp_path, "evalnet", MODULE, {"model": {"callable": f"evalnet:{builder}"}}
     )
     art = prepared.artifacts_dir
     manifest = json.loads((art.parent / "manifest.json").read_text())
-    assert manifest["eval_step_from_train_step"] is derived
+    assert manifest["eval_step_from_train_step"] is (same and traced)
     with np.load(art / "checkpoint.npz") as ckpt:
         weights = dict(ckpt)
     data = np.load(recipe.data.train)

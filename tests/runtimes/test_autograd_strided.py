@@ -59,7 +59,7 @@ def test_a_non_contiguous_input_is_left_to_pytorch():
     assert as_strided_scatter(inp, torch.randn(2, 2), [2, 2], [1, 4], 0) is NotImplemented
 
 
-def test_a_restrided_forward_trains_with_pytorch_gradients(tmp_path):
+def test_a_restrided_forward_trains_with_pytorch_gradients(tmp_path, traced_steps):
     recipe, prepared = prepared_module(tmp_path, "pooled", MODULE, {"model": {"callable": "pooled:Pooled1d"}})
     manifest = json.loads((prepared.artifacts_dir.parent / "manifest.json").read_text())
     assert any(k.startswith("aten.as_strided_scatter") for k in manifest["decompositions_checked"])

@@ -22,8 +22,10 @@ import numpy as np
 from tasks.errors import ArtifactError, ModelError, RecipeError
 from tasks.prepare.export.tracing import model_outputs
 from tasks.prepare.feeds import example_arrays
+from tasks.prepare.runtimes.autograd.graph_step import graph_step
 from tasks.prepare.runtimes.autograd.losses import LossPlan, plan
 from tasks.prepare.runtimes.autograd.noise import NoiseInput, replace_random
+from tasks.prepare.runtimes.autograd.onnx_grad import Unsupported
 from tasks.prepare.runtimes.autograd.onnx_step import StepGraph, export_step, writes_into
 from tasks.prepare.runtimes.autograd.op_checks import check_recorded, recording
 from tasks.prepare.runtimes.autograd.recurrent import differentiable
@@ -81,7 +83,7 @@ def build_steps(recipe: Recipe, model: Any, trainable: list[str], art: Path,
     model's twin holds a shared initializer in several)."""
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
-    held = {n: (held or {}).get(n, [n]) for n in trainable}
+    twin, held = held is not None, {n: (held or {}).get(n, [n]) for n in trainable}
 
     batch = example_batch(model, [tuple(recipe.model.input_shape)])
     inputs = model_inputs(recipe, batch)
@@ -99,6 +101,21 @@ def build_steps(recipe: Recipe, model: Any, trainable: list[str], art: Path,
             "model.output_names", "names apart from the feeds, 'loss' and the trainable tensors", names
         )
     checked: dict[str, float] = {}
+    described = [
+        {"name": n, "dtype": str(t.numpy().dtype), "shape": ["batch", *t.shape[1:]]} for n, t in feeds
+    ]
+    if not twin:  # a PyTorch model: its TorchScript export differentiated as ONNX, where it can be
+        params = dict(model.named_parameters())
+        step = StepInputs(feeds, len(inputs), {n: params[n].detach() for n in trainable}, {}, loss.fn)
+        try:
+            noise, diff = graph_step(model, step, outs, grads, art / TRAIN_FILE, training=True,
+                                     batchnorm=recipe.trainable.batchnorm)  # fmt: skip
+            _, eval_diff = graph_step(model, step, outs, [], art / EVAL_FILE, training=False,
+                                      batchnorm=recipe.trainable.batchnorm)  # fmt: skip
+            checked = {"train step vs PyTorch autograd": diff, "eval step vs PyTorch": eval_diff}
+            return Steps(described, noise, [], outs, grads, loss.name, checked)
+        except Unsupported as exc:
+            log.info("the steps are traced (%s)", exc)
     n_out = len(recipe.model.output_names)
     programs = {t: exported_forward(model, inputs, t, recipe.trainable.batchnorm, n_out, recipe.base_dir)
                 for t in (True, False)}  # fmt: skip
@@ -116,9 +133,6 @@ def build_steps(recipe: Recipe, model: Any, trainable: list[str], art: Path,
         step = functools.partial(_step, inputs=inputs, feeds=feeds, held=held, loss=loss, training=training,
                                  outputs=outs + (grads if training else []), checked=checked)  # fmt: skip
         noise[training] = _written(programs[training], step, path, checked)
-    described = [
-        {"name": n, "dtype": str(t.numpy().dtype), "shape": ["batch", *t.shape[1:]]} for n, t in feeds
-    ]
     return Steps(described, noise[True], noise[False], outs, grads, loss.name, checked, derived)
 
 

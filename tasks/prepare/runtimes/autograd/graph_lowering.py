@@ -1,0 +1,157 @@
+"""An exported step graph made ready for :mod:`.onnx_grad`, and what is known of its tensors.
+
+A training-mode BatchNorm becomes the operators that compute it (a board's inference build has no
+training-mode BatchNorm); a MaxPool also gives the flat index of each maximum, which its gradient
+scatters to; each Dropout takes its mask from a noise input the board fills (``u < 1 - p``, then
+scaled by ``1 / (1 - p)``, as PyTorch's dropout keeps an element). Every tensor's shape and type
+are seen by running the forward at two batch sizes: a size that differs depends on the batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from tasks.prepare.runtimes.autograd.noise import NOISE_PREFIX, NoiseInput
+from tasks.prepare.runtimes.autograd.onnx_grad import Unsupported, attr
+from tasks.prepare.runtimes.autograd.onnx_grad_nn import tiling
+
+Shapes = dict[str, list[Any]]
+
+
+def session(graph: Any, what: str, optimize: bool = True) -> Any:
+    """An ONNX Runtime session of ``graph`` (its graph optimisations off for a probe run once)."""
+    import onnxruntime  # the inference build's API, as the board's
+
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    if not optimize:
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        return onnxruntime.InferenceSession(
+            graph.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+    except Exception as exc:  # ONNX Runtime raises its own types; the traced path may still do
+        raise Unsupported(f"{what} does not load in ONNX Runtime: {str(exc)[:200]}") from exc
+
+
+def run(sess: Any, arrays: list[np.ndarray], what: str) -> list[np.ndarray]:
+    """``sess`` run on ``arrays`` (its inputs in order)."""
+    try:
+        names = [i.name for i in sess.get_inputs()]
+        return sess.run(None, dict(zip(names, arrays, strict=True)))
+    except Exception as exc:  # ONNX Runtime raises its own types; the traced path may still do
+        raise Unsupported(f"{what} does not run in ONNX Runtime: {str(exc)[:200]}") from exc
+
+
+def lower_batchnorms(graph: Any) -> None:
+    """Each training-mode BatchNormalization as the operators computing it; each MaxPool with its
+    indices as a second output."""
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in _inferred(graph)}
+    out = []
+    for node in graph.graph.node:
+        if node.op_type == "MaxPool" and len(node.output) == 1 and not tiling(node):
+            node.output.append(f"{node.output[0]}/indices")
+        if node.op_type == "BatchNormalization" and attr(node, "training_mode", 0):
+            out += _batchnorm_nodes(node, ranks.get(node.input[0], 0))
+        else:
+            out.append(node)
+    del graph.graph.node[:]
+    graph.graph.node.extend(out)
+
+
+def _inferred(graph: Any) -> list[Any]:
+    inferred = onnx.shape_inference.infer_shapes(graph).graph
+    return [v for v in [*inferred.input, *inferred.value_info] if v.type.tensor_type.HasField("shape")]
+
+
+def _batchnorm_nodes(node: Any, rank: int) -> list[Any]:
+    if rank < 2:
+        raise Unsupported("a BatchNormalization of unknown rank")
+    x, scale, bias = node.input[:3]
+    axes, per = [0, *range(2, rank)], list(range(1, rank - 1))
+    p, eps, make = f"{node.output[0]}/bn", attr(node, "epsilon", 1e-5), helper.make_node
+    return [make("ReduceMean", [x], [f"{p}/mean"], axes=axes, keepdims=1),
+            make("Sub", [x, f"{p}/mean"], [f"{p}/d"]),
+            make("Mul", [f"{p}/d", f"{p}/d"], [f"{p}/d2"]),
+            make("ReduceMean", [f"{p}/d2"], [f"{p}/var"], axes=axes, keepdims=1),
+            make("Constant", [], [f"{p}/eps"], value=helper.make_tensor("", TensorProto.FLOAT, [], [eps])),
+            make("Add", [f"{p}/var", f"{p}/eps"], [f"{p}/ve"]),
+            make("Sqrt", [f"{p}/ve"], [f"{p}/std"]),
+            make("Div", [f"{p}/d", f"{p}/std"], [f"{p}/xhat"]),
+            make("Constant", [], [f"{p}/axes"], value=helper.make_tensor("", TensorProto.INT64, [len(per)], per)),
+            make("Unsqueeze", [scale, f"{p}/axes"], [f"{p}/scale"]),
+            make("Unsqueeze", [bias, f"{p}/axes"], [f"{p}/bias"]),
+            make("Mul", [f"{p}/xhat", f"{p}/scale"], [f"{p}/scaled"]),
+            make("Add", [f"{p}/scaled", f"{p}/bias"], [node.output[0]])]  # fmt: skip
+
+
+def observed(
+    graph: Any, arrays: list[np.ndarray], batched: set[int]
+) -> tuple[Shapes, dict[str, int], dict[str, np.ndarray]]:
+    """Every tensor's shape and element type, seen by running the forward (each Dropout as the
+    identity) at batches 2 and 3 (``batched``: the indices of the arrays with a batch axis), and
+    the values of the small integer tensors equal at both (the starts of a Slice, say)."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(graph)
+    for node in probe.graph.node:
+        if node.op_type == "Dropout":
+            node.op_type, node.input[:], node.output[:] = "Identity", node.input[:1], node.output[:1]
+    known = {o.name for o in probe.graph.output} | {i.name for i in probe.graph.input}
+    extra = [o for n in probe.graph.node for o in n.output if o and o not in known]
+    probe.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in extra)
+    names = [o.name for o in probe.graph.output] + [i.name for i in probe.graph.input]
+    runs, sess = [], session(probe, "the forward", optimize=False)
+    for size in (2, 3):
+        sized = [a[np.arange(size) % len(a)] if i in batched else a for i, a in enumerate(arrays)]
+        runs.append(run(sess, sized, "the forward") + sized)
+    shapes = {n: [d if d == e else "batch" for d, e in zip(a.shape, c.shape, strict=True)]
+              for n, a, c in zip(names, *runs, strict=True) if a.ndim == c.ndim}  # fmt: skip
+    types = {n: helper.np_dtype_to_tensor_dtype(a.dtype) for n, a in zip(names, runs[0], strict=True)}
+    values = {n: a for n, a, c in zip(names, *runs, strict=True)
+              if a.dtype.kind in "iu" and a.size <= 64 and a.shape == c.shape and np.array_equal(a, c)}  # fmt: skip
+    return shapes, types, values
+
+
+def lower_dropouts(graph: Any, shapes: Shapes, types: dict[str, int]) -> list[NoiseInput]:
+    """Each training-mode Dropout a mask drawn from a new noise input (``shapes`` and ``types``
+    extended with the new tensors); the noise inputs, in the graph's order."""
+    consts = {
+        n.output[0]: numpy_helper.to_array(attr(n, "value"))
+        for n in graph.graph.node
+        if n.op_type == "Constant"
+    }
+    consts |= {i.name: numpy_helper.to_array(i) for i in graph.graph.initializer}
+    out, noise = [], []
+    for node in graph.graph.node:
+        if node.op_type != "Dropout":
+            out.append(node)
+            continue
+        given = [node.input[i] if len(node.input) > i and node.input[i] else None for i in (1, 2)]
+        if any(g is not None and g not in consts for g in given):
+            raise Unsupported("a Dropout whose ratio or mode is computed")
+        ratio = float(consts[given[0]]) if given[0] else 0.5
+        if not (given[1] and bool(consts[given[1]])) or ratio == 0.0:
+            out.append(helper.make_node("Identity", [node.input[0]], [node.output[0]]))
+            continue
+        shape = shapes.get(node.input[0])
+        if shape is None or not shape or shape[0] != "batch" or "batch" in shape[1:]:
+            raise Unsupported("a Dropout over a tensor whose first axis alone is not the batch")
+        name = f"{NOISE_PREFIX}{len(noise)}"
+        noise.append(NoiseInput(name, tuple(shape)))
+        graph.graph.input.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
+        keep, mask = f"{name}/keep", f"{name}/mask"
+        out += [helper.make_node("Less", [name, f"{name}/p"], [keep]),
+                helper.make_node("Cast", [keep], [f"{keep}/f"], to=TensorProto.FLOAT),
+                helper.make_node("Mul", [f"{keep}/f", f"{name}/s"], [mask]),
+                helper.make_node("Mul", [node.input[0], mask], [node.output[0]])]  # fmt: skip
+        graph.graph.initializer.extend([numpy_helper.from_array(np.float32(1.0 - ratio), f"{name}/p"),
+                                        numpy_helper.from_array(np.float32(1.0 / (1.0 - ratio)), f"{name}/s")])  # fmt: skip
+        for t, kind in ((name, 1), (keep, 9), (f"{keep}/f", 1), (mask, 1)):
+            shapes[t], types[t] = list(shape), kind
+    del graph.graph.node[:]
+    graph.graph.node.extend(out)
+    return noise

@@ -1,0 +1,226 @@
+"""The two step files of a PyTorch model from its TorchScript export, differentiated as ONNX.
+
+The model and its loss are exported together by the TorchScript exporter (what the ORT path runs)
+in the step's mode: every layer in training mode for the train step (BatchNorm as
+``trainable.batchnorm`` says), eval mode for the eval step. The trainable tensors become inputs, a
+training-mode BatchNorm becomes the operators that compute it, each dropout draws its mask from a
+noise input (as the traced steps' random operators do: :mod:`.noise`), and :mod:`.onnx_grad` adds
+the backward pass. Each file is run once in ONNX Runtime and compared with PyTorch's own autograd
+on the same batch, the same masks, the same weights. A model with an operator or a construct this
+path does not handle raises :class:`~.onnx_grad.Unsupported` before anything is written, and the
+caller traces the step instead (:mod:`.steps`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from tasks.prepare.export.torchscript import quiet_output
+from tasks.prepare.export.tracing import model_outputs, restored
+from tasks.prepare.onnx_versions import OPSET, check_board_loadable
+from tasks.prepare.runtimes.autograd import onnx_grad_nn, onnx_grad_rules  # noqa: F401 - their rules
+from tasks.prepare.runtimes.autograd.graph_lowering import (
+    lower_batchnorms,
+    lower_dropouts,
+    observed,
+    run,
+    session,
+)
+from tasks.prepare.runtimes.autograd.noise import NoiseInput
+from tasks.prepare.runtimes.autograd.onnx_grad import Unsupported, differentiate
+from tasks.prepare.runtimes.autograd.onnx_step import RTOL, noise_arrays, relative
+from tasks.prepare.runtimes.autograd.trace import StepInputs, step_mode
+
+log = logging.getLogger(__name__)
+RANDOM = {
+    "RandomUniform",
+    "RandomUniformLike",
+    "RandomNormal",
+    "RandomNormalLike",
+    "Bernoulli",
+    "Multinomial",
+}
+
+
+def graph_step(model: Any, step: StepInputs, outputs: list[str], grads: list[str], path: Path, *,
+               training: bool, batchnorm: str) -> tuple[list[NoiseInput], float]:  # fmt: skip
+    """Write the train (``training``) or eval step of ``model`` to ``path``; its noise inputs and
+    the largest relative difference from PyTorch's autograd. Unsupported when this path cannot."""
+    names = list(step.trainable)
+    with restored(model), _mode(model, step, training, batchnorm):
+        graph = _exported(model, step, outputs)
+        _inputs_from(graph, names)
+        lower_batchnorms(graph)
+        arrays = [t.numpy() for _, t in step.feeds] + [t.numpy() for t in step.trainable.values()]
+        shapes, types, values = observed(graph, arrays, set(range(len(step.feeds))))
+        noise = lower_dropouts(graph, shapes, types)
+        arrays += noise_arrays(noise, len(arrays[0]), seed=1)
+        if training:
+            for grad, name in zip(
+                differentiate(graph, names, "loss", shapes, types, values), grads, strict=True
+            ):
+                _rename(graph, grad, name)
+                graph.graph.output.append(
+                    helper.make_value_info(name, helper.make_tensor_type_proto(TensorProto.FLOAT, None))
+                )
+        check_board_loadable(graph, path.name)
+        got = run(session(graph, path.name), arrays, path.name)
+        want = _eager(model, step, arrays[len(step.feeds) + len(names) :], training)
+    diffs = {name: relative(g, w) for name, g, w in zip([*outputs, *grads], got, want, strict=True)}
+    worst = max(diffs, key=diffs.__getitem__)
+    diff = diffs[worst]
+    if diff > RTOL:
+        raise Unsupported(f"{path.name} differs from PyTorch's autograd by {diff:.3g} at {worst}")
+    onnx.save(graph, str(path))
+    return noise, diff
+
+
+@contextlib.contextmanager
+def _mode(model: Any, step: StepInputs, training: bool, batchnorm: str) -> Iterator[None]:
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    inputs = tuple(t for _, t in step.feeds[: step.model_inputs])
+    with step_mode(model, training, "frozen", inputs, 0):
+        for m in model.modules():
+            if training and batchnorm != "frozen" and isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                if m.running_mean is None:
+                    raise Unsupported("a BatchNorm without running statistics")
+                m.training, m.momentum = True, 0.0
+        yield
+
+
+def _wrapped(model: Any, step: StepInputs) -> Any:
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    n = step.model_inputs
+
+    class Step(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = model
+            self.training = True  # the exporter's training-mode export: nothing fused (Conv and BatchNorm)
+
+        def forward(self, *args: Any) -> Any:
+            loss, kept = step.loss(tuple(model_outputs(self.m(*args[:n]))), args[n:])
+            return (loss, *kept)
+
+    return Step()
+
+
+def _exported(model: Any, step: StepInputs, outputs: list[str]) -> Any:
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    feeds = [name for name, _ in step.feeds]
+    buffer = io.BytesIO()
+    axes = {name: {0: "batch"} for name in feeds}
+    with quiet_output("torch.onnx.export: the step"), _channel_dropout():
+        try:
+            torch.onnx.export(_wrapped(model, step), tuple(t for _, t in step.feeds), buffer, dynamo=False,
+                              training=torch.onnx.TrainingMode.PRESERVE, do_constant_folding=False,
+                              opset_version=OPSET, input_names=feeds, output_names=outputs, dynamic_axes=axes)  # fmt: skip
+        except Exception as exc:  # the exporter raises many types; the traced path may still do
+            raise Unsupported(f"the TorchScript export of the step failed: {type(exc).__name__}") from exc
+    graph = onnx.load_from_string(buffer.getvalue())
+    if [i.name for i in graph.graph.input] != feeds or [o.name for o in graph.graph.output] != outputs:
+        raise Unsupported("the exported step's inputs or outputs are not the step's")
+    if any(n.op_type in RANDOM or n.domain not in ("", "ai.onnx") for n in graph.graph.node):
+        raise Unsupported("a random operator other than Dropout, or a custom domain")
+    return graph
+
+
+def _inputs_from(graph: Any, names: list[str]) -> None:
+    """The trainable tensors as graph inputs (after the feeds), named as the model names them."""
+    renamed = {i.name: i.name.removeprefix("m.") for i in graph.graph.initializer}
+    for node in graph.graph.node:
+        node.input[:] = [renamed.get(i, i) for i in node.input]
+    for i in graph.graph.initializer:
+        i.name = renamed[i.name]
+    inits = {i.name: i for i in graph.graph.initializer}
+    missing = [n for n in names if n not in inits]
+    if missing:
+        raise Unsupported(f"the export holds no initializer {missing[0]}")
+    for n in names:
+        graph.graph.initializer.remove(inits[n])
+        graph.graph.input.append(helper.make_tensor_value_info(n, inits[n].data_type, list(inits[n].dims)))
+
+
+@contextlib.contextmanager
+def _channel_dropout() -> Iterator[None]:
+    """``dropout1d/2d/3d`` (no training-mode export of their own) as a plain dropout of a ones
+    tensor of one element per sample and channel, times the input: one Dropout node whose noise
+    input is [batch, channels, 1, ...], as PyTorch draws them."""
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    f = torch.nn.functional
+    saved = {n: getattr(f, n) for n in ("dropout1d", "dropout2d", "dropout3d")}
+
+    def channel(x: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+        if not training or p == 0.0:
+            return x
+        ones = torch.ones_like(x[(slice(None), slice(None), *([slice(0, 1)] * (x.dim() - 2)))])
+        return x * f.dropout(ones, p, True)
+
+    for name in saved:
+        setattr(f, name, channel)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(f, name, fn)
+
+
+def _rename(graph: Any, old: str, new: str) -> None:
+    for node in graph.graph.node:
+        node.input[:] = [new if i == old else i for i in node.input]
+        node.output[:] = [new if o == old else o for o in node.output]
+
+
+def _eager(model: Any, step: StepInputs, noise: list[np.ndarray], training: bool) -> list[np.ndarray]:
+    """PyTorch's loss, outputs and (``training``) gradients on the step's batch, each dropout
+    drawing the mask the step's noise input gives."""
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    masks = iter(noise)
+    original = torch.nn.functional.dropout
+
+    def dropout(x: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+        if not training or p == 0.0:
+            return x
+        u = next(masks, None)
+        if u is None or tuple(u.shape[1:]) != tuple(x.shape[1:]):
+            raise Unsupported("a dropout the export did not write as Dropout")
+        return x * (torch.from_numpy(u) < 1.0 - p).to(x.dtype) * (1.0 / (1.0 - p))
+
+    params = dict(model.named_parameters())
+    chosen = [params[n] for n in step.trainable]
+    flags = [p.requires_grad for p in chosen]
+    torch.nn.functional.dropout = dropout
+    try:
+        with torch.enable_grad(), _channel_dropout():
+            for p in chosen:
+                p.requires_grad_(True)
+            loss, *kept = _wrapped(model, step)(*(t for _, t in step.feeds))
+            result = [loss, *kept]
+            if training:
+                result += [g if g is not None else torch.zeros_like(p)
+                           for g, p in zip(torch.autograd.grad(loss, chosen, allow_unused=True), chosen, strict=True)]  # fmt: skip
+    except Unsupported:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's model may raise anything; the traced path reports it
+        raise Unsupported(f"PyTorch's own step failed: {type(exc).__name__}") from exc
+    finally:
+        torch.nn.functional.dropout = original
+        for p, flag in zip(chosen, flags, strict=True):
+            p.requires_grad_(flag)
+    if next(masks, None) is not None:
+        raise Unsupported("a Dropout the model did not draw through torch.nn.functional.dropout")
+    return [r.detach().numpy() for r in result]

@@ -1,0 +1,338 @@
+"""Gradient rules of ONNX's network operators (:mod:`.onnx_grad`): convolutions, pooling, softmax,
+the cross-entropy loss and the normalisations, each in operators a board's inference build runs.
+
+A convolution's input gradient is the transposed convolution of the output gradient; its weight
+gradient is itself a (grouped) convolution, of the input seen with samples as channels by the
+output gradient seen the same way, stride and dilation exchanged. A max pool returns the flat
+index of each maximum (its second output), and its gradient scatters there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tasks.prepare.runtimes.autograd.onnx_grad import Builder, Unsupported, attr, rule
+
+G = list[str | None]
+
+
+def _spatial(
+    b: Builder, node: Any, x: str
+) -> tuple[int, list[int], list[int], list[int], list[int], list[int]]:
+    """(spatial rank, kernel, strides, dilations, pads, the input's spatial sizes) of a conv or pool."""
+    shape = b.shape(x)
+    n = len(shape) - 2
+    if attr(node, "auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        raise Unsupported(f"{node.op_type} with auto_pad")
+    kernel = list(attr(node, "kernel_shape") or b.static(node.input[1])[2:])
+    strides = list(attr(node, "strides") or [1] * n)
+    dilations = list(attr(node, "dilations") or [1] * n)
+    pads = list(attr(node, "pads") or [0] * (2 * n))
+    return n, kernel, strides, dilations, pads, b.static(x, range(2, n + 2))
+
+
+def _weight_grad(b: Builder, inp: str, gout: str, sizes: tuple[list[int], list[int]], groups: int,
+                 kernel: list[int], strides: list[int], dilations: list[int], pads: list[int], weight: list[int]) -> str:  # fmt: skip
+    """The gradient of a convolution's weight (shaped ``weight``: [C_out, C_in / groups, *kernel])
+    from its input ``inp`` [N, C_in, ...] and output gradient ``gout`` [N, C_out, ...]: the input
+    as [C_in / groups, groups * N, ...] convolved by the gradient as [C_out, N, ...] in ``groups``
+    groups, strides and dilations exchanged, then cut to the kernel. ``sizes``: the spatial sizes
+    of ``inp`` and ``gout``."""
+    n = len(kernel)
+    sizes, out_sizes = sizes
+    full = [s + p0 + p1 - st * (o - 1) - 1 for s, p0, p1, st, o in zip(sizes, pads[:n], pads[n:], strides, out_sizes, strict=True)]  # fmt: skip
+    if any(f < d * (k - 1) for f, d, k in zip(full, dilations, kernel, strict=True)):
+        raise Unsupported("a convolution whose weight gradient is short")
+    c_in_group = weight[1]
+    batch, spatial = b.op("Shape", inp, end=1), b.op("Shape", inp, start=2)
+    xs = b.op("Reshape", inp, b.op("Concat", batch, b.ints([groups, c_in_group]), spatial, axis=0))
+    xs = b.op("Transpose", xs, perm=[2, 1, 0, *range(3, n + 3)])
+    xs = b.op("Reshape", xs, b.op("Concat", b.ints([c_in_group, -1]), spatial, axis=0))
+    gs = b.op("Transpose", gout, perm=[1, 0, *range(2, n + 2)])
+    gw = b.op("Conv", xs, gs, group=groups, strides=dilations, dilations=strides, pads=pads)
+    gw = b.op("Slice", gw, b.ints([0] * n), b.ints(kernel), b.ints(list(range(2, n + 2))))
+    return b.op("Transpose", gw, perm=[1, 0, *range(2, n + 2)])
+
+
+@rule("Conv")
+def _conv(b: Builder, node: Any, gy: G) -> G:
+    x, w, g, y = node.input[0], node.input[1], gy[0], node.output[0]
+    n, kernel, strides, dilations, pads, sizes = _spatial(b, node, x)
+    groups = attr(node, "group", 1)
+    out_sizes = b.static(y, range(2, n + 2))
+    # the input gradient: a transposed convolution, padded at the end to the input's exact size
+    extra = [s - ((o - 1) * st - p0 - p1 + d * (k - 1) + 1)
+             for s, o, st, p0, p1, d, k in zip(sizes, out_sizes, strides, pads[:n], pads[n:], dilations, kernel, strict=True)]  # fmt: skip
+    if any(e < 0 or e >= max(st, d) for e, st, d in zip(extra, strides, dilations, strict=True)):
+        raise Unsupported("a Conv whose input gradient's size the transposed convolution cannot give")
+    gx = b.op("ConvTranspose", g, w, group=groups, strides=strides, dilations=dilations, pads=pads,
+              output_padding=extra, kernel_shape=kernel)  # fmt: skip
+    grads: G = [
+        gx,
+        _weight_grad(b, x, g, (sizes, out_sizes), groups, kernel, strides, dilations, pads, b.static(w)),
+    ]
+    if len(node.input) > 2 and node.input[2]:
+        grads.append(b.op("ReduceSum", g, b.ints([0, *range(2, n + 2)]), keepdims=0))
+    return grads
+
+
+@rule("ConvTranspose")
+def _conv_transpose(b: Builder, node: Any, gy: G) -> G:
+    """The adjoint of a convolution: its input gradient is the convolution of the output gradient
+    (its output padding cut off where the padding does not cover it), its weight gradient the
+    convolution's weight gradient with input and output exchanged."""
+    x, w, g = node.input[0], node.input[1], gy[0]
+    n, kernel, strides, dilations, pads, in_sizes = _spatial(b, node, x)
+    if attr(node, "output_shape") is not None:
+        raise Unsupported("a ConvTranspose with output_shape")
+    groups, extra = attr(node, "group", 1), list(attr(node, "output_padding") or [0] * n)
+    cut = [max(e - p, 0) for e, p in zip(extra, pads[n:], strict=True)]
+    sizes = b.static(node.output[0], range(2, n + 2))
+    if any(cut):
+        sizes = [s - c for s, c in zip(sizes, cut, strict=True)]
+        g = b.op("Slice", g, b.ints([0] * n), b.ints(sizes), b.ints(list(range(2, n + 2))))
+    conv_pads = [*pads[:n], *(max(p - e, 0) for p, e in zip(pads[n:], extra, strict=True))]
+    gx = b.op(
+        "Conv", g, w, group=groups, strides=strides, dilations=dilations, pads=conv_pads, kernel_shape=kernel
+    )
+    grads: G = [
+        gx,
+        _weight_grad(b, g, x, (sizes, in_sizes), groups, kernel, strides, dilations, conv_pads, b.static(w)),
+    ]
+    if len(node.input) > 2 and node.input[2]:
+        grads.append(b.op("ReduceSum", gy[0], b.ints([0, *range(2, n + 2)]), keepdims=0))
+    return grads
+
+
+def tiling(node: Any) -> bool:
+    """Whether a MaxPool's windows tile its input (kernel = stride, no padding or dilation): its
+    gradient then needs no indices (:func:`_maxpool`)."""
+    kernel = list(attr(node, "kernel_shape"))
+    return (list(attr(node, "strides") or [1] * len(kernel)) == kernel and not any(attr(node, "pads") or [0])
+            and all(d == 1 for d in attr(node, "dilations") or [1]) and not attr(node, "ceil_mode", 0)
+            and attr(node, "auto_pad", "NOTSET") in ("NOTSET", "VALID") and len(kernel) <= 2)  # fmt: skip
+
+
+@rule("MaxPool")
+def _maxpool(b: Builder, node: Any, gy: G) -> G:
+    """A tiling pool's gradient goes to each window's first maximum (PyTorch's choice among ties),
+    found by comparing the input, seen as windows, with the pooled values (no indices, no scatter);
+    any other pool's is scattered to the flat indices its forward gave."""
+    x, y, g = node.input[0], node.output[0], gy[0]
+    if tiling(node):
+        kernel = list(attr(node, "kernel_shape"))
+        n = len(kernel)
+        out = b.static(y, range(2, n + 2))
+        sizes = b.static(x, range(2, n + 2))
+        windows = [0, 0, *(v for o, k in zip(out, kernel, strict=True) for v in (o, k))]
+        cropped = b.op("Slice", x, b.ints([0] * n), b.ints([o * k for o, k in zip(out, kernel, strict=True)]),
+                       b.ints(list(range(2, n + 2))))  # fmt: skip
+        seen = b.op("Reshape", cropped, b.ints(windows))  # [N, C, o1, k1, (o2, k2)]
+        spread = list(range(3, 2 * n + 2, 2))  # the window axes
+        hit = b.op("Cast", b.op("Equal", seen, b.op("Unsqueeze", y, b.ints(spread))), to=1)
+        order = [0, 1, *range(2, 2 * n + 2, 2), *spread]  # window axes last, then flattened
+        flat = b.op("Reshape", b.op("Transpose", hit, perm=order), b.ints([0, 0, *out, -1]))
+        first = b.op(
+            "Mul",
+            flat,
+            b.op("Cast", b.op("Equal", b.op("CumSum", flat, b.const(-1, np.int64)), b.const(1.0)), to=1),
+        )
+        back = b.op(
+            "Transpose",
+            b.op("Reshape", first, b.ints([0, 0, *out, *kernel])),
+            perm=[int(i) for i in np.argsort(order)],
+        )
+        grad = b.op("Reshape", b.op("Mul", back, b.op("Unsqueeze", g, b.ints(spread))),
+                    b.ints([0, 0, *(o * k for o, k in zip(out, kernel, strict=True))]))  # fmt: skip
+        rest = [s - o * k for s, o, k in zip(sizes, out, kernel, strict=True)]
+        if any(rest):
+            grad = b.op("Pad", grad, b.ints([0] * (n + 2) + [0, 0, *rest]))
+        return [grad]
+    if len(node.output) < 2 or attr(node, "storage_order", 0):
+        raise Unsupported("a MaxPool without its indices")
+    zeros = b.op("Mul", b.op("Reshape", x, b.ints([-1])), b.const(0.0))
+    idx = b.op("Reshape", node.output[1], b.ints([-1]))
+    flat = b.op("ScatterElements", zeros, idx, b.op("Reshape", g, b.ints([-1])), reduction="add")
+    return [b.like(flat, x)]
+
+
+@rule("AveragePool")
+def _avgpool(b: Builder, node: Any, gy: G) -> G:
+    x, y, g = node.input[0], node.output[0], gy[0]
+    n, kernel, strides, _, pads, sizes = _spatial(b, node, x)
+    if attr(node, "ceil_mode", 0) or (any(pads) and not attr(node, "count_include_pad", 0)):
+        raise Unsupported("an AveragePool with ceil_mode or padding left out of its count")
+    channels = b.static(x, [1])[0]
+    out_sizes = b.static(y, range(2, n + 2))
+    extra = [s + p0 + p1 - ((o - 1) * st + k) for s, o, st, p0, p1, k in zip(sizes, out_sizes, strides, pads[:n], pads[n:], kernel, strict=True)]  # fmt: skip
+    if any(e < 0 or e >= st for e, st in zip(extra, strides, strict=True)):
+        raise Unsupported("an AveragePool whose gradient's size a transposed convolution cannot give")
+    size = 1
+    for k in kernel:
+        size *= k
+    weight = b.const(np.full([channels, 1, *kernel], 1.0 / size))
+    return [b.op("ConvTranspose", g, weight, group=channels, strides=strides, pads=pads, output_padding=extra,
+                 kernel_shape=kernel)]  # fmt: skip
+
+
+@rule("Softmax", "LogSoftmax")
+def _softmax(b: Builder, node: Any, gy: G) -> G:
+    y, g, axis = node.output[0], gy[0], attr(node, "axis", -1)
+    if node.op_type == "Softmax":
+        dot = b.op("ReduceSum", b.op("Mul", g, y), b.ints([axis]), keepdims=1)
+        return [b.op("Mul", y, b.op("Sub", g, dot))]
+    total = b.op("ReduceSum", g, b.ints([axis]), keepdims=1)
+    return [b.op("Sub", g, b.op("Mul", b.op("Exp", y), total))]
+
+
+@rule("SoftmaxCrossEntropyLoss")
+def _cross_entropy(b: Builder, node: Any, gy: G) -> G:
+    scores, labels = node.input[:2]
+    if (
+        len(node.input) > 2
+        and node.input[2]
+        or attr(node, "reduction", "mean") != "mean"
+        or gy[1:] != [None] * (len(gy) - 1)
+    ):
+        raise Unsupported("a SoftmaxCrossEntropyLoss with weights or another reduction")  # fmt: skip
+    classes = b.static(scores, [1])[0]
+    ignore = attr(node, "ignore_index")
+    keep = None
+    if ignore is not None:
+        keep = b.op("Not", b.op("Equal", labels, b.const(ignore, "int64")))
+        labels = b.op("Where", keep, labels, b.const(0, "int64"))
+    onehot = b.op("OneHot", labels, b.const(classes, "int64"), b.const([0.0, 1.0]), axis=1)
+    diff = b.op("Sub", b.op("Softmax", scores, axis=1), onehot)
+    if keep is None:
+        count = b.op("Cast", b.op("Size", labels), to=1)
+    else:
+        mask = b.op("Cast", keep, to=1)
+        diff = b.op("Mul", diff, b.op("Unsqueeze", mask, b.ints([1])))
+        count = b.op("ReduceSum", mask, keepdims=0)
+    return [b.op("Mul", diff, b.op("Div", gy[0], count)), None]
+
+
+def _per_channel(b: Builder, v: str, rank: int) -> str:
+    return b.op("Unsqueeze", v, b.ints(list(range(1, rank - 1))))
+
+
+@rule("BatchNormalization")
+def _batchnorm(b: Builder, node: Any, gy: G) -> G:
+    if attr(node, "training_mode", 0):
+        raise Unsupported("a BatchNormalization in training mode left unlowered")
+    x, scale, bias, mean, var = node.input
+    g, rank = gy[0], len(b.shape(x))
+    inv = b.op("Reciprocal", b.op("Sqrt", b.op("Add", var, b.const(attr(node, "epsilon", 1e-5)))))
+    gx = b.op("Mul", g, _per_channel(b, b.op("Mul", scale, inv), rank))
+    xhat = b.op("Mul", b.op("Sub", x, _per_channel(b, mean, rank)), _per_channel(b, inv, rank))
+    axes = b.ints([0, *range(2, rank)])
+    return [gx, b.op("ReduceSum", b.op("Mul", g, xhat), axes, keepdims=0), b.op("ReduceSum", g, axes, keepdims=0),
+            None, None]  # fmt: skip
+
+
+@rule("LayerNormalization")
+def _layernorm(b: Builder, node: Any, gy: G) -> G:
+    if any(gy[1:]):
+        raise Unsupported("a LayerNormalization whose statistics are used")
+    x, scale = node.input[:2]
+    rank = len(b.shape(x))
+    axis = attr(node, "axis", -1) % rank
+    outer = b.ints(list(range(axis)))
+    mean = b.op("ReduceMean", x, axes=list(range(axis, rank)), keepdims=1)
+    d = b.op("Sub", x, mean)
+    var = b.op("ReduceMean", b.op("Mul", d, d), axes=list(range(axis, rank)), keepdims=1)
+    inv = b.op("Reciprocal", b.op("Sqrt", b.op("Add", var, b.const(attr(node, "epsilon", 1e-5)))))
+    xhat = b.op("Mul", d, inv)
+    gs = b.op("Mul", gy[0], scale)
+    m1 = b.op("ReduceMean", gs, axes=list(range(axis, rank)), keepdims=1)
+    m2 = b.op("ReduceMean", b.op("Mul", gs, xhat), axes=list(range(axis, rank)), keepdims=1)
+    gx = b.op("Mul", inv, b.op("Sub", b.op("Sub", gs, m1), b.op("Mul", xhat, m2)))
+    grads: G = [
+        gx,
+        b.op("ReduceSum", b.op("Mul", gy[0], xhat), outer, keepdims=0) if axis else b.op("Mul", gy[0], xhat),
+    ]
+    if len(node.input) > 2 and node.input[2]:
+        grads.append(b.op("ReduceSum", gy[0], outer, keepdims=0) if axis else gy[0])
+    return grads
+
+
+@rule("InstanceNormalization")
+def _instancenorm(b: Builder, node: Any, gy: G) -> G:
+    """Each sample's channel normalised over its other axes (GroupNorm exports as this), then
+    scaled and shifted per channel."""
+    x, scale = node.input[:2]
+    rank = len(b.shape(x))
+    inner = list(range(2, rank))
+    mean = b.op("ReduceMean", x, axes=inner, keepdims=1)
+    d = b.op("Sub", x, mean)
+    var = b.op("ReduceMean", b.op("Mul", d, d), axes=inner, keepdims=1)
+    inv = b.op("Reciprocal", b.op("Sqrt", b.op("Add", var, b.const(attr(node, "epsilon", 1e-5)))))
+    xhat = b.op("Mul", d, inv)
+    gs = b.op("Mul", gy[0], _per_channel(b, scale, rank))
+    m1 = b.op("ReduceMean", gs, axes=inner, keepdims=1)
+    m2 = b.op("ReduceMean", b.op("Mul", gs, xhat), axes=inner, keepdims=1)
+    gx = b.op("Mul", inv, b.op("Sub", b.op("Sub", gs, m1), b.op("Mul", xhat, m2)))
+    axes = b.ints([0, *inner])
+    return [
+        gx,
+        b.op("ReduceSum", b.op("Mul", gy[0], xhat), axes, keepdims=0),
+        b.op("ReduceSum", gy[0], axes, keepdims=0),
+    ]
+
+
+@rule("Resize")
+def _resize(b: Builder, node: Any, gy: G) -> G:
+    """A resize of the last two axes is a fixed linear map along each (nearest, linear or cubic
+    alike): each map's matrix is read by resizing the unit vectors once here, and the gradient is
+    the two matrices' transposes applied to the output gradient."""
+    x, y = node.input[0], node.output[0]
+    if len(b.shape(x)) != 4:
+        raise Unsupported("a Resize of a tensor that is not 4-D")
+    shape, out = [0, *b.static(x, [1, 2, 3])], [0, *b.static(y, [1, 2, 3])]
+    if shape[1] != out[1]:
+        raise Unsupported("a Resize of other axes than the last two of a 4-D tensor")
+    mats = [_resize_matrix(node, b, axis, shape[axis], out[axis]) for axis in (2, 3)]  # [out, in] each
+    g = b.op("MatMul", gy[0], b.const(mats[1]))  # [N, C, Ho, Wo] x [Wo, Wi]
+    return [b.op("MatMul", b.const(mats[0].T), g), None, None, None]  # [Hi, Ho] x [N, C, Ho, Wi]
+
+
+def _resize_matrix(node: Any, b: Builder, axis: int, size: int, out: int) -> np.ndarray:
+    """[out, size]: the node's linear map along ``axis``, read by resizing each unit vector through
+    ONNX Runtime (the other axis of size 1)."""
+    import onnxruntime  # the inference build's API, as the board's
+    from onnx import TensorProto, helper
+
+    basis = np.zeros([size, 1, size, 1] if axis == 2 else [size, 1, 1, size], dtype=np.float32)
+    basis[np.arange(size), 0, *((np.arange(size), 0) if axis == 2 else (0, np.arange(size)))] = 1.0
+    inputs = ["x", "", "", "sizes"]
+    sizes = np.array([size, 1, out, 1] if axis == 2 else [size, 1, 1, out], dtype=np.int64)
+    scales = None
+    if (
+        len(node.input) > 2
+        and node.input[2]
+        and node.input[2] in b.constants
+        and b.constants[node.input[2]].size
+    ):
+        given = b.constants[node.input[2]].astype(np.float32)
+        scales = np.array(
+            [1.0, 1.0, given[2] if axis == 2 else 1.0, given[3] if axis == 3 else 1.0], np.float32
+        )
+        inputs = ["x", "", "scales"]
+    probe = helper.make_node(
+        "Resize", inputs, ["y"], **{a.name: helper.get_attribute_value(a) for a in node.attribute}
+    )
+    inits = [helper.make_tensor("sizes", TensorProto.INT64, [4], sizes)] if scales is None else \
+        [helper.make_tensor("scales", TensorProto.FLOAT, [4], scales)]  # fmt: skip
+    graph = helper.make_graph([probe], "resize", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(basis.shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    got = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": basis}
+    )[0]
+    line = got[:, 0, :, 0] if axis == 2 else got[:, 0, 0, :]  # [size, out]
+    if line.shape != (size, out):
+        raise Unsupported("a Resize whose size along one axis depends on the other")
+    return line.T.copy()

@@ -1,0 +1,149 @@
+"""The train step from the exported graph (:mod:`tasks.prepare.runtimes.autograd.graph_step`): the
+TorchScript export differentiated as ONNX gives PyTorch's loss and gradients, for generated
+convolution, pooling and normalisation layers and for the layer classes of the corpora, without
+falling back to the traced step; a graph with an operator it has no rule for is Unsupported."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tasks.prepare.runtimes.autograd.graph_step import graph_step
+from tasks.prepare.runtimes.autograd.onnx_grad import Unsupported
+from tasks.prepare.runtimes.autograd.trace import StepInputs
+
+nn = torch.nn
+
+
+def _ce(outs, labels):
+    return nn.functional.cross_entropy(outs[0], labels[0]), (outs[0],)
+
+
+def _written(tmp_path, model, x, classes, batchnorm="frozen"):
+    """The train step of ``model`` on ``x`` written by graph_step; (file, trainable names, labels)."""
+    torch.manual_seed(0)
+    y = torch.randint(0, classes, (len(x),))
+    params = dict(model.named_parameters())
+    step = StepInputs([("input", x), ("labels", y)], 1, {n: p.detach() for n, p in params.items()}, {}, _ce)
+    grads = [f"{n}_grad" for n in params]
+    path = tmp_path / "train_step.onnx"
+    noise, _ = graph_step(model, step, ["loss", "logits"], grads, path, training=True, batchnorm=batchnorm)
+    return path, list(params), y, noise
+
+
+def _assert_pytorch_s(path, model, x, y, names):
+    """The written step, run in ONNX Runtime, gives PyTorch's loss and gradients (no dropout)."""
+    session = onnxruntime.InferenceSession(str(path))
+    params = dict(model.named_parameters())
+    feeds = {"input": x.numpy(), "labels": y.numpy(), **{n: params[n].detach().numpy() for n in names}}
+    got = session.run(None, feeds)
+    model.zero_grad()
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    assert abs(got[0] - loss.item()) <= 1e-5 * max(1.0, abs(loss.item()))
+    for name, grad in zip(names, got[2:], strict=True):
+        want = params[name].grad.numpy()
+        assert np.abs(grad - want).max() <= 1e-4 * max(1.0, np.abs(want).max()), name
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    dims=st.sampled_from([1, 2]),
+    groups=st.sampled_from([1, 2]),
+    kernel=st.integers(1, 3),
+    stride=st.integers(1, 3),
+    dilation=st.integers(1, 2),
+    padding=st.integers(0, 2),
+    size=st.integers(5, 9),
+    bias=st.booleans(),
+    pool=st.sampled_from(["max", "avg", "global", "none"]),
+    norm=st.sampled_from(["frozen", "batch-stats", "group", "none"]),
+)
+def test_generated_convolutions_give_pytorch_s_gradients(tmp_path, dims, groups, kernel, stride, dilation,
+                                                         padding, size, bias, pool, norm):  # fmt: skip
+    conv = (nn.Conv1d, nn.Conv2d)[dims - 1](4, 6, kernel, stride, padding, dilation, groups, bias)
+    torch.manual_seed(1)
+    x = torch.randn(5, 4, *([size] * dims))
+    with torch.no_grad():
+        shape = conv(x).shape
+    if min(shape[2:]) < 2:
+        return
+    layers = [conv]
+    if norm == "group":
+        layers.append(nn.GroupNorm(2, 6))
+    elif norm != "none":
+        layers.append((nn.BatchNorm1d, nn.BatchNorm2d)[dims - 1](6))
+    layers.append(nn.ReLU())
+    pools = {"max": (nn.MaxPool1d, nn.MaxPool2d)[dims - 1](2), "avg": (nn.AvgPool1d, nn.AvgPool2d)[dims - 1](2),
+             "global": (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d)[dims - 1](1)}  # fmt: skip
+    if pool in pools:
+        layers.append(pools[pool])
+    model = nn.Sequential(*layers, nn.Flatten(), nn.LazyLinear(3))
+    model(x)  # the lazy head takes its size
+    batchnorm = "frozen" if norm in ("none", "group") else norm
+    path, names, y, _ = _written(tmp_path, model, x, 3, batchnorm)
+    model.train()
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and batchnorm == "frozen":
+            m.eval()
+    _assert_pytorch_s(path, model, x, y, names)
+
+
+class _Encoder(nn.Module):
+    """Token embedding, a transformer encoder layer (attention, LayerNorm, GELU), mean pooling."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(20, 16)
+        self.layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, activation="gelu", batch_first=True)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, tokens):
+        return self.head(self.layer(self.embed(tokens)).mean(dim=1))
+
+
+def test_an_encoder_of_tokens_gives_pytorch_s_gradients(tmp_path):
+    model = _Encoder().train()
+    x = torch.randint(0, 20, (7, 9))
+    path, names, y, _ = _written(tmp_path, model, x, 4)
+    _assert_pytorch_s(path, model, x, y, names)
+
+
+def test_a_dropout_draws_its_mask_from_a_noise_input(tmp_path):
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
+    x = torch.randn(11, 8)
+    path, names, y, noise = _written(tmp_path, model, x, 3)
+    assert [(n.name, n.shape) for n in noise] == [("noise.0", ("batch", 16))]
+    u = np.random.default_rng(2).random((11, 16), dtype=np.float32)
+    params = dict(model.named_parameters())
+    feeds = {
+        "input": x.numpy(),
+        "labels": y.numpy(),
+        "noise.0": u,
+        **{n: params[n].detach().numpy() for n in names},
+    }
+    got = onnxruntime.InferenceSession(str(path)).run(None, feeds)
+    h = torch.relu(model[0](x)) * torch.from_numpy(u < 0.7).float() / 0.7
+    loss = nn.functional.cross_entropy(model[3](h), y)
+    grads = torch.autograd.grad(loss, [params[n] for n in names])
+    assert abs(got[0] - loss.item()) < 1e-5
+    for g, want in zip(got[2:], grads, strict=True):
+        np.testing.assert_allclose(g, want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_an_operator_without_a_rule_is_unsupported(tmp_path):
+    class Last(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gru, self.head = nn.GRU(4, 8, batch_first=True), nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.head(self.gru(x)[0][:, -1])
+
+    with pytest.raises(Unsupported, match="GRU"):
+        _written(tmp_path, Last(), torch.randn(7, 5, 4), 3)
+    assert not (tmp_path / "train_step.onnx").exists()
