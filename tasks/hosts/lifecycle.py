@@ -116,7 +116,8 @@ def _start(first: Path, name: str, env: dict[str, str], use_ns: bool, quota: flo
         api = f"http://{net['host_ip']}:{env['PREFECT_SERVER_API_PORT']}/api"
     wenv = host_env(env, home, api)
     worker = f"{socket.gethostname()}-{name}"
-    argv = [str(Path(sys.executable).parent / "prefect"), "worker", "start", "--pool", POOL, "--type", "process", "--name", worker,
+    prefect = str(Path(sys.executable).parent / "prefect")
+    argv = [prefect, "worker", "start", "--pool", POOL, "--type", "process", "--name", worker,
             "--limit", str(limit)]  # fmt: skip
     prefix = ["ip", "netns", "exec", net["netns"]] if net["netns"] else []
     pid = spawn(wenv, "worker", prefix + argv)
