@@ -86,13 +86,17 @@ def run_fleet(
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from flows.fleet import FleetParams, odl_fleet
+    from tasks.prefect import boards
 
     params = FleetParams(
         group=GROUP, rounds=rounds, epochs=epochs, fanout=fanout, deadline_s=deadline_s,
         overrides={"promotion.rollout": False},
     )  # fmt: skip
     with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
-        state = odl_fleet(params, return_state=True)
+        try:
+            state = odl_fleet(params, return_state=True)
+        finally:  # sent while the lab's server is up: a caller stops it next
+            boards.flush()
         if not state.is_completed():
             raise SystemExit(f"fleet run with fanout {fanout} failed: {state.message}")
         return state.result().summary

@@ -182,12 +182,15 @@ def publish_overview(boards: list[str], registry: Any) -> list[dict[str, Any]]:
 
 
 def flush(timeout: float = 10.0) -> None:
-    """Send the events still queued (a command about to exit), quietly."""
+    """Send the events and run logs still queued (a command about to exit, or a flow run in this
+    process whose server is about to stop: at exit Prefect would wait for that server), quietly."""
     try:
         from prefect.events.worker import EventsWorker  # Prefect only when a server is in use
+        from prefect.logging.handlers import APILogWorker  # the run logs' sender
 
         logging.getLogger("EventsWorker").setLevel(logging.ERROR)  # "still processing items": it is
         EventsWorker.drain_all(timeout=timeout)
+        APILogWorker.drain_all(timeout=timeout)
     except Exception as exc:  # noqa: BLE001 - an event is a report, not a step
         log.debug("events not flushed: %s", exc)
 
