@@ -14,7 +14,7 @@ from tasks.paths import PROJECT_ROOT
 
 
 @pytest.fixture(scope="module")
-def hosts_lab(tmp_path_factory: pytest.TempPathFactory):
+def hosts_lab_module(tmp_path_factory: pytest.TempPathFactory):
     """The lab's stack environment; at the end hosts, boards, stack and cluster are gone."""
     from bench.hosts import fleet_lab
 
@@ -22,6 +22,14 @@ def hosts_lab(tmp_path_factory: pytest.TempPathFactory):
         pytest.skip("simulated hosts and virtual boards need root (ip netns, useradd, sshd)")
     with fleet_lab(tmp_path_factory.mktemp("hosts") / "odl", 4, 0.25) as env:
         yield env
+
+
+@pytest.fixture
+def hosts_lab(hosts_lab_module):
+    """The module's lab for one test; its hosts are down after it (one that failed half-way leaves
+    none running, with its environment, to the next)."""
+    yield hosts_lab_module
+    odl_hosts(hosts_lab_module, "down")
 
 
 def odl_hosts(env: dict[str, str], *args: str, **extra: str) -> subprocess.CompletedProcess[str]:

@@ -9,6 +9,7 @@ server at the machine's end of its veth: the server must listen beyond 127.0.0.1
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from tasks.errors import BoardError
 from tasks.hosts.share import share_boards
@@ -64,8 +66,8 @@ def check_counts(hosts: int, cpu_quota: float | None, limit: int) -> None:
 
 
 def up(hosts: int, cpu_quota: float | None = None, netns: bool = True, limit: int = 1) -> list[dict]:
-    """Bring up hosts ``h1..hN`` (those already up with the same settings are kept, any beyond N
-    stopped); their records."""
+    """Bring up hosts ``h1..hN`` (those already up with the same settings and the same ``ODL_*``
+    variables passed on, the store's among them, are kept; any beyond N stopped); their records."""
     check_counts(hosts, cpu_quota, limit)
     first = odl_home()
     env = stack_env(home=first)
@@ -78,7 +80,7 @@ def up(hosts: int, cpu_quota: float | None = None, netns: bool = True, limit: in
     state = load(first)
     for n in range(1, hosts + 1):
         name, old = f"h{n}", state["hosts"].get(f"h{n}")
-        wanted = {"cpu_quota": cpu_quota, "limit": limit}
+        wanted = {"cpu_quota": cpu_quota, "limit": limit, "passed": passed_on()}
         if old and _alive(old) and all(old.get(k) == v for k, v in wanted.items()):
             share_boards(first, Path(old["home"]))
             continue
@@ -114,7 +116,7 @@ def _start(first: Path, name: str, env: dict[str, str], use_ns: bool, quota: flo
                         net["host_ip"]], check=True, capture_output=True)  # fmt: skip
         state["forward_set"] = state.get("forward_set") or _enable_forwarding()
         api = f"http://{net['host_ip']}:{env['PREFECT_SERVER_API_PORT']}/api"
-    wenv = host_env(env, home, api)
+    wenv = host_env(env, home, api, net.get("host_ip"))
     worker = f"{socket.gethostname()}-{name}"
     prefect = str(Path(sys.executable).parent / "prefect")
     argv = [prefect, "worker", "start", "--pool", POOL, "--type", "process", "--name", worker,
@@ -123,7 +125,7 @@ def _start(first: Path, name: str, env: dict[str, str], use_ns: bool, quota: flo
     pid = spawn(wenv, "worker", prefix + argv)
     kept = {k: net.get(k) for k in ("netns", "veth_host", "host_ip")} | {"addr": net.get("host")}
     record = {"name": name, "home": str(home), "worker": worker, "pid": pid, "api": api,
-              "cpu_quota": quota, "limit": limit, **kept}  # fmt: skip
+              "cpu_quota": quota, "limit": limit, "passed": passed_on(), **kept}  # fmt: skip
     if quota:
         try:
             cgroup.limit_cpu(name, quota, pid, kind="host")
@@ -135,17 +137,27 @@ def _start(first: Path, name: str, env: dict[str, str], use_ns: bool, quota: flo
     return record
 
 
-def host_env(env: dict[str, str], home: Path, api: str) -> dict[str, str]:
+def passed_on() -> str:
+    """A digest of the caller's ``ODL_*`` variables, which a host's worker inherits (the store's among
+    them; a digest: ODL_ALERT_WEBHOOK may hold a token): a host started with others is restarted by
+    ``up``, not kept."""
+    passed = {k: v for k, v in os.environ.items() if k.startswith("ODL_") and k != "ODL_HOME"}
+    return hashlib.sha256(json.dumps(passed, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def host_env(env: dict[str, str], home: Path, api: str, machine: str | None = None) -> dict[str, str]:
     """A host worker's environment: its own home and Prefect home, the server at ``api``, no
-    database URL, flow-run heartbeats every 30 s (the first host's fleet flow tells a lost host by them); the store's address and password file passed on when set (the password copied
-    into the host's home, 0600, never printed)."""
+    database URL, flow-run heartbeats every 30 s (the first host's fleet flow tells a lost host by
+    them); the store's address and password file passed on when set (the password copied into the
+    host's home, 0600, never printed; a store on this machine's loopback at ``machine``, this
+    machine's end of the host's veth: :func:`store_url_for`)."""
     wenv = {k: v for k, v in env.items() if k not in DROPPED}
     wenv.update(ODL_HOME=str(home), PREFECT_HOME=str(home / "prefect"), PREFECT_API_URL=api,
                 PREFECT_FLOWS_HEARTBEAT_FREQUENCY=HEARTBEAT_S)  # fmt: skip
     wenv.pop(STORE_URL, None)
     wenv.pop(STORE_PASSWORD, None)
     if os.environ.get(STORE_URL):
-        wenv[STORE_URL] = os.environ[STORE_URL]
+        wenv[STORE_URL] = store_url_for(os.environ[STORE_URL], machine)
     secret = os.environ.get(STORE_PASSWORD)
     if secret:
         if not Path(secret).is_file():
@@ -156,6 +168,22 @@ def host_env(env: dict[str, str], home: Path, api: str) -> dict[str, str]:
         copy.write_bytes(Path(secret).read_bytes())
         wenv[STORE_PASSWORD] = str(copy)
     return wenv
+
+
+def store_url_for(url: str, machine: str | None) -> str:
+    """``url`` as a host in a network namespace reaches it: a store on this machine's loopback
+    (127.0.0.1, localhost, ::1) is at ``machine`` there, as the server is (its cluster must listen
+    there too and let the hosts' addresses in); any other URL, or no namespace, as it is."""
+    try:
+        parts = urlsplit(url)
+        loopback = parts.hostname in ("127.0.0.1", "localhost", "::1")
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:  # the host's own check says what is wrong with it, in one line
+        return url
+    if machine is None or not loopback:
+        return url
+    user = parts.netloc.rpartition("@")[0]
+    return urlunsplit(parts._replace(netloc=f"{user}@{machine}{port}" if user else f"{machine}{port}"))
 
 
 def _enable_forwarding() -> bool:

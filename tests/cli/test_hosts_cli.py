@@ -64,3 +64,37 @@ def test_a_host_gets_the_store_variables_and_no_database_url(tmp_path: Path, mon
     assert copy.parent == home and copy.read_text() == "s3cret-value\n"
     assert copy.stat().st_mode & 0o777 == 0o600
     assert not any("s3cret" in v for v in env.values())  # the password itself is in no variable
+
+
+@pytest.mark.parametrize(
+    ("url", "seen"),
+    [
+        ("postgresql://odl@127.0.0.1:5433/odl_store", "postgresql://odl@10.231.7.1:5433/odl_store"),
+        ("postgresql://odl@localhost/odl_store", "postgresql://odl@10.231.7.1/odl_store"),
+        ("postgresql://odl@[::1]:5433/odl_store", "postgresql://odl@10.231.7.1:5433/odl_store"),
+        ("postgresql://odl@10.0.0.5:5433/odl_store", "postgresql://odl@10.0.0.5:5433/odl_store"),
+    ],
+)
+def test_a_store_on_this_machine_is_reached_at_the_veths_end(
+    url: str, seen: str, tmp_path: Path, monkeypatch
+):
+    """A host in a namespace reaches this machine's loopback store at this machine's end of its
+    veth (as it reaches the server); another address, or a host without a namespace, as given."""
+    from tasks.hosts.lifecycle import host_env, store_url_for
+
+    monkeypatch.setenv("ODL_STORE_URL", url)
+    monkeypatch.delenv("ODL_STORE_PASSWORD_FILE", raising=False)
+    assert host_env({}, tmp_path, "http://10.231.7.1:4200/api", "10.231.7.1")["ODL_STORE_URL"] == seen
+    assert store_url_for(url, None) == url
+
+
+def test_a_host_started_with_other_odl_variables_is_not_kept(monkeypatch):
+    from tasks.hosts.lifecycle import passed_on
+
+    monkeypatch.delenv("ODL_STORE_URL", raising=False)
+    before = passed_on()
+    monkeypatch.setenv("ODL_STORE_URL", "postgresql://odl@127.0.0.1:5433/odl_store")
+    with_store = passed_on()
+    assert with_store != before
+    monkeypatch.setenv("ODL_HOME", "/elsewhere")  # each host has its own: not compared
+    assert passed_on() == with_store

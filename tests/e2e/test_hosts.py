@@ -1,7 +1,9 @@
 """End to end (issue 45): two simulated worker hosts (``odl hosts up --hosts 2``: own network
 namespace, own ODL_HOME, one worker each on odl-pool) and a fleet round over four virtual boards
 fanned out as two ``odl/fleet-group`` runs; the Prefect server says which host's worker ran each,
-and the aggregate equals the one-host aggregation of the very updates the boards sent."""
+and the aggregate equals the one-host aggregation of the very updates the boards sent. Every host,
+the first included, is configured for one real shared store (tests/fixtures_store.py's cluster,
+which the hosts reach at this machine's end of their veths)."""
 
 from __future__ import annotations
 
@@ -17,9 +19,9 @@ from bench.hosts import GROUP, run_fleet
 from tasks.paths import PROJECT_ROOT
 from tests.e2e.prefect_api import post
 from tests.fixtures_hosts import odl_hosts
+from tests.fixtures_store import store_password
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.board]
-SECRET = "store-pw-never-shown"
 
 
 def _alive(pid: int) -> bool:
@@ -34,25 +36,25 @@ def _netns(pid: int) -> str:
     return os.readlink(f"/proc/{pid}/ns/net")
 
 
-def test_two_hosts_each_run_a_group_and_the_aggregate_is_the_one_host_one(hosts_lab, tmp_path: Path):
+def test_two_hosts_each_run_a_group_and_the_aggregate_is_the_one_host_one(hosts_lab, shared_store):
     from tasks.hosts import lifecycle
+    from tasks.store import Documents, configured_store
 
     env, home = hosts_lab, Path(hosts_lab["ODL_HOME"])
-    secret = tmp_path / "store.pw"
-    secret.write_text(SECRET)
-    store = {"ODL_STORE_URL": "postgresql://odl@10.0.0.5/odl", "ODL_STORE_PASSWORD_FILE": str(secret)}
-    up = odl_hosts(env, "up", "--hosts", "2", **store)
+    store, secret = shared_store, store_password(shared_store)  # this process's store: up's too
+    up = odl_hosts(env, "up", "--hosts", "2")
     assert up.returncode == 0, up.stderr[-2000:]
-    assert SECRET not in up.stdout + up.stderr
+    assert secret not in up.stdout + up.stderr
     hosts = {h["name"]: h for h in lifecycle.status()}
     assert sorted(hosts) == ["h1", "h2"] and all(h["running"] for h in hosts.values())
     spaces = {_netns(h["pid"]) for h in hosts.values()}  # each worker: a namespace of its own
     assert len(spaces) == 2 and _netns(os.getpid()) not in spaces
-    for h in hosts.values():  # its own home, the store passed on, no database URL
+    for h in hosts.values():  # its own home, the store passed on (at its veth's end), no database URL
         environ = dict(
             kv.split("=", 1) for kv in Path(f"/proc/{h['pid']}/environ").read_text().split("\0") if "=" in kv
         )
-        assert environ["ODL_HOME"] == h["home"] and environ["ODL_STORE_URL"] == store["ODL_STORE_URL"]
+        url = store["ODL_STORE_URL"].replace("@127.0.0.1:", f"@{h['host_ip']}:")
+        assert environ["ODL_HOME"] == h["home"] and environ["ODL_STORE_URL"] == url
         assert Path(environ["ODL_STORE_PASSWORD_FILE"]).parent == Path(h["home"])
         assert not any(k.endswith("DATABASE_CONNECTION_URL") for k in environ)
         assert h["boards"] == ["hb0", "hb1", "hb2", "hb3"]
@@ -65,6 +67,12 @@ def test_two_hosts_each_run_a_group_and_the_aggregate_is_the_one_host_one(hosts_
         [["hb0", "hb1"], ["hb2", "hb3"]],
         [["hb2", "hb3"], ["hb0", "hb1"]],
     )
+
+    # the hosts read the store: their inventory is its document (the first home's, pushed at its first
+    # read), no longer the copy `up` made with the key paths rewritten into their homes
+    shared = Documents(configured_store()).get("inventory.toml").content
+    assert shared == (home / "inventory.toml").read_bytes()
+    assert all((Path(h["home"]) / "inventory.toml").read_bytes() == shared for h in hosts.values())
 
     # which worker ran each group run: the server's own events
     ran = {}
