@@ -37,6 +37,7 @@ from tasks.prefect import boards as boards_overview
 from tasks.prefect import fleet as ft
 from tasks.prefect import tasks as pt
 from tasks.prefect.buffered import run_buffered
+from tasks.prefect.fanout import fan_out_round
 from tasks.prefect.logs import quiet_user_errors
 from tasks.prefect.params import StrictParams, flow_run_name, parameter, run_tags, tag_run
 from tasks.prefect.verdict import verdict_state
@@ -65,6 +66,9 @@ class FleetParams(StrictParams):
     epochs: Epochs | None = Field(None, description="override [training].epochs (local, per round)")
     lr: LearningRate | None = Field(None, description="override [optimizer].lr")
     overrides: dict[str, Any] = Field(default_factory=dict, description="more dotted-key recipe overrides")
+    fanout: int | None = Field(
+        None, ge=1, description="rounds mode: each round as this many odl/fleet-group runs on the pool"
+    )
 
     def recipe_overrides(self) -> dict[str, Any]:
         named = {
@@ -132,7 +136,7 @@ def odl_fleet(params: FleetParams = DEFAULT_PARAMS) -> FleetOutcome | None:
     if isinstance(fleet, BufferedRun):  # FedBuff: every board trains on, aggregated every K arrivals
         run_buffered(fleet, boards, inp, prep)
     else:
-        _run_rounds(fleet, boards, inp, prep)
+        _run_rounds(fleet, boards, inp, prep, p)
     candidate = fleet.final_model()
     reference = stages.choose_reference(recipe.name, p.group)
     evaluation = pt.evaluate(recipe, prep, candidate, reference)
@@ -168,25 +172,34 @@ def _serving(fleet: FleetRun | BufferedRun) -> list[str]:
     return fleet.rounds[-1]["took_part"]
 
 
-def _run_rounds(fleet: FleetRun, boards: list[Board], inp: stages.Inputs, prep: Prepared) -> None:
-    """The synchronous rounds: every board from the round's global model, then the aggregate."""
+def _run_rounds(
+    fleet: FleetRun, boards: list[Board], inp: stages.Inputs, prep: Prepared, p: FleetParams
+) -> None:
+    """The synchronous rounds: every board from the round's global model, then the aggregate; with
+    ``fanout``, the boards in groups run on the pool's hosts (:mod:`tasks.prefect.fanout`)."""
     spec = fleet.spec
     for r in range(1, spec.rounds + 1):
         if not fleet.budget_allows(r):  # the privacy budget: the round that would cross it is not run
             log.info("%s", fleet.stopped)
             break
         started = time.monotonic()
-        ckpt = fleet.round_checkpoint(r)
         deadline = time.time() + spec.deadline_s
-        out = {b.name: fleet.folder / f"round-{r:03d}" / b.name for b in boards}
-        futures = {
-            b.name: ft.board_round.submit(b, inp, prep, ckpt, fleet.run_id, r, deadline, out[b.name])
-            for b in boards
-        }
-        wait(list(futures.values()), timeout=spec.deadline_s + 120)
-        results = {name: ft.outcome(f) for name, f in futures.items()}
+        groups: dict[str, Any] = {}
+        if p.fanout:
+            recipe = Path(p.recipe).expanduser().resolve()
+            results, runs = fan_out_round(fleet, boards, r, deadline, p.fanout, recipe, p.recipe_overrides())
+            groups = {"groups": runs}
+        else:
+            ckpt = fleet.round_checkpoint(r)
+            out = {b.name: fleet.folder / f"round-{r:03d}" / b.name for b in boards}
+            futures = {
+                b.name: ft.board_round.submit(b, inp, prep, ckpt, fleet.run_id, r, deadline, out[b.name])
+                for b in boards
+            }
+            wait(list(futures.values()), timeout=spec.deadline_s + 120)
+            results = {name: ft.outcome(f) for name, f in futures.items()}
         try:
-            ft.close_round(fleet, r, results, started)
+            ft.close_round(fleet, r, results, started, groups)
         finally:
             ft.publish_fleet(fleet.summary())
             ft.mark_boards(fleet.summary())

@@ -21,6 +21,7 @@ pytest_plugins = [
     "tests.fixtures_flow",
     "tests.fixtures_postgres",
     "tests.fixtures_store",
+    "tests.fixtures_hosts",
     "tests.e2e.faultkit",
 ]
 

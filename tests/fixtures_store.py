@@ -1,5 +1,9 @@
 """Fixtures of the shared store (tasks/store/): a private PostgreSQL cluster (tasks.stack.postgres, as
-the stack's own) for the session, and a fresh database with its own role's password file per test."""
+the stack's own) for the session, and a fresh database with its own role's password file per test.
+
+The cluster listens on every address so that simulated hosts (tests/e2e/test_hosts.py: each in a
+network namespace of its own) reach it at this machine's end of their veths; pg_hba.conf lets in
+127.0.0.1 and their addresses (10.231.0.0/16) only, with the role's password."""
 
 from __future__ import annotations
 
@@ -17,11 +21,13 @@ _DATABASES = itertools.count(1)
 def store_cluster(tmp_path_factory: pytest.TempPathFactory):
     """(home, port) of a running private cluster; removed at the end, no process of it left."""
     from tasks.stack import postgres
+    from tasks.vboard.sshd import SUBNET
 
     home = tmp_path_factory.mktemp("storepg") / "odl"
     (port,) = free_ports(1)
     try:
-        postgres.start(home, port)
+        postgres.start(home, port, listen="0.0.0.0")
+        postgres.allow_network(home, f"{SUBNET}.0.0/16")
         yield home, port
     finally:
         cluster = postgres.cluster_dir(home)

@@ -85,6 +85,8 @@ def area_module(area: str) -> ModuleType:
             from flows.cli import prepare as module  # lazy: export and artifacts load torch and onnx
         case "home":
             from flows.cli import home as module  # lazy: the stack's processes and PostgreSQL, no stage
+        case "hosts":
+            from flows.cli import hosts as module  # lazy: namespaces and the stack's processes, no stage
         case "run":
             from flows.cli import run as module  # lazy: every stage (onnx, numpy), and Prefect for odl flow
         case "board":

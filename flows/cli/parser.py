@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-v", "--verbose", action="store_true", help="debug logging, library messages and tracebacks"
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (add_prepare, add_flow, add_board, add_run, add_nightly, add_recipe):
+    for add in (add_prepare, add_flow, add_hosts, add_board, add_run, add_nightly, add_recipe):
         add(sub)
     _verbose_everywhere(sub)
     return parser
@@ -152,6 +152,18 @@ def add_flow(sub: Sub) -> None:
     rep.add_argument("recipe", help="the recipe's name (or its .toml file)")
     rep.add_argument("board", nargs="?", default="vboard")
     rep.add_argument("--markdown", action="store_true", help="print the whole markdown report")
+
+
+def add_hosts(sub: Sub) -> None:
+    """``odl hosts up | down | status | sync``: simulated worker hosts on this machine (issue 45)."""
+    hosts = _command(sub, "hosts", "hosts", "cmd_hosts",
+                     help="simulated worker hosts: own netns and ODL_HOME, a worker each on odl-pool")  # fmt: skip
+    hosts.add_argument("action", choices=["up", "down", "status", "sync"],
+                       help="sync: copy the boards (inventory, keys, host keys) to the hosts again")  # fmt: skip
+    hosts.add_argument("--hosts", type=int, default=2, help="up: how many hosts, h1..hN (default 2)")
+    hosts.add_argument("--cpu-quota", type=float, metavar="CPUS", help="up: cap each host's CPU (cgroup)")
+    hosts.add_argument("--limit", type=int, default=1, help="up: flow runs at a time per host (default 1)")
+    hosts.add_argument("--no-netns", action="store_true", help="up: on this machine's network")
 
 
 def add_board(sub: Sub) -> None:

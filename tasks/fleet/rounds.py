@@ -88,10 +88,12 @@ class FleetRun:
         return write_checkpoint(base, self.weights, self.folder / f"round-{r:03d}" / "global.ckpt")
 
     def close_round(
-        self, r: int, results: dict[str, BoardUpdate | BaseException | None], started: float | None = None
-    ) -> dict[str, Any]:
+        self, r: int, results: dict[str, BoardUpdate | BaseException | None], started: float | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
         """Check the quorum, aggregate the updates, evaluate on the host test set and record the
-        round; FleetError (after recording) when fewer than ``min_boards`` boards finished."""
+        round (``extra``: more fields of its record, e.g. a fanned-out round's group runs);
+        FleetError (after recording) when fewer than ``min_boards`` boards finished."""
         t0 = time.monotonic()
         rdir = self.folder / f"round-{r:03d}"
         boards: dict[str, dict[str, Any]] = {}
@@ -111,6 +113,7 @@ class FleetRun:
                 late = isinstance(res, Straggler)
                 boards[name] = {"status": "late" if late else "failed", "error": why(res)}
         record: dict[str, Any] = {"round": r, "boards": boards, "min_boards": self.spec.min_boards}
+        record.update(extra or {})
         record["took_part"] = [b for b, row in boards.items() if row["status"] == "ok"]
         record["bytes_down"] = sum(row.get("bytes_down", 0) for row in boards.values())
         record["bytes_up"] = sum(row.get("bytes_up", 0) for row in boards.values())

@@ -68,11 +68,19 @@ class Registry(ModelRegistry):
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
 
+    def __repr__(self) -> str:
+        return f"Registry({self.root})"
+
     def entry(self, recipe: str, board: str) -> Path:
         """The folder of one recipe+board pair (names are validated by the recipe's and the
         inventory's own rules, never used raw in paths)."""
         check_names(recipe, board)
         return self.root / f"{recipe}-{board}"
+
+    def recipes(self, board: str) -> list[str]:
+        """The recipes with a folder ``<recipe>-<board>``, sorted."""
+        found = self.root.glob(f"*-{board}") if self.root.is_dir() else []
+        return sorted(p.name[: -len(board) - 1] for p in found if p.is_dir())
 
     def versions(self, recipe: str, board: str) -> list[Version]:
         """Every recorded version, oldest first."""

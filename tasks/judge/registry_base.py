@@ -113,6 +113,10 @@ class ModelRegistry(ABC):
     promotion or a rollback (see :mod:`tasks.judge.registry` for the rule and the local layout)."""
 
     @abstractmethod
+    def recipes(self, board: str) -> list[str]:
+        """The recipes with a version recorded for ``board``, sorted (the fleet overview's rows)."""
+
+    @abstractmethod
     def versions(self, recipe: str, board: str) -> list[Version]:
         """Every recorded version, oldest first."""
 

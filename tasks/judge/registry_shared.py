@@ -85,6 +85,12 @@ class SharedRegistry(ModelRegistry):
         folder = self.cache / f"{recipe}-{board}" / _name(number)
         return Version(_name(number), folder, json.loads(info), json.loads(metrics), dict(files))
 
+    def recipes(self, board: str) -> list[str]:
+        with self.store.transaction() as conn:
+            rows = conn.execute("SELECT recipe FROM odl_registry_entries WHERE board = %s ORDER BY recipe",
+                                (board,)).fetchall()  # fmt: skip
+        return [r[0] for r in rows]
+
     def versions(self, recipe: str, board: str) -> list[Version]:
         check_names(recipe, board)
         with self.store.transaction() as conn:

@@ -25,7 +25,6 @@ import re
 import time
 import warnings
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from tasks.board.check_items import fmt_mb
@@ -127,8 +126,7 @@ def overview_rows(
     """One row per board, six short columns (facts stacked in a cell, one a line, so the table fits
     a 1280 px window): reachable and when it was checked, what it serves (recipe and version, the
     metric, when promoted), the last training, free disk and RAM, its last ``events`` (type, time)
-    and, with a ``ui``, a link to its event feed; from the records and the registry
-    (``registry.root`` folders)."""
+    and, with a ``ui``, a link to its event feed; from the records and the registry."""
     rows, at = [], time.time()
     for board in boards:
         path = state_dir("boards-seen") / f"{board}.json"
@@ -151,10 +149,10 @@ def overview_rows(
 
 def _serving(registry: Any, board: str) -> tuple[list[str], float | None]:
     """What ``board`` serves, a few lines per recipe ("digits v0003", "accuracy 0.953", "promoted
-    21:40"), and when it last trained (its newest version's record), from the registry's folders."""
-    root, lines, trained = Path(registry.root), [], 0.0
-    for entry in sorted(root.glob(f"*-{board}")) if root.is_dir() else []:
-        recipe = entry.name[: -len(board) - 1]
+    21:40"), and when it last trained (its newest version's record), from the registry (either
+    backend: the local folder or the shared store)."""
+    lines, trained = [], 0.0
+    for recipe in registry.recipes(board):
         current, versions = registry.current(recipe, board), registry.versions(recipe, board)
         if versions:
             trained = max(trained, float(versions[-1].info.get("recorded_at") or 0))
@@ -182,12 +180,15 @@ def publish_overview(boards: list[str], registry: Any) -> list[dict[str, Any]]:
 
 
 def flush(timeout: float = 10.0) -> None:
-    """Send the events still queued (a command about to exit), quietly."""
+    """Send the events and run logs still queued (a command about to exit, or a flow run in this
+    process whose server is about to stop: at exit Prefect would wait for that server), quietly."""
     try:
         from prefect.events.worker import EventsWorker  # Prefect only when a server is in use
+        from prefect.logging.handlers import APILogWorker  # the run logs' sender
 
         logging.getLogger("EventsWorker").setLevel(logging.ERROR)  # "still processing items": it is
         EventsWorker.drain_all(timeout=timeout)
+        APILogWorker.drain_all(timeout=timeout)
     except Exception as exc:  # noqa: BLE001 - an event is a report, not a step
         log.debug("events not flushed: %s", exc)
 

@@ -76,9 +76,15 @@ def board_round(
 
 
 @task(name="aggregate", task_run_name="aggregate round {r}", cache_policy=NO_CACHE)
-def close_round(fleet: rounds.FleetRun, r: int, results: dict[str, Any], started: float) -> dict[str, Any]:
+def close_round(
+    fleet: rounds.FleetRun,
+    r: int,
+    results: dict[str, Any],
+    started: float,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Quorum, aggregation and host evaluation of round ``r`` (FleetError without a quorum)."""
-    return fleet.close_round(r, results, started)
+    return fleet.close_round(r, results, started, extra)
 
 
 def outcome(future: Any) -> Any:

@@ -36,7 +36,7 @@ def trend(recipe: str, board: str) -> tuple[list[dict[str, Any]], list[dict[str,
         return trend_points(versions, current.name if current else None), night_rows(versions)
     except (OSError, AttributeError, KeyError, TypeError, ValueError) as exc:
         raise RegistryError(
-            f"registry {reg.root}: cannot read the versions of {recipe} on {board} ({exc})"
+            f"registry {reg!r}: cannot read the versions of {recipe} on {board} ({exc})"
         ) from exc
 
 

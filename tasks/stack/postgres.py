@@ -1,7 +1,8 @@
 """A private PostgreSQL cluster for the Prefect server of the stack (``odl stack up --db postgres``).
 
 Debian's server binaries (``/usr/lib/postgresql/<newest version>/bin``; ``apt-get install postgresql``)
-run one cluster per ODL_HOME, on 127.0.0.1 only, with its unix socket in its own folder. The cluster
+run one cluster per ODL_HOME, on 127.0.0.1 only (the stack's; a store other hosts reach may listen
+beyond it: :func:`start`, :func:`allow_network`), with its unix socket in its own folder. The cluster
 folder holds ``data/`` (PGDATA), ``socket/`` and ``password`` (the ``prefect`` role's, generated once,
 mode 0600). Superuser access is by peer authentication over the socket; TCP needs a password.
 
@@ -19,6 +20,7 @@ stack, its log is ``$ODL_HOME/logs/postgres.log``.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import pwd
 import re
@@ -162,8 +164,10 @@ def _postmaster(cluster: Path | None) -> tuple[int, int] | None:
     return (pid, port) if alive else None  # else a stale file: the server crashed
 
 
-def start(home: Path, port: int = DEFAULT_PORT, timeout: int = 60) -> int:
-    """Create the cluster if needed, start it on 127.0.0.1:``port``, create role and database ``prefect``."""
+def start(home: Path, port: int = DEFAULT_PORT, timeout: int = 60, listen: str = "127.0.0.1") -> int:
+    """Create the cluster if needed, start it on ``listen``:``port`` (127.0.0.1: the stack's; another
+    address, or ``0.0.0.0``, for a store other hosts reach: :func:`allow_network`), create role and
+    database ``prefect``."""
     home = Path(home)
     cluster = init(home)
     running = _postmaster(cluster)
@@ -171,7 +175,7 @@ def start(home: Path, port: int = DEFAULT_PORT, timeout: int = 60) -> int:
         raise StackError(f"PostgreSQL of {home} already runs on port {running[1]}: `odl stack down` first")
     if running is None:
         sock = _socket_dir(cluster)
-        opts = f"-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={shlex.quote(str(sock))}"
+        opts = f"-p {port} -c listen_addresses={listen} -c unix_socket_directories={shlex.quote(str(sock))}"
         log = home / "logs" / "postgres.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         argv = [str(bindir() / "pg_ctl"), "-D", str(cluster / "data"), "-w", "-t", str(timeout), "-o", opts]
@@ -180,7 +184,7 @@ def start(home: Path, port: int = DEFAULT_PORT, timeout: int = 60) -> int:
         running = _postmaster(cluster)
         if done.returncode != 0 or running is None:
             tail = log.read_text(errors="replace")[-1500:]
-            raise StackError(f"PostgreSQL did not start on 127.0.0.1:{port} (port in use?); {log}:\n{tail}")
+            raise StackError(f"PostgreSQL did not start on {listen}:{port} (port in use?); {log}:\n{tail}")
     pidfile(home, "postgres").write_text(f"{running[0]}\n")
     _create_database(cluster, port)
     return running[0]
@@ -221,6 +225,23 @@ def create_store_database(home: Path, port: int, database: str = "odl_store", ro
             out.write(secrets.token_urlsafe(24) + "\n")
     _create_database(cluster, port, role, database, pwfile.name)
     return pwfile
+
+
+def allow_network(home: Path, network: str) -> None:
+    """Let clients of ``network`` (CIDR, e.g. the simulated hosts' 10.231.0.0/16) log in over TCP with
+    a password: a line of the running cluster's pg_hba.conf (once), then a reload. The cluster must
+    also listen beyond 127.0.0.1 (:func:`start`'s ``listen``)."""
+    ipaddress.ip_network(network)  # ValueError on anything else: the line must not be free text
+    cluster = cluster_dir(Path(home))
+    if cluster is None or _postmaster(cluster) is None:
+        raise StackError(f"PostgreSQL of {home} is not running: start it first")
+    hba, line = cluster / "data" / "pg_hba.conf", f"host all all {network} scram-sha-256"
+    if line not in hba.read_text().splitlines():
+        with hba.open("a") as out:  # appended: the file keeps its owner (the server's user)
+            out.write(line + "\n")
+        done = _run(cluster, [str(bindir() / "pg_ctl"), "-D", str(cluster / "data"), "reload"])
+        if done.returncode != 0:
+            raise StackError(f"pg_ctl reload of {cluster} failed: {(done.stdout + done.stderr)[-1500:]}")
 
 
 def query(home: Path, port: int, sql: str) -> str:

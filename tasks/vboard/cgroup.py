@@ -37,24 +37,25 @@ def _v2_root(controller: str) -> Path | None:
     return None
 
 
-def cgroup_dir(name: str, controller: str = "cpu") -> Path:
-    """Where board ``name``'s cgroup for ``controller`` (cpu or memory) lives: v2, else v1."""
+def cgroup_dir(name: str, controller: str = "cpu", kind: str = "vboard") -> Path:
+    """Where board ``name``'s cgroup for ``controller`` (cpu or memory) lives: v2, else v1
+    (``kind`` "host": a simulated worker host's, :mod:`tasks.hosts`)."""
     root = _v2_root(controller)
     if root is not None:
-        return root / f"odl-vboard-{machine_name(name)}"
+        return root / f"odl-{kind}-{machine_name(name)}"
     if (V1[controller] / V1_PROBE[controller]).is_file():
-        return V1[controller] / f"odl-vboard-{machine_name(name)}"
+        return V1[controller] / f"odl-{kind}-{machine_name(name)}"
     raise BoardError(
         f"virtual board: no writable cgroup {controller} controller (neither cgroup v2 nor v1 "
         f"{V1[controller]}); run as root on a host that delegates the {controller} controller"
     )
 
 
-def limit_cpu(name: str, quota: float, pid: int) -> Path:
+def limit_cpu(name: str, quota: float, pid: int, kind: str = "vboard") -> Path:
     """Create board ``name``'s cgroup with ``quota`` CPUs (e.g. 0.25) and move ``pid`` into it."""
     if not 0.01 <= quota <= os.cpu_count():  # type: ignore[operator]
         raise BoardError(f"cpu_quota: expected a number of CPUs in [0.01, {os.cpu_count()}] (got {quota})")
-    cg = cgroup_dir(name, "cpu")
+    cg = cgroup_dir(name, "cpu", kind)
     try:
         cg.mkdir(exist_ok=True)
         quota_us = max(1000, int(quota * PERIOD_US))
@@ -109,10 +110,10 @@ def _read(path: Path) -> str | None:
     return None
 
 
-def cpu_quota(name: str) -> float | None:
+def cpu_quota(name: str, kind: str = "vboard") -> float | None:
     """The quota board ``name``'s cgroup enforces (CPUs), None without one."""
     with contextlib.suppress(BoardError, OSError, ValueError):
-        cg = cgroup_dir(name, "cpu")
+        cg = cgroup_dir(name, "cpu", kind)
         if (cg / "cpu.max").is_file():
             q, period = (cg / "cpu.max").read_text().split()
             return None if q == "max" else int(q) / int(period)
@@ -141,13 +142,13 @@ def memory(name: str) -> dict[str, float] | None:
     return None
 
 
-def remove(name: str, wait_s: float = 2.0) -> None:
+def remove(name: str, wait_s: float = 2.0, kind: str = "vboard") -> None:
     """Remove the board's cgroups once its processes are gone (the kernel refuses a busy one; a
     process just killed may take a moment to leave), waiting up to ``wait_s`` seconds."""
     deadline = time.monotonic() + wait_s
     for controller in ("cpu", "memory"):
         with contextlib.suppress(BoardError):
-            cg = cgroup_dir(name, controller)
+            cg = cgroup_dir(name, controller, kind)
             while cg.exists():
                 try:
                     cg.rmdir()

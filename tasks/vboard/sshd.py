@@ -75,6 +75,7 @@ def make_netns(name: str) -> dict[str, Any]:
             ["ip", "addr", "add", f"{board_ip}/24", "dev", vb],
             ["ip", "link", "set", vb, "up"],
             ["ip", "link", "set", "lo", "up"],
+            ["ip", "route", "add", "default", "via", host_ip],  # answers a simulated host's netns too
         ):
             sh(["ip", "netns", "exec", ns, *cmd])
     except BoardError:

@@ -144,9 +144,9 @@ def test_the_reports_events_link_opens_the_boards_feed(prefect_stack, tmp_path):
     ):
         assert time.monotonic() < deadline, "the boards' events were not stored"
         time.sleep(1)
-    out = _python(prefect_stack, "import json, time; from types import SimpleNamespace\n"
+    out = _python(prefect_stack, "import json, time; from tasks.judge.registry import Registry\n"
                   "from tasks.prefect import boards\n"
-                  f"rows = boards.publish_overview([{seen!r}, {other!r}], SimpleNamespace(root={str(tmp_path)!r}))\n"
+                  f"rows = boards.publish_overview([{seen!r}, {other!r}], Registry({str(tmp_path)!r}))\n"
                   f"print(json.dumps([boards.events_link({seen!r}, time.time()), rows]))")  # fmt: skip
     link, rows = json.loads(out.strip().splitlines()[-1])
     *recent, feed = rows[0]["events"].split(

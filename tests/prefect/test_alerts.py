@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from prefect.server.events.schemas.labelling import LabelDiver
 from prefect.server.utilities.user_templates import render_user_template_sync, validate_user_template
 
+from tasks.judge.registry import Registry
 from tasks.prefect import boards
 from tasks.stack import StackError, alerts
 from tasks.stack.automations import AROUND_H, NAMES, SPAN_S, automations, events_page
@@ -134,9 +135,9 @@ def test_overview_rows_show_last_events_and_link_the_feed(tmp_path, monkeypatch)
     monkeypatch.setenv("ODL_HOME", str(tmp_path / ".odl"))
     now = datetime.now(UTC).timestamp()
     events = {"a": [("odl.job.finished", now - 130), ("odl.board.heartbeat", now - 7200)]}
-    rows = boards.overview_rows(["a", "b"], SimpleNamespace(root=tmp_path / "none"), events, UI)
+    rows = boards.overview_rows(["a", "b"], Registry(tmp_path / "none"), events, UI)
     feed = f"[event feed]({events_page(UI, 'odl.board.a')})"
     assert rows[0]["events"] == f"job.finished 2 min ago<br>board.heartbeat 2 h ago<br>{feed}"  # one a line
     assert rows[1]["events"] == f"[event feed]({events_page(UI, 'odl.board.b')})"
-    no_ui = boards.overview_rows(["a"], SimpleNamespace(root=tmp_path / "none"))
+    no_ui = boards.overview_rows(["a"], Registry(tmp_path / "none"))
     assert no_ui[0]["events"] == boards.NONE and json.dumps(no_ui)

@@ -139,7 +139,8 @@ def test_flow_parameters_take_bounds_and_help_from_the_schema(model, params):
         where, key = dotted.split(".")
         assert param.default is None and f"override [{where}].{key}" in (param.description or ""), name
         assert dotted in model(**{name: getattr(table(), field)}).recipe_overrides()  # the default
-    assert set(params) | {"recipe", "board", "group", "overrides"} >= set(model.model_fields)
+    # fanout says where a round runs (groups on the pool's hosts), not what is trained: no recipe field
+    assert set(params) | {"recipe", "board", "group", "overrides", "fanout"} >= set(model.model_fields)
 
 
 def test_flow_parameters_refuse_what_the_recipe_refuses():

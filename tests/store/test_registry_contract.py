@@ -36,6 +36,9 @@ def test_promote_then_reject_keeps_current_and_every_version(reg, tmp_path):
     assert reg.version("digits", "vboard", "v0002").model.read_bytes() == b"model-2"
     assert [c["action"] for c in reg.history("digits", "vboard")] == ["promoted"]
     assert reg.versions("digits", "other") == [] and reg.current("other", "vboard") is None
+    reg.record("teacher", "vboard", model_file(tmp_path, b"t"), {"accuracy": 0.5}, verdict(False, 0.5))
+    # the recipes of a board: the fleet overview's rows (tasks/prefect/boards.py)
+    assert reg.recipes("vboard") == ["digits", "teacher"] and reg.recipes("other") == []
 
 
 def test_rollback_walks_back_the_versions_in_service(reg, tmp_path):

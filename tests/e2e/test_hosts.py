@@ -1,0 +1,135 @@
+"""End to end (issue 45): two simulated worker hosts (``odl hosts up --hosts 2``: own network
+namespace, own ODL_HOME, one worker each on odl-pool) and a fleet round over four virtual boards
+fanned out as two ``odl/fleet-group`` runs; the Prefect server says which host's worker ran each,
+and the aggregate equals the one-host aggregation of the very updates the boards sent. Every host,
+the first included, is configured for one real shared store (tests/fixtures_store.py's cluster,
+which the hosts reach at this machine's end of their veths)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.hosts import GROUP, run_fleet
+from tasks.paths import PROJECT_ROOT
+from tests.e2e.prefect_api import post
+from tests.fixtures_hosts import odl_hosts
+from tests.fixtures_store import store_password
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.board]
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its reaper does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _netns(pid: int) -> str:
+    return os.readlink(f"/proc/{pid}/ns/net")
+
+
+def test_two_hosts_each_run_a_group_and_the_aggregate_is_the_one_host_one(hosts_lab, shared_store):
+    from tasks.hosts import lifecycle
+    from tasks.store import Documents, configured_store
+
+    env, home = hosts_lab, Path(hosts_lab["ODL_HOME"])
+    store, secret = shared_store, store_password(shared_store)  # this process's store: up's too
+    up = odl_hosts(env, "up", "--hosts", "2")
+    assert up.returncode == 0, up.stderr[-2000:]
+    assert secret not in up.stdout + up.stderr
+    hosts = {h["name"]: h for h in lifecycle.status()}
+    assert sorted(hosts) == ["h1", "h2"] and all(h["running"] for h in hosts.values())
+    spaces = {_netns(h["pid"]) for h in hosts.values()}  # each worker: a namespace of its own
+    assert len(spaces) == 2 and _netns(os.getpid()) not in spaces
+    for h in hosts.values():  # its own home, the store passed on (at its veth's end), no database URL
+        environ = dict(
+            kv.split("=", 1) for kv in Path(f"/proc/{h['pid']}/environ").read_text().split("\0") if "=" in kv
+        )
+        url = store["ODL_STORE_URL"].replace("@127.0.0.1:", f"@{h['host_ip']}:")
+        assert environ["ODL_HOME"] == h["home"] and environ["ODL_STORE_URL"] == url
+        assert Path(environ["ODL_STORE_PASSWORD_FILE"]).parent == Path(h["home"])
+        assert not any(k.endswith("DATABASE_CONNECTION_URL") for k in environ)
+        assert h["boards"] == ["hb0", "hb1", "hb2", "hb3"]
+
+    summary = run_fleet(env, rounds=1, epochs=1, fanout=2)
+    (record,) = summary["rounds"]
+    assert record["took_part"] == ["hb0", "hb1", "hb2", "hb3"]
+    groups = record["groups"]
+    assert [g["boards"] for g in groups] in (
+        [["hb0", "hb1"], ["hb2", "hb3"]],
+        [["hb2", "hb3"], ["hb0", "hb1"]],
+    )
+
+    # the hosts read the store: their inventory is its document (the first home's, pushed at its first
+    # read), no longer the copy `up` made with the key paths rewritten into their homes
+    shared = Documents(configured_store()).get("inventory.toml").content
+    assert shared == (home / "inventory.toml").read_bytes()
+    assert all((Path(h["home"]) / "inventory.toml").read_bytes() == shared for h in hosts.values())
+
+    # which worker ran each group run: the server's own events
+    ran = {}
+    for g in groups:
+        body = {"filter": {"related": {"id": [f"prefect.flow-run.{g['flow_run_id']}"]},
+                           "event": {"name": ["prefect.worker.submitted-flow-run"]}}, "limit": 5}  # fmt: skip
+        (event,) = post(env, "/events/filter", body)["events"]
+        ran[g["flow_run_id"]] = event["resource"]["prefect.resource.name"]
+        assert ran[g["flow_run_id"]] == hosts[g["host"]]["worker"]  # the host it says it was
+    assert sorted(ran.values()) == sorted(h["worker"] for h in hosts.values())  # both hosts ran one
+
+    # the one-host aggregation of the updates as the boards sent them (the files in the hosts' homes)
+    fleet_dir = next(home.glob(f"fleet/digits_fleet-{GROUP}-*"))
+    originals = {}
+    for g in groups:
+        for board in g["boards"]:
+            (path,) = Path(hosts[g["host"]]["home"]).glob(f"fleet-groups/*/round-001-*/{board}/trainable.npz")
+            received = fleet_dir / "round-001" / board / "trainable.npz"
+            assert (
+                hashlib.sha256(path.read_bytes()).digest() == hashlib.sha256(received.read_bytes()).digest()
+            )
+            originals[board] = path
+    fanned, local, start = _aggregate_both_ways(home, record, originals)
+    assert sorted(fanned) == sorted(local)
+    assert all(np.array_equal(fanned[k], local[k]) and fanned[k].dtype == local[k].dtype for k in fanned)
+    assert any(not np.array_equal(fanned[k], start[k]) for k in fanned)  # the round did change them
+
+    down = odl_hosts(env, "down")
+    assert down.stdout.strip() == "stopped: h1, h2"
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert all(h["netns"] not in names for h in hosts.values())
+    assert not any(_alive(h["pid"]) for h in hosts.values())
+
+
+def _aggregate_both_ways(home: Path, record: dict, originals: dict[str, Path]) -> tuple[dict, dict, dict]:
+    """(the fanned-out run's aggregate, a fresh one-host FleetRun's aggregate of ``originals`` from
+    the same start, the start weights)."""
+    from tasks import stages
+    from tasks.board.inventory import get_group
+    from tasks.checkpoint import checkpoint_weights
+    from tasks.fleet.board_round import BoardUpdate
+    from tasks.fleet.rounds import FleetRun
+    from tasks.recipe.load import load_recipe
+    from tests.fixtures_board import odl_home_env
+
+    fleet_dir = next(home.glob(f"fleet/digits_fleet-{GROUP}-*"))
+    with odl_home_env(home):
+        recipe = load_recipe(PROJECT_ROOT / "recipes" / "digits_fleet.toml", {"training.epochs": 1})
+        inp = stages.inputs(recipe)
+        prep = stages.prepared(inp)
+        one = FleetRun.start_run(inp, prep, GROUP, get_group(GROUP), "one-host-check")
+        start = dict(one.weights)
+        results = {}
+        for name, row in record["boards"].items():
+            keep = {k: row[k] for k in ("job_id", "samples", "metrics", "bytes_down", "bytes_up",
+                                        "seconds", "train_s", "files")}  # fmt: skip
+            results[name] = BoardUpdate(board=name, update=originals[name], **keep)
+        one.close_round(1, results)
+        fanned = checkpoint_weights(fleet_dir / "round-001" / "aggregate.ckpt", trainable_only=True)
+    return fanned, one.weights, start
