@@ -147,3 +147,15 @@ def test_an_operator_without_a_rule_is_unsupported(tmp_path):
     with pytest.raises(Unsupported, match="GRU"):
         _written(tmp_path, Last(), torch.randn(7, 5, 4), 3)
     assert not (tmp_path / "train_step.onnx").exists()
+
+
+def test_a_max_pool_gives_ties_to_the_first_maximum_as_pytorch(tmp_path):
+    """A convolution with a zero kernel makes every window of the pool a tie: the gradient reaches
+    the kernel through the window's first position only, as PyTorch's max pool chooses."""
+    conv = nn.Conv2d(1, 2, 3, padding=1)
+    with torch.no_grad():
+        conv.weight.zero_()
+    model = nn.Sequential(conv, nn.MaxPool2d(2), nn.Flatten(), nn.Linear(2 * 3 * 3, 3)).train()
+    x = torch.randn(5, 1, 7, 7)
+    path, names, y, _ = _written(tmp_path, model, x, 3)
+    _assert_pytorch_s(path, model, x, y, names)

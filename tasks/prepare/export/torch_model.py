@@ -235,9 +235,10 @@ def load_weights(model: Any, path: Path, *, replaced_head: bool = False) -> None
 
 @contextlib.contextmanager
 def one_build() -> Iterator[None]:
-    """Within the block (one preparation), :func:`build_model` loads its weights and measures its
-    BatchNorm statistics once per recipe; later builds construct the module and take that state
-    (mobilenet_v2's build with 64 calibration images: 2-3 s, three builds a preparation)."""
+    """Within the block (one preparation), :func:`build_model` constructs each recipe's module, loads
+    its weights and measures its BatchNorm statistics once; a later build gives back that module
+    with the state and ``requires_grad`` flags it was first built with (mobilenet_v2's build with
+    64 calibration images: 2-3 s; an smp FPN's construction 3-5 s; three builds a preparation)."""
     token = _BUILT.set({})
     try:
         yield
@@ -251,19 +252,23 @@ def build_model(recipe: Recipe) -> Any:
     spec = recipe.model
     if spec.kind == "onnx":
         raise ModelError("model.onnx recipes have no PyTorch model (they start from an ONNX file)")
+    built, key = _BUILT.get(), _build_key(recipe)
+    if built is not None and key in built:  # the module first built, given back as it was built
+        model, flags = built[f"{key}:module"]
+        model.load_state_dict(copy.deepcopy(built[key]))  # its _metadata too (MNASNet reads it)
+        for p, flag in zip(model.parameters(), flags, strict=True):
+            p.requires_grad_(flag)
+        return model.eval()
     if spec.kind == "torchvision":
         model = _torchvision_model(spec.ref, spec.num_classes or 0, dict(spec.kwargs))
     else:
         model = _callable_model(recipe)
-    built, key = _BUILT.get(), _build_key(recipe)
-    if built is not None and key in built:
-        model.load_state_dict(copy.deepcopy(built[key]))  # its _metadata too (MNASNet reads it)
-        return model.eval()
     if spec.weights is not None:
         load_weights(model, spec.weights, replaced_head=spec.kind == "torchvision")
     calibrated(recipe, model)  # trainable.batchnorm_calibration: statistics of the recipe's data
     if built is not None:
         built[key] = copy.deepcopy(model.state_dict())
+        built[f"{key}:module"] = (model, [p.requires_grad for p in model.parameters()])
     log.debug("built %s model %s", spec.kind, spec.ref)
     return model.eval()
 

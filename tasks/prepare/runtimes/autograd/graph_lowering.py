@@ -155,3 +155,19 @@ def lower_dropouts(graph: Any, shapes: Shapes, types: dict[str, int]) -> list[No
     del graph.graph.node[:]
     graph.graph.node.extend(out)
     return noise
+
+
+def pruned(graph: Any) -> None:
+    """Take out the nodes whose outputs nothing reads and the initializers no node reads (ONNX
+    Runtime warns of each unused initializer when a session loads the graph)."""
+    wanted = {o.name for o in graph.graph.output}
+    keep = []
+    for node in reversed(graph.graph.node):
+        if any(o in wanted for o in node.output if o):
+            keep.append(node)
+            wanted.update(i for i in node.input if i)
+    del graph.graph.node[:]
+    graph.graph.node.extend(reversed(keep))
+    used = [i for i in graph.graph.initializer if i.name in wanted]
+    del graph.graph.initializer[:]
+    graph.graph.initializer.extend(used)

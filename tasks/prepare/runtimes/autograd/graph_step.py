@@ -32,6 +32,7 @@ from tasks.prepare.runtimes.autograd.graph_lowering import (
     lower_batchnorms,
     lower_dropouts,
     observed,
+    pruned,
     run,
     session,
 )
@@ -72,6 +73,7 @@ def graph_step(model: Any, step: StepInputs, outputs: list[str], grads: list[str
                 graph.graph.output.append(
                     helper.make_value_info(name, helper.make_tensor_type_proto(TensorProto.FLOAT, None))
                 )
+        pruned(graph)
         check_board_loadable(graph, path.name)
         got = run(session(graph, path.name), arrays, path.name)
         want = _eager(model, step, arrays[len(step.feeds) + len(names) :], training)

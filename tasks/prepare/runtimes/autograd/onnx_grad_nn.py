@@ -36,24 +36,30 @@ def _spatial(
 def _weight_grad(b: Builder, inp: str, gout: str, sizes: tuple[list[int], list[int]], groups: int,
                  kernel: list[int], strides: list[int], dilations: list[int], pads: list[int], weight: list[int]) -> str:  # fmt: skip
     """The gradient of a convolution's weight (shaped ``weight``: [C_out, C_in / groups, *kernel])
-    from its input ``inp`` [N, C_in, ...] and output gradient ``gout`` [N, C_out, ...]: the input
-    as [C_in / groups, groups * N, ...] convolved by the gradient as [C_out, N, ...] in ``groups``
-    groups, strides and dilations exchanged, then cut to the kernel. ``sizes``: the spatial sizes
-    of ``inp`` and ``gout``."""
+    from its input ``inp`` [N, C_in, ...] and output gradient ``gout`` [N, C_out, ...]: the input's
+    patches (one grouped convolution by a one-hot kernel: [N, C_in * taps, ...], no patches for a
+    1x1 kernel) times the gradient, one batched MatMul per group, summed over the samples.
+    ``sizes``: the spatial sizes of ``inp`` and ``gout``."""
     n = len(kernel)
     sizes, out_sizes = sizes
-    full = [s + p0 + p1 - st * (o - 1) - 1 for s, p0, p1, st, o in zip(sizes, pads[:n], pads[n:], strides, out_sizes, strict=True)]  # fmt: skip
-    if any(f < d * (k - 1) for f, d, k in zip(full, dilations, kernel, strict=True)):
-        raise Unsupported("a convolution whose weight gradient is short")
-    c_in_group = weight[1]
-    batch, spatial = b.op("Shape", inp, end=1), b.op("Shape", inp, start=2)
-    xs = b.op("Reshape", inp, b.op("Concat", batch, b.ints([groups, c_in_group]), spatial, axis=0))
-    xs = b.op("Transpose", xs, perm=[2, 1, 0, *range(3, n + 3)])
-    xs = b.op("Reshape", xs, b.op("Concat", b.ints([c_in_group, -1]), spatial, axis=0))
-    gs = b.op("Transpose", gout, perm=[1, 0, *range(2, n + 2)])
-    gw = b.op("Conv", xs, gs, group=groups, strides=dilations, dilations=strides, pads=pads)
-    gw = b.op("Slice", gw, b.ints([0] * n), b.ints(kernel), b.ints(list(range(2, n + 2))))
-    return b.op("Transpose", gw, perm=[1, 0, *range(2, n + 2)])
+    c_out, c_in_group = weight[:2]
+    c_in, taps, length = c_in_group * groups, int(np.prod(kernel)), int(np.prod(out_sizes))
+    got = [(s + p0 + p1 - d * (k - 1) - 1) // st + 1
+           for s, p0, p1, d, k, st in zip(sizes, pads[:n], pads[n:], dilations, kernel, strides, strict=True)]  # fmt: skip
+    if got != list(out_sizes):
+        raise Unsupported("a convolution whose gradient's size is not its output's")
+    patches = inp
+    if taps > 1 or any(pads) or any(st != 1 for st in strides):
+        onehot = np.zeros([c_in * taps, 1, *kernel], dtype=np.float32)
+        onehot.reshape(c_in, taps, taps)[:, np.arange(taps), np.arange(taps)] = 1.0
+        patches = b.op("Conv", inp, b.const(onehot), group=c_in, strides=strides, dilations=dilations, pads=pads,
+                       kernel_shape=kernel)  # fmt: skip
+    patches = b.op("Reshape", patches, b.ints([-1, groups, c_in_group * taps, length]))
+    g = b.op(
+        "Transpose", b.op("Reshape", gout, b.ints([-1, groups, c_out // groups, length])), perm=[0, 1, 3, 2]
+    )
+    gw = b.op("ReduceSum", b.op("MatMul", patches, g), b.ints([0]), keepdims=0)  # [G, Cg * taps, Og]
+    return b.op("Reshape", b.op("Transpose", gw, perm=[0, 2, 1]), b.ints(weight))
 
 
 @rule("Conv")
@@ -117,35 +123,33 @@ def tiling(node: Any) -> bool:
 
 @rule("MaxPool")
 def _maxpool(b: Builder, node: Any, gy: G) -> G:
-    """A tiling pool's gradient goes to each window's first maximum (PyTorch's choice among ties),
-    found by comparing the input, seen as windows, with the pooled values (no indices, no scatter);
-    any other pool's is scattered to the flat indices its forward gave."""
+    """A tiling pool's gradient goes to each window's first maximum (PyTorch's choice among ties):
+    each window offset's values (a strided slice) compared with the pooled ones, the first hit
+    kept, the gradient put there and the offsets interleaved back (no indices, no scatter); any
+    other pool's is scattered to the flat indices its forward gave."""
     x, y, g = node.input[0], node.output[0], gy[0]
     if tiling(node):
         kernel = list(attr(node, "kernel_shape"))
         n = len(kernel)
         out = b.static(y, range(2, n + 2))
         sizes = b.static(x, range(2, n + 2))
-        windows = [0, 0, *(v for o, k in zip(out, kernel, strict=True) for v in (o, k))]
-        cropped = b.op("Slice", x, b.ints([0] * n), b.ints([o * k for o, k in zip(out, kernel, strict=True)]),
-                       b.ints(list(range(2, n + 2))))  # fmt: skip
-        seen = b.op("Reshape", cropped, b.ints(windows))  # [N, C, o1, k1, (o2, k2)]
-        spread = list(range(3, 2 * n + 2, 2))  # the window axes
-        hit = b.op("Cast", b.op("Equal", seen, b.op("Unsqueeze", y, b.ints(spread))), to=1)
-        order = [0, 1, *range(2, 2 * n + 2, 2), *spread]  # window axes last, then flattened
-        flat = b.op("Reshape", b.op("Transpose", hit, perm=order), b.ints([0, 0, *out, -1]))
-        first = b.op(
-            "Mul",
-            flat,
-            b.op("Cast", b.op("Equal", b.op("CumSum", flat, b.const(-1, np.int64)), b.const(1.0)), to=1),
-        )
-        back = b.op(
-            "Transpose",
-            b.op("Reshape", first, b.ints([0, 0, *out, *kernel])),
-            perm=[int(i) for i in np.argsort(order)],
-        )
-        grad = b.op("Reshape", b.op("Mul", back, b.op("Unsqueeze", g, b.ints(spread))),
-                    b.ints([0, 0, *(o * k for o, k in zip(out, kernel, strict=True))]))  # fmt: skip
+        axes, steps = b.ints(list(range(2, n + 2))), b.ints(kernel)
+        parts, seen = [], None
+        for offset in np.ndindex(*kernel):
+            ends = [o + k * (s - 1) + 1 for o, k, s in zip(offset, kernel, out, strict=True)]
+            tap = b.op("Slice", x, b.ints(list(offset)), b.ints(ends), axes, steps)
+            hit = b.op("Equal", tap, y)
+            first = hit if seen is None else b.op("And", hit, b.op("Not", seen))
+            seen = hit if seen is None else b.op("Or", seen, hit)
+            parts.append(b.op("Mul", g, b.op("Cast", first, to=1)))
+        # [N, C, o1, (o2)] per offset -> [N, C, o1, k1, (o2, k2)] -> [N, C, o1 * k1, (o2 * k2)]
+        spread = b.ints(list(range(3, 2 * n + 2, 2)))
+        full = b.op("Concat", *(b.op("Unsqueeze", p, spread) for p in parts), axis=2 * n + 1)
+        if n == 2:
+            rows = [b.op("Slice", full, b.ints([i * kernel[1]]), b.ints([(i + 1) * kernel[1]]), b.ints([5]))
+                    for i in range(kernel[0])]  # fmt: skip
+            full = b.op("Concat", *rows, axis=3)
+        grad = b.op("Reshape", full, b.ints([0, 0, *(o * k for o, k in zip(out, kernel, strict=True))]))
         rest = [s - o * k for s, o, k in zip(sizes, out, kernel, strict=True)]
         if any(rest):
             grad = b.op("Pad", grad, b.ints([0] * (n + 2) + [0, 0, *rest]))
