@@ -136,16 +136,16 @@ def test_a_dropout_draws_its_mask_from_a_noise_input(tmp_path):
 
 
 def test_an_operator_without_a_rule_is_unsupported(tmp_path):
-    class Last(nn.Module):
+    class Bent(nn.Module):
         def __init__(self):
             super().__init__()
-            self.gru, self.head = nn.GRU(4, 8, batch_first=True), nn.Linear(8, 3)
+            self.inner, self.head = nn.Linear(4, 8), nn.Linear(8, 3)
 
         def forward(self, x):
-            return self.head(self.gru(x)[0][:, -1])
+            return self.head(torch.atan(self.inner(x)))  # ONNX's Atan: no rule here
 
-    with pytest.raises(Unsupported, match="GRU"):
-        _written(tmp_path, Last(), torch.randn(7, 5, 4), 3)
+    with pytest.raises(Unsupported, match="Atan"):
+        _written(tmp_path, Bent(), torch.randn(7, 4), 3)
     assert not (tmp_path / "train_step.onnx").exists()
 
 
@@ -159,3 +159,59 @@ def test_a_max_pool_gives_ties_to_the_first_maximum_as_pytorch(tmp_path):
     x = torch.randn(5, 1, 7, 7)
     path, names, y, _ = _written(tmp_path, model, x, 3)
     _assert_pytorch_s(path, model, x, y, names)
+
+
+class _Recurrent(nn.Module):
+    def __init__(self, kind, bidirectional, layers, last):
+        super().__init__()
+        self.rnn = getattr(nn, kind)(3, 8, num_layers=layers, batch_first=True, bidirectional=bidirectional)
+        self.head, self.last = nn.Linear(8 * (1 + bidirectional), 4), last
+
+    def forward(self, x):
+        y, h = self.rnn(x)
+        if self.last:  # the final state, as a classifier over the last hidden state reads it
+            return self.head((h[0] if isinstance(h, tuple) else h)[-1])
+        return self.head(y.mean(1))
+
+
+@pytest.mark.parametrize("kind", ["GRU", "LSTM", "RNN"])
+@pytest.mark.parametrize(
+    ("bidirectional", "layers", "last"), [(False, 2, False), (True, 1, False), (False, 1, True)]
+)
+def test_recurrent_layers_keep_their_onnx_node_and_give_pytorch_s_gradients(
+    tmp_path, kind, bidirectional, layers, last
+):
+    """The forward stays ONNX's own recurrent node; the backward is one reverse Scan per layer and
+    direction, the same size for 12 steps as for 48."""
+    import onnx
+
+    sizes = []
+    for steps in (12, 48):
+        torch.manual_seed(0)
+        model = _Recurrent(kind, bidirectional, layers, last).train()
+        x = torch.randn(5, steps, 3)
+        path, names, y, _ = _written(tmp_path, model, x, 4)
+        _assert_pytorch_s(path, model, x, y, names)
+        ops = [n.op_type for n in onnx.load(str(path)).graph.node]
+        assert ops.count(kind) == layers and ops.count("Scan") >= layers * (1 + bidirectional), ops
+        sizes.append(len(ops))
+    assert sizes[0] == sizes[1]
+
+
+@pytest.mark.parametrize("kind", ["GRU", "LSTM"])
+def test_a_stacked_recurrent_layer_drops_out_between_its_layers(tmp_path, kind):
+    """Its export has no training-mode dropout of its own: run layer by layer, a Dropout between
+    them, whose mask (a noise input) PyTorch's own run draws alike."""
+    torch.manual_seed(0)
+    rnn = getattr(nn, kind)(3, 8, num_layers=2, dropout=0.4, batch_first=True)
+
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn, self.head = rnn, nn.Linear(8, 4)
+
+        def forward(self, x):
+            return self.head(self.rnn(x)[0].mean(1))
+
+    path, names, y, noise = _written(tmp_path, Head().train(), torch.randn(6, 10, 3), 4)
+    assert [n.shape for n in noise] == [("batch", 10, 8)]  # one mask, on the first layer's output

@@ -27,7 +27,8 @@ from onnx import TensorProto, helper
 from tasks.prepare.export.torchscript import quiet_output
 from tasks.prepare.export.tracing import model_outputs, restored
 from tasks.prepare.onnx_versions import OPSET, check_board_loadable
-from tasks.prepare.runtimes.autograd import onnx_grad_nn, onnx_grad_rules  # noqa: F401 - their rules
+from tasks.prepare.runtimes.autograd import onnx_grad_nn, onnx_grad_rnn, onnx_grad_rules  # noqa: F401 - their rules
+from tasks.prepare.runtimes.autograd.graph_dropout import dropout_nodes
 from tasks.prepare.runtimes.autograd.graph_lowering import (
     lower_batchnorms,
     lower_dropouts,
@@ -124,7 +125,7 @@ def _exported(model: Any, step: StepInputs, outputs: list[str]) -> Any:
     feeds = [name for name, _ in step.feeds]
     buffer = io.BytesIO()
     axes = {name: {0: "batch"} for name in feeds}
-    with quiet_output("torch.onnx.export: the step"), _channel_dropout():
+    with quiet_output("torch.onnx.export: the step"), dropout_nodes(model):
         try:
             torch.onnx.export(_wrapped(model, step), tuple(t for _, t in step.feeds), buffer, dynamo=False,
                               training=torch.onnx.TrainingMode.PRESERVE, do_constant_folding=False,
@@ -155,31 +156,6 @@ def _inputs_from(graph: Any, names: list[str]) -> None:
         graph.graph.input.append(helper.make_tensor_value_info(n, inits[n].data_type, list(inits[n].dims)))
 
 
-@contextlib.contextmanager
-def _channel_dropout() -> Iterator[None]:
-    """``dropout1d/2d/3d`` (no training-mode export of their own) as a plain dropout of a ones
-    tensor of one element per sample and channel, times the input: one Dropout node whose noise
-    input is [batch, channels, 1, ...], as PyTorch draws them."""
-    import torch  # torch (heavy) only when a PyTorch model is built or run
-
-    f = torch.nn.functional
-    saved = {n: getattr(f, n) for n in ("dropout1d", "dropout2d", "dropout3d")}
-
-    def channel(x: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
-        if not training or p == 0.0:
-            return x
-        ones = torch.ones_like(x[(slice(None), slice(None), *([slice(0, 1)] * (x.dim() - 2)))])
-        return x * f.dropout(ones, p, True)
-
-    for name in saved:
-        setattr(f, name, channel)
-    try:
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(f, name, fn)
-
-
 def _rename(graph: Any, old: str, new: str) -> None:
     for node in graph.graph.node:
         node.input[:] = [new if i == old else i for i in node.input]
@@ -207,7 +183,7 @@ def _eager(model: Any, step: StepInputs, noise: list[np.ndarray], training: bool
     flags = [p.requires_grad for p in chosen]
     torch.nn.functional.dropout = dropout
     try:
-        with torch.enable_grad(), _channel_dropout():
+        with torch.enable_grad(), dropout_nodes(model):
             for p in chosen:
                 p.requires_grad_(True)
             loss, *kept = _wrapped(model, step)(*(t for _, t in step.feeds))

@@ -1,0 +1,80 @@
+"""Every dropout of a model as ``torch.nn.functional.dropout``, which the TorchScript exporter writes
+as one ``Dropout`` node in training mode (:mod:`.graph_lowering` draws its mask from a noise input).
+
+Two kinds of dropout have no training-mode export of their own: a channel dropout
+(``dropout1d/2d/3d``) becomes a plain dropout of a ones tensor of one element per sample and
+channel, times the input (as PyTorch draws it: one mask value per channel); a stacked recurrent
+layer's dropout between its layers becomes its layers run one by one (``torch._VF``'s own
+single-layer kernels, with the layer's own parameters), a plain dropout on each output but the
+last, as PyTorch applies it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from collections.abc import Iterator
+from typing import Any
+
+
+@contextlib.contextmanager
+def dropout_nodes(model: Any) -> Iterator[None]:
+    """Within the block, ``model``'s channel dropouts and stacked recurrent layers' dropouts are
+    plain dropouts (in the export as in PyTorch's own run)."""
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    f = torch.nn.functional
+    saved = {n: getattr(f, n) for n in ("dropout1d", "dropout2d", "dropout3d")}
+
+    def channel(x: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+        if not training or p == 0.0:
+            return x
+        ones = torch.ones_like(x[(slice(None), slice(None), *([slice(0, 1)] * (x.dim() - 2)))])
+        return x * f.dropout(ones, p, True)
+
+    # (a single layer's dropout drops nothing in PyTorch, and its export refuses it alike)
+    stacked = [m for m in model.modules() if isinstance(m, torch.nn.RNNBase) and m.dropout > 0
+               and m.training and not getattr(m, "proj_size", 0)]  # fmt: skip
+    for name in saved:
+        setattr(f, name, channel)
+    for m in stacked:
+        m.forward = types.MethodType(_layer_by_layer, m)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(f, name, fn)
+        for m in stacked:
+            del m.forward
+
+
+def _layer_by_layer(self: Any, input: Any, hx: Any = None) -> Any:  # noqa: A002 - nn.RNNBase's own names
+    """``nn.RNNBase.forward`` of a stacked layer with dropout, one layer at a time."""
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    if not isinstance(input, torch.Tensor) or input.dim() != 3:
+        raise TypeError("a stacked recurrent layer's input here is a batched 3-D tensor")
+    dirs, lstm = 1 + self.bidirectional, self.mode == "LSTM"
+    batch = input.shape[0 if self.batch_first else 1]
+    if hx is None:
+        zeros = input.new_zeros(self.num_layers * dirs, batch, self.hidden_size)
+        hx = (zeros, zeros) if lstm else zeros
+    kernel = {"LSTM": torch._VF.lstm, "GRU": torch._VF.gru, "RNN_TANH": torch._VF.rnn_tanh,
+              "RNN_RELU": torch._VF.rnn_relu}[self.mode]  # fmt: skip
+    per = 4 if self.bias else 2
+    out, hs, cs = input, [], []
+    for layer in range(self.num_layers):
+        weights = self._flat_weights[layer * dirs * per : (layer + 1) * dirs * per]
+        part = slice(layer * dirs, (layer + 1) * dirs)
+        state = (hx[0][part], hx[1][part]) if lstm else hx[part]
+        result = kernel(
+            out, state, weights, self.bias, 1, 0.0, self.training, self.bidirectional, self.batch_first
+        )
+        out, h = result[0], result[1]
+        hs.append(h)
+        if lstm:
+            cs.append(result[2])
+        if layer < self.num_layers - 1:
+            out = torch.nn.functional.dropout(out, self.dropout, self.training)
+    h = torch.cat(hs, 0)
+    return (out, (h, torch.cat(cs, 0))) if lstm else (out, h)
