@@ -17,7 +17,7 @@ from onnx import helper
 
 from tasks.prepare.runtimes.autograd.onnx_grad import Builder, Unsupported, attr, rule
 from tasks.prepare.runtimes.autograd.recurrent_graph import Graph
-from tasks.prepare.runtimes.autograd.recurrent_onnx import ONNX_ORDER, _backward
+from tasks.prepare.runtimes.autograd.recurrent_onnx import ONNX_ORDER, backward_nodes
 
 G = list[str | None]
 INT_MIN = np.iinfo(np.int64).min
@@ -95,7 +95,7 @@ def _recurrent(b: Builder, node: Any, gy: G) -> G:  # noqa: C901 - one direction
         fake = helper.make_node("LayerBackward", [gs, gc, xs, h_init, c_init, w_ih, w_hh, b_ih, b_hh, b.const(np.zeros([0], np.float32)), ys],
                                 names, hidden_size=hidden, projected=0)  # fmt: skip
         g = Graph(b.fresh(f"{op}_back"), 17)
-        _backward(g, fake, mode)
+        backward_nodes(g, fake, mode)
         b.nodes.extend(g.nodes)
         gx, dh0, dc0, dw_ih, dw_hh, db_ih, db_hh, _ = names
         out["x"].append(flip(gx))

@@ -128,7 +128,10 @@ def _projected_cell(b: Graph, st: list[str], sl: list[str], weights: tuple[str, 
     return [h, c], [h]
 
 
-def _backward(g: Graph, node: onnx.NodeProto, mode: str) -> None:  # noqa: C901
+def backward_nodes(g: Graph, node: onnx.NodeProto, mode: str) -> None:  # noqa: C901
+    """``g``'s nodes for a backward placeholder ``node`` (inputs: the output sequence's and final
+    cell's gradients, x, h0, c0, the weights and biases in PyTorch's layout, the projection and the
+    output sequence; outputs: the gradients of x, h0, c0 and each weight, written to its outputs)."""
     gy, gc, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, y = node.input
     projected = w_hr if _attr(node, "projected") else None
     zero, minus_one = g.ints([0]), g.ints([-1])
@@ -255,7 +258,7 @@ def expand(model: onnx.ModelProto) -> int:
             continue
         mode = next(a.s.decode() for a in node.attribute if a.name == "mode")
         g = Graph(node.name or node.output[0], opset)
-        (_forward if node.op_type == FORWARD else _backward)(g, node, mode)
+        (_forward if node.op_type == FORWARD else backward_nodes)(g, node, mode)
         nodes.extend(g.nodes)
         count += 1
     if count:
