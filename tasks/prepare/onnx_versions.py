@@ -36,4 +36,28 @@ def extractor(model: onnx.ModelProto) -> onnx.utils.Extractor:
     """``onnx.utils.Extractor`` over ``model`` with its shapes inferred first: onnx 1.17 inferred them
     inside, 1.18 no longer does, and its ``extract_model`` then fails with a KeyError on a tensor
     without value_info (every intermediate of a TorchScript export)."""
-    return onnx.utils.Extractor(onnx.shape_inference.infer_shapes(model))
+    return _Extractor(onnx.shape_inference.infer_shapes(model))
+
+
+class _Extractor(onnx.utils.Extractor):
+    """``onnx.utils.Extractor`` whose walk back from the outputs visits each node once: the
+    library's scans every node left for each tensor it meets, quadratic in the graph (27 s of a
+    6 600-node prefix's extraction). The same nodes, in the graph's order."""
+
+    def _collect_reachable_nodes(
+        self, input_names: list[str], output_names: list[str]
+    ) -> list[onnx.NodeProto]:
+        nodes = list(self.graph.node)
+        producer = {o: i for i, node in enumerate(nodes) for o in node.output if o}
+        stop, seen, reachable = set(input_names), set(), set()
+        stack = list(output_names)
+        while stack:
+            name = stack.pop()
+            if name in stop or name in seen:
+                continue
+            seen.add(name)
+            index = producer.get(name)
+            if index is not None and index not in reachable:
+                reachable.add(index)
+                stack.extend(nodes[index].input)
+        return [nodes[i] for i in sorted(reachable)]

@@ -78,19 +78,22 @@ def _batch_shapes(model: onnx.ModelProto, inputs: list[str]) -> list[onnx.NodePr
     return found
 
 
-def cuts(model: onnx.ModelProto, inputs: list[str], others: set[str]) -> Iterator[str]:
+def cuts(
+    model: onnx.ModelProto, inputs: list[str], others: set[str], first: str | None = None
+) -> Iterator[str]:
     """The tensors computed from ``inputs`` alone from which (with ``others``: labels, trainable
-    tensors, noise) every output follows, latest first."""
+    tensors, noise) every output follows, latest first (``first`` before the others, when it is one:
+    the eval step's tensor of the train step's cut's name)."""
     shapes = frozenset(o for n in _batch_shapes(model, inputs) for o in n.output)
     derived = _reached(model, set(inputs), shapes) - set(inputs)
     tainted = _reached(model, others)
     outputs = [o.name for o in model.graph.output]
-    for node in reversed(model.graph.node):
-        for name in node.output:
-            if name in derived and name not in tainted:
-                have = _computable(model, others | shapes | {name})
-                if all(o in have for o in outputs):
-                    yield name
+    names = [name for node in reversed(model.graph.node) for name in node.output]
+    for name in ([first] if first in derived else []) + [n for n in names if n != first]:
+        if name in derived and name not in tainted:
+            have = _computable(model, others | shapes | {name})
+            if all(o in have for o in outputs):
+                yield name
 
 
 def renamed(model: onnx.ModelProto, old: str, inputs: list[str]) -> onnx.ModelProto:
@@ -169,7 +172,7 @@ def split_steps(recipe: Recipe, out_dir: Path, spec: dict[str, Any], files: dict
             recipe,
             f"the frozen part up to {found} mixes the rows of a batch (BatchNorm on batch statistics?)",
         )
-    match = next((c for c in cuts(steps["eval"], inputs, set(others["eval"]))
+    match = next((c for c in cuts(steps["eval"], inputs, set(others["eval"]), first=found)
                   if _close(_run(extract(steps["eval"], inputs, [c]), feeds["eval"])[c], cut)), None)  # fmt: skip
     if match is None:
         return _off(recipe, f"the eval step computes no tensor equal to the train step's cut {found}")
