@@ -23,11 +23,15 @@ Shapes = dict[str, list[Any]]
 
 
 def session(graph: Any, what: str, optimize: bool = True) -> Any:
-    """An ONNX Runtime session of ``graph`` (its graph optimisations off for a probe run once)."""
+    """An ONNX Runtime session of ``graph`` on one thread (its graph optimisations off for a probe
+    run once)."""
     import onnxruntime  # the inference build's API, as the board's
 
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3
+    # one thread: these runs are a few samples, and a pool's threads spinning between operators
+    # (a Scan's per-step ones most) stall a preparation on a busy 2-core host for seconds
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
     if not optimize:
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
