@@ -54,11 +54,11 @@ RANDOM = {
 
 
 def graph_step(model: Any, step: StepInputs, outputs: list[str], grads: list[str], path: Path, *,
-               training: bool, batchnorm: str) -> tuple[list[NoiseInput], float]:  # fmt: skip
+               training: bool, batchnorm: str, n_outputs: int = 1) -> tuple[list[NoiseInput], float]:  # fmt: skip
     """Write the train (``training``) or eval step of ``model`` to ``path``; its noise inputs and
     the largest relative difference from PyTorch's autograd. Unsupported when this path cannot."""
     names = list(step.trainable)
-    with restored(model), _mode(model, step, training, batchnorm):
+    with restored(model), _mode(model, step, training, batchnorm, n_outputs):
         graph = _exported(model, step, outputs)
         _inputs_from(graph, names)
         lower_batchnorms(graph)
@@ -88,11 +88,11 @@ def graph_step(model: Any, step: StepInputs, outputs: list[str], grads: list[str
 
 
 @contextlib.contextmanager
-def _mode(model: Any, step: StepInputs, training: bool, batchnorm: str) -> Iterator[None]:
+def _mode(model: Any, step: StepInputs, training: bool, batchnorm: str, outputs: int) -> Iterator[None]:
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
     inputs = tuple(t for _, t in step.feeds[: step.model_inputs])
-    with step_mode(model, training, "frozen", inputs, 0):
+    with step_mode(model, training, "frozen", inputs, outputs):
         for m in model.modules():
             if training and batchnorm != "frozen" and isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
                 if m.running_mean is None:

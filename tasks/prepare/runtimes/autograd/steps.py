@@ -108,10 +108,9 @@ def build_steps(recipe: Recipe, model: Any, trainable: list[str], art: Path,
         params = dict(model.named_parameters())
         step = StepInputs(feeds, len(inputs), {n: params[n].detach() for n in trainable}, {}, loss.fn)
         try:
-            noise, diff = graph_step(model, step, outs, grads, art / TRAIN_FILE, training=True,
-                                     batchnorm=recipe.trainable.batchnorm)  # fmt: skip
-            _, eval_diff = graph_step(model, step, outs, [], art / EVAL_FILE, training=False,
-                                      batchnorm=recipe.trainable.batchnorm)  # fmt: skip
+            kwargs = {"batchnorm": recipe.trainable.batchnorm, "n_outputs": len(recipe.model.output_names)}
+            noise, diff = graph_step(model, step, outs, grads, art / TRAIN_FILE, training=True, **kwargs)
+            _, eval_diff = graph_step(model, step, outs, [], art / EVAL_FILE, training=False, **kwargs)
             checked = {"train step vs PyTorch autograd": diff, "eval step vs PyTorch": eval_diff}
             return Steps(described, noise, [], outs, grads, loss.name, checked)
         except Unsupported as exc:
