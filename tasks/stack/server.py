@@ -85,6 +85,10 @@ def stack_env(
         PREFECT_WORKER_QUERY_SECONDS="1",
         PREFECT_LOGGING_EXTRA_LOGGERS="tasks,device_agent,flows",
         PREFECT_RESULTS_PERSIST_BY_DEFAULT="true",
+        # a run's logs reach `prefect deployment run --watch` (and other log subscribers): the
+        # watch then ends on the verdict's log line and the report's link, not on the state's name
+        PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED="true",
+        PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED="true",
         PYTHONUNBUFFERED="1",
     )
     env.pop("PREFECT_PROFILES_PATH", None)

@@ -50,6 +50,9 @@ def test_a_deployment_run_completes_and_is_stored_in_postgres(postgres_stack):
     run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", out).group(1)
     row = _sql(postgres_stack, f"SELECT state_type FROM flow_run WHERE id = '{run_id}'")
     assert row == "COMPLETED", out[-2000:]
+    # the stack streams a run's logs out: the watch shows the flow's own log line (odl/full's last
+    # is its verdict and report link), not only Prefect's events and the final state's name
+    assert "pong" in out, out[-2000:]
 
 
 def test_two_workers_are_online_on_the_pool(postgres_stack):
