@@ -1,7 +1,8 @@
 """End to end (issue 45): two simulated worker hosts (``odl hosts up --hosts 2``: own network
 namespace, own ODL_HOME, one worker each on odl-pool) and a fleet round over four virtual boards
 fanned out as two ``odl/fleet-group`` runs; the Prefect server says which host's worker ran each,
-and the aggregate equals the one-host aggregation of the very updates the boards sent. Every host,
+and the aggregate equals the one-host aggregation of the very updates the boards sent; the hosts
+fetch the recipe's prepared folder from the store instead of preparing it. Every host,
 the first included, is configured for one real shared store (tests/fixtures_store.py's cluster,
 which the hosts reach at this machine's end of their veths)."""
 
@@ -73,6 +74,14 @@ def test_two_hosts_each_run_a_group_and_the_aggregate_is_the_one_host_one(hosts_
     shared = Documents(configured_store()).get("inventory.toml").content
     assert shared == (home / "inventory.toml").read_bytes()
     assert all((Path(h["home"]) / "inventory.toml").read_bytes() == shared for h in hosts.values())
+
+    # the hosts did not prepare the recipe: they fetched the first home's folder from the store, byte
+    # for byte (validation.json holds the preparing host's own timings)
+    (prepared,) = home.glob("prepared/digits_fleet-*")
+    for h in hosts.values():
+        theirs = Path(h["home"]) / "prepared" / prepared.name
+        assert (theirs / "validation.json").read_bytes() == (prepared / "validation.json").read_bytes()
+        assert (theirs / "model.onnx").read_bytes() == (prepared / "model.onnx").read_bytes()
 
     # which worker ran each group run: the server's own events
     ran = {}

@@ -12,22 +12,9 @@ import pytest
 
 from tasks.errors import StoreError, StoreUnreachable, should_retry
 from tasks.store import Documents, PgBlobStore, Store, store_config
+from tests.store.kit import waiting_pid
 
 pytestmark = pytest.mark.slow
-
-
-def _waiting(cfg, query: str) -> int:  # noqa: ANN001
-    """The pid of the session whose statement starting with ``query`` waits on a lock (10 s at most;
-    a connection of its own: pg_stat_activity is read once per transaction)."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with psycopg.connect(**cfg.connect_kwargs()) as watch:
-            row = watch.execute("SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND "
-                            "starts_with(query, %s)", (query,)).fetchone()  # fmt: skip
-        if row:
-            return row[0]
-        time.sleep(0.05)
-    raise AssertionError(f"no session waits in {query!r}")
 
 
 def test_a_blob_whose_writer_is_lost_mid_put_is_absent_whole(store_env, tmp_path):
@@ -41,7 +28,7 @@ def test_a_blob_whose_writer_is_lost_mid_put_is_absent_whole(store_env, tmp_path
         admin.execute("LOCK TABLE odl_blob_chunks IN SHARE MODE")
         put = threading.Thread(target=lambda: _catch(caught, PgBlobStore(writer).put, big))
         put.start()
-        pid = _waiting(cfg, "INSERT INTO odl_blob_chunks")
+        pid = waiting_pid(cfg, "INSERT INTO odl_blob_chunks")
         admin.execute("SELECT pg_terminate_backend(%s)", (pid,))  # the writer's link is gone, mid-put
     put.join(timeout=30)
     (exc,) = caught
