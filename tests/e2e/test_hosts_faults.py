@@ -7,7 +7,6 @@ a rerun once the link is back records it)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -17,26 +16,10 @@ import pytest
 
 from bench.hosts import run_fleet
 from tasks.paths import PROJECT_ROOT
-from tests.fixtures_hosts import odl_hosts
+from tests.fixtures_hosts import host_environ, kill_host, odl_hosts
 from tests.fixtures_store import store_password
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.board]
-
-
-def _kill_host(netns: str) -> int:
-    """SIGKILL every process in the network namespace ``netns`` (a host's worker and its flow runs)."""
-    import signal
-
-    target = os.stat(f"/run/netns/{netns}").st_ino
-    killed = 0
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            if os.stat(proc / "ns" / "net").st_ino == target:
-                os.kill(int(proc.name), signal.SIGKILL)
-                killed += 1
-        except OSError:
-            continue
-    return killed
 
 
 def _started_jobs(board: str) -> list[str]:
@@ -75,7 +58,7 @@ def test_a_host_killed_mid_round_loses_nothing(hosts_lab, monkeypatch):
             mine = [b for b, jobs in fresh.items() if jobs and _group_host(home, b, since) == "h2"]
             if mine:
                 seen.update({b: fresh[b] for b in mine})
-                seen["killed"] = [str(_kill_host(hosts["h2"]["netns"]))]
+                seen["killed"] = [str(kill_host(hosts["h2"]["netns"]))]
                 return
             time.sleep(0.5)
 
@@ -220,9 +203,7 @@ def test_a_host_cut_off_from_the_store_mid_record_fails_in_one_line_and_lands_no
     up = odl_hosts(env, "up", "--hosts", "1")
     assert up.returncode == 0, up.stderr[-2000:]
     (h1,) = lifecycle.status()
-    environ = dict(
-        kv.split("=", 1) for kv in Path(f"/proc/{h1['pid']}/environ").read_text().split("\0") if "=" in kv
-    )
+    environ = host_environ(h1["pid"])
     host_env = {**environ, "ODL_STORE_TIMEOUT_S": "3", "PYTHONPATH": str(PROJECT_ROOT)}
     address = environ["ODL_STORE_URL"]  # as h1 reaches it: this machine's end of its veth
     port = int(address.rsplit(":", 1)[1].split("/")[0])
