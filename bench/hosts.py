@@ -15,6 +15,7 @@ the fleet flow with ``fanout`` H (H group runs a round) and measures:
 
     nice -n 19 .venv/bin/python bench/hosts.py --hosts 1,2,3 --boards 64 --cpu-quota 0.5
     .venv/bin/python bench/hosts.py --quick           # 2 hosts, 4 boards, 1 round (~2 min)
+    nice -n 19 .venv/bin/python bench/hosts.py --hosts 1,2 --boards 16 --rounds 1 --store   # + the store's load
 """
 
 from __future__ import annotations
@@ -102,17 +103,18 @@ def run_fleet(
         return state.result().summary
 
 
-def first_host_cpu(home: Path) -> float:
-    """CPU seconds of this process, the server it started and the PostgreSQL cluster."""
+def first_host_cpu(home: Path) -> dict[str, float]:
+    """CPU seconds of this process (the fleet flow), the Prefect server it started and the
+    PostgreSQL cluster (``postgres``), and their sum (``all``)."""
     from tasks.stack import postgres
 
     own, kids = host_cpu_s()
-    pg = postgres.status(home)["pid"]
+    pg, cpu = postgres.status(home)["pid"], 0.0
     for pid in [pg, *descendants(pg)] if pg else []:
         with contextlib.suppress(OSError):
             f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            kids += sum(int(v) for v in f[11:15]) / os.sysconf("SC_CLK_TCK")
-    return own + kids
+            cpu += sum(int(v) for v in f[11:15]) / os.sysconf("SC_CLK_TCK")
+    return {"flow": own, "server": kids, "postgres": cpu, "all": own + kids + cpu}
 
 
 def hosts_now() -> tuple[float, int]:
@@ -124,27 +126,38 @@ def hosts_now() -> tuple[float, int]:
 
 
 def measure(
-    env: dict[str, str], hosts: int, boards: int, rounds: int, epochs: int, quota: float | None
-) -> dict:
-    """Bring up ``hosts`` hosts, warm them up, run the measured fleet run; its row."""
+    env: dict[str, str], hosts: int, boards: int, rounds: int, epochs: int, quota: float | None,
+    store: bool = False,
+) -> dict:  # fmt: skip
+    """Bring up ``hosts`` hosts, warm them up, run the measured fleet run; its row (with ``store``,
+    bench/hosts_detail.py's figures too)."""
+    from bench import hosts_detail as detail
     from tasks.hosts import lifecycle
 
     home = Path(env["ODL_HOME"])
     lifecycle.up(hosts, quota)
-    run_fleet(env, 1, 1, hosts)  # warm-up: each new host prepares the recipe in its own home
+    run_fleet(env, 1, 1, hosts)  # warm-up: each new host prepares the recipe (or fetches it from the store)
+    d0 = detail.settled(env, lambda: first_host_cpu(home)) if store else {}
     (w0, b0), f0, t0 = hosts_now(), first_host_cpu(home), time.monotonic()
+    d0 |= {"store": detail.store_bytes(), "cpu": f0} if store else {}
     summary = run_fleet(env, rounds, epochs, hosts)
     (w1, b1), f1, run_s = hosts_now(), first_host_cpu(home), time.monotonic() - t0
+    d1 = {"store": detail.store_bytes(), "cpu": f1} if store else {}
     recs = summary["rounds"]
     groups = [g for r in recs for g in r["groups"]]
     n = len(recs)
-    return {
+    more = (
+        detail.figures(d0, d1 | detail.settled(env, lambda: first_host_cpu(home)), n, boards, run_s)
+        if store
+        else {}
+    )
+    return more | {
         "hosts": hosts,
         "boards": boards,
         "round_s": sum(r["wall_s"] for r in recs) / n,
         "hosts_cpu_per_board_s": (w1 - w0) / n / boards,
-        "first_host_cpu_per_board_s": (f1 - f0) / n / boards,
-        "host_cpu_per_board_s": (w1 - w0 + f1 - f0) / n / boards,
+        "first_host_cpu_per_board_s": (f1["all"] - f0["all"]) / n / boards,
+        "host_cpu_per_board_s": (w1 - w0 + f1["all"] - f0["all"]) / n / boards,
         "link_bytes_per_round": (b1 - b0) / n,
         "server_payload_bytes_per_round": sum(g["bytes_back"] + g["bytes_out"] for g in groups) / n,
         "board_bytes_per_round": sum(r["bytes_up"] + r["bytes_down"] for r in recs) / n,
@@ -168,6 +181,12 @@ def main() -> int:
     ap.add_argument("--cpu-quota", type=float, default=None, help="CPUs per simulated host (cgroup)")
     ap.add_argument("--board-quota", type=float, default=0.05, help="CPUs per virtual board (cgroup)")
     ap.add_argument("--quick", action="store_true", help="2 hosts, 4 boards of 0.25 CPU, 1 round")
+    ap.add_argument(
+        "--store",
+        action="store_true",
+        help="the hosts share a store (its own PostgreSQL): also "
+        "bytes to/from it, the first host's CPU apart, the Prefect database's load (bench/hosts_detail.py)",
+    )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     try:
@@ -183,9 +202,14 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _stop)
     rows = []
     home = Path(tempfile.mkdtemp(prefix="odl-bench-hosts-")) / "odl"
-    with fleet_lab(home, boards, board_quota) as env:
+    with contextlib.ExitStack() as stack:
+        if args.store:
+            from bench.hosts_detail import store_lab
+
+            stack.enter_context(store_lab(home.parent / "store", _ports(1)[0]))
+        env = stack.enter_context(fleet_lab(home, boards, board_quota))
         for h in counts:
-            rows.append(measure(env, h, boards, rounds, args.epochs, args.cpu_quota))
+            rows.append(measure(env, h, boards, rounds, args.epochs, args.cpu_quota, args.store))
             print(table(rows[-1:], [(k, k) for k in rows[-1]]), flush=True)
     print()
     print(table(rows, [("hosts", "hosts"), ("boards", "boards"), ("round_s", "s/round"),

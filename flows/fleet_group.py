@@ -2,7 +2,7 @@
 
 The first host's fleet flow (:mod:`flows.fleet`, parameter ``fanout``) starts one run of this flow
 per board group and round. It prepares the recipe in this host's own ``ODL_HOME`` (cached there
-after the first round), writes the round's global weights (its parameters) into the prepared
+after the first round; with a shared store, fetched from it when another host prepared it), writes the round's global weights (its parameters) into the prepared
 checkpoint, trains each board of the group as the one-host round does (the Prefect task
 :func:`tasks.prefect.fleet.board_round`, holding the board's server-wide concurrency slot: one job
 per board across hosts) and sends the boards' updates back in its result record

@@ -5,8 +5,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +39,24 @@ def odl_hosts(env: dict[str, str], *args: str, **extra: str) -> subprocess.Compl
     run_env = {**os.environ, "ODL_HOME": env["ODL_HOME"], "PYTHONPATH": str(PROJECT_ROOT), **extra}
     return subprocess.run([sys.executable, "-m", "flows.cli", "hosts", *args], env=run_env,
                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def kill_host(netns: str) -> int:
+    """SIGKILL every process in the network namespace ``netns`` (a host's worker and its flow runs);
+    how many."""
+    target = os.stat(f"/run/netns/{netns}").st_ino
+    killed = 0
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if os.stat(proc / "ns" / "net").st_ino == target:
+                os.kill(int(proc.name), signal.SIGKILL)
+                killed += 1
+        except OSError:
+            continue
+    return killed
+
+
+def host_environ(pid: int) -> dict[str, str]:
+    """The environment of process ``pid`` (a host's worker: its home, its store URL, its server)."""
+    raw = Path(f"/proc/{pid}/environ").read_text().split("\0")
+    return dict(kv.split("=", 1) for kv in raw if "=" in kv)

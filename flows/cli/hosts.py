@@ -4,11 +4,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from tasks.hosts import lifecycle
-from tasks.hosts.share import share_boards
-from tasks.paths import odl_home
 
 
 def cmd_hosts(args: argparse.Namespace) -> int:
@@ -21,8 +18,8 @@ def cmd_hosts(args: argparse.Namespace) -> int:
         stopped = lifecycle.down()
         print("stopped: " + (", ".join(stopped) or "no host was up"))
     elif args.action == "sync":
-        for rec in lifecycle.load()["hosts"].values():
-            print(f"{rec['name']}: boards {', '.join(share_boards(odl_home(), Path(rec['home']))) or 'none'}")
+        for rec in lifecycle.sync():
+            print(f"{rec['name']}: boards {', '.join(rec['boards']) or 'none'}; {_caught(rec['caught_up'])}")
     else:
         found = lifecycle.status()
         for rec in found:
@@ -33,6 +30,15 @@ def cmd_hosts(args: argparse.Namespace) -> int:
         if not found:
             print("no host is up (odl hosts up --hosts N)")
     return 0
+
+
+def _caught(summary: dict | None) -> str:
+    """What catching up did, in a few words."""
+    if summary is None:
+        return "not caught up (the reason was logged)"
+    fetched = ", ".join(summary["fetched"]) or "nothing"
+    store = f"with {summary['store']}: fetched {fetched}; " if summary["store"] else "no store; "
+    return f"caught up {store}{len(summary['removed'])} leftover(s) removed"
 
 
 def _line(rec: dict) -> str:

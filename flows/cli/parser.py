@@ -159,7 +159,8 @@ def add_hosts(sub: Sub) -> None:
     hosts = _command(sub, "hosts", "hosts", "cmd_hosts",
                      help="simulated worker hosts: own netns and ODL_HOME, a worker each on odl-pool")  # fmt: skip
     hosts.add_argument("action", choices=["up", "down", "status", "sync"],
-                       help="sync: copy the boards (inventory, keys, host keys) to the hosts again")  # fmt: skip
+                       help="sync: copy the boards (inventory, keys, host keys) to the hosts again and catch them up "
+                       "with the shared store")  # fmt: skip
     hosts.add_argument("--hosts", type=int, default=2, help="up: how many hosts, h1..hN (default 2)")
     hosts.add_argument("--cpu-quota", type=float, metavar="CPUS", help="up: cap each host's CPU (cgroup)")
     hosts.add_argument("--limit", type=int, default=1, help="up: flow runs at a time per host (default 1)")

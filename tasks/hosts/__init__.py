@@ -6,6 +6,8 @@ board's: :func:`tasks.vboard.sshd.make_netns`, else this machine's network, said
 worker on the pool ``odl-pool`` talking to the first home's Prefect server over that link, under
 an optional CPU quota (a cgroup: :mod:`tasks.vboard.cgroup`). :mod:`tasks.hosts.lifecycle` starts
 and stops them; :mod:`tasks.hosts.share` gives a host the boards it drives (inventory entries,
-keys, pinned host keys, copied into its own home until the shared store holds them). Every failure
-is a :class:`tasks.stack.StackError`.
+keys, pinned host keys, copied into its own home until the shared store holds them);
+:mod:`tasks.hosts.catchup` brings a host's copies up to date with the shared store, as the host,
+before its worker starts (a new host, or one back after its processes died). Every failure is a
+:class:`tasks.stack.StackError`.
 """

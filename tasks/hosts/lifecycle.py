@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from tasks.errors import BoardError
+from tasks.hosts import catchup
 from tasks.hosts.share import share_boards
 from tasks.paths import odl_home
 from tasks.stack import StackError
@@ -122,17 +123,19 @@ def _start(first: Path, name: str, env: dict[str, str], use_ns: bool, quota: flo
     argv = [prefect, "worker", "start", "--pool", POOL, "--type", "process", "--name", worker,
             "--limit", str(limit)]  # fmt: skip
     prefix = ["ip", "netns", "exec", net["netns"]] if net["netns"] else []
+    boards = share_boards(first, home)
+    caught = catchup.as_host(prefix, wenv, name)  # before it takes work: new, or back after it died
     pid = spawn(wenv, "worker", prefix + argv)
     kept = {k: net.get(k) for k in ("netns", "veth_host", "host_ip")} | {"addr": net.get("host")}
     record = {"name": name, "home": str(home), "worker": worker, "pid": pid, "api": api,
-              "cpu_quota": quota, "limit": limit, "passed": passed_on(), **kept}  # fmt: skip
+              "cpu_quota": quota, "limit": limit, "passed": passed_on(), "caught_up": caught, **kept}  # fmt: skip
     if quota:
         try:
             cgroup.limit_cpu(name, quota, pid, kind="host")
         except BoardError as exc:
             _stop(record)
             raise StackError(f"odl hosts: {name}: {exc}") from exc
-    record["boards"] = share_boards(first, home)
+    record["boards"] = boards
     log.info("host %s: worker %s (pid %d) in %s", name, worker, pid, net["netns"] or "this network")
     return record
 
@@ -212,6 +215,19 @@ def _stop(record: dict[str, Any]) -> None:
     _drop_netns(record)
     if record.get("cpu_quota"):
         cgroup.remove(record["name"], kind="host")
+
+
+def sync() -> list[dict[str, Any]]:
+    """Each recorded host given the boards again and caught up with the store (as itself); their
+    records, with ``boards`` and ``caught_up`` as now."""
+    first = odl_home()
+    env, out = stack_env(home=first), []
+    for rec in load(first)["hosts"].values():
+        home, prefix = Path(rec["home"]), ["ip", "netns", "exec", rec["netns"]] if rec.get("netns") else []
+        boards = share_boards(first, home)
+        caught = catchup.as_host(prefix, host_env(env, home, rec["api"], rec.get("host_ip")), rec["name"])
+        out.append({**rec, "boards": boards, "caught_up": caught})
+    return out
 
 
 def down() -> list[str]:

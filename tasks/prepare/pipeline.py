@@ -13,6 +13,8 @@ the same folder and editing a model module re-exports under both.
 
 Each step of a cached folder (export, artifacts, validation) leaves a ``.done-<step>`` marker
 holding the input hash; a step whose marker matches is skipped, so a folder is never half reused.
+With a shared store a step not done here is first looked for there (another host's folder of the
+same inputs, fetched whole), and each step done here is published (:mod:`tasks.prepare.shared`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from tasks.prepare import Prepared, advice
 from tasks.prepare.datasets import ensure_datasets
 from tasks.prepare.export.torch_model import one_build
 from tasks.prepare.runtimes import export_model, generate
+from tasks.prepare.shared import prepared_store
 from tasks.prepare.staging import hold, remove_tree, staged
 from tasks.prepare.validation.validate import validate as run_validation
 from tasks.quiet import warnings_at_debug
@@ -101,14 +104,22 @@ def step_done(inp: Inputs, step: str) -> bool:
     return marker.is_file() and marker.read_text().strip() == inp.key
 
 
+def _ready(inp: Inputs, step: str) -> bool:
+    """``step`` done here, or in the folder of these inputs another host shared (fetched whole)."""
+    return step_done(inp, step) or (
+        prepared_store().fetch(inp.folder, inp.key, step) and step_done(inp, step)
+    )
+
+
 def _mark(folder: Path, step: str, inp: Inputs) -> None:
     (folder / f".done-{step}").write_text(inp.key + "\n")
+    prepared_store().publish(folder, inp.key)  # shared with the other hosts (with a store)
 
 
 def export(inp: Inputs) -> Path:
     """Export the recipe's model to ``<folder>/model.onnx`` (training mode); reused when done."""
     folder, path = inp.folder, inp.folder / "model.onnx"
-    if step_done(inp, "export") and path.is_file():
+    if _ready(inp, "export") and path.is_file():
         return path
     for step in STEPS:  # what was built from an older export is stale
         (folder / f".done-{step}").unlink(missing_ok=True)
@@ -122,7 +133,7 @@ def generate_artifacts(inp: Inputs) -> dict[str, Any]:
     model = export(inp)
     folder = inp.folder
     manifest = folder / "manifest.json"
-    if step_done(inp, "artifacts") and manifest.is_file():
+    if _ready(inp, "artifacts") and manifest.is_file():
         return json.loads(manifest.read_text())
     (folder / ".done-validate").unlink(missing_ok=True)
     result = generate(inp.recipe, model, folder)
@@ -136,7 +147,7 @@ def validate(inp: Inputs, rehearse: Rehearsal | None = None) -> dict[str, Any]:
     generate_artifacts(inp)
     folder = inp.folder
     report = folder / "validation.json"
-    if step_done(inp, "validate") and report.is_file():
+    if _ready(inp, "validate") and report.is_file():
         return json.loads(report.read_text())
     result = _validated(inp.recipe, folder, rehearse)
     _mark(folder, "validate", inp)

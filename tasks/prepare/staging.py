@@ -92,15 +92,16 @@ def _name_folder(exc: BaseException, work: Path, folder: Path) -> None:
 
 
 @contextmanager
-def staged(folder: Path) -> Iterator[Path]:
+def staged(folder: Path, *, own: bool = False) -> Iterator[Path]:
     """A temporary sibling of ``folder`` that replaces it only when the block completes; removed
     when the block raises (the error's message then names ``folder``, not the sibling). ``folder``
     may be new, empty or an earlier prepared folder; a folder holding anything else is refused
-    before anything is written."""
+    before anything is written, unless it is prepare's ``own`` (a cache folder of
+    ``$ODL_HOME/prepared``, whatever steps it holds)."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise PipelineError(f"--out {folder}: is a file; name a new or empty folder, or an earlier prepare's")
-    if folder.is_dir() and any(folder.iterdir()) and not (folder / PREPARED_MARK).is_file():
+    if not own and folder.is_dir() and any(folder.iterdir()) and not (folder / PREPARED_MARK).is_file():
         raise PipelineError(
             f"--out {folder}: holds files that are not a prepared recipe (no {PREPARED_MARK}); "
             "name a new or empty folder, or an earlier prepare's"

@@ -6,6 +6,14 @@ logged and shown): the password comes from the file named by ``ODL_STORE_PASSWOR
 mode 0600), else libpq finds it in its password file (``~/.pgpass`` or ``$PGPASSFILE``). A URL with
 a password, a password file that is missing, empty or readable by others, refuse the host with one
 line (:class:`StoreError`) naming the variable and what is expected.
+
+``ODL_STORE_TIMEOUT_S`` (default 30) bounds how long either end waits for the other once the link
+is cut. The host: to connect, and on an open connection (TCP keepalives and ``tcp_user_timeout``), so
+a host cut off mid-run fails retryably within that time instead of waiting out the kernel's
+retransmissions (about 15 min); a wait for a lock another host holds is not cut short (the server's
+kernel answers meanwhile). The server, for this session: the same keepalives, and a transaction left
+idle that long is rolled back (``idle_in_transaction_session_timeout``), so the locks of a host cut
+off mid-transaction are released for the others (no transaction here waits on its client's work).
 """
 
 from __future__ import annotations
@@ -20,7 +28,9 @@ from tasks.errors import StoreError
 
 URL_VAR = "ODL_STORE_URL"
 PASSWORD_VAR = "ODL_STORE_PASSWORD_FILE"
+TIMEOUT_VAR = "ODL_STORE_TIMEOUT_S"
 EXPECTED_URL = "postgresql://USER@HOST:PORT/DB (no password in it)"
+DEFAULT_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -33,6 +43,7 @@ class StoreConfig:
     port: int
     dbname: str
     password: str | None = field(default=None, repr=False)
+    timeout_s: float = DEFAULT_TIMEOUT_S  # a store out of reach fails within this (ODL_STORE_TIMEOUT_S)
 
     @property
     def identity(self) -> str:
@@ -41,8 +52,18 @@ class StoreConfig:
 
     def connect_kwargs(self) -> dict[str, object]:
         """psycopg.connect's keywords; the password only when it came from ODL_STORE_PASSWORD_FILE."""
-        kw: dict[str, object] = {"host": self.host, "port": self.port, "user": self.user,
-                                 "dbname": self.dbname, "application_name": "odl", "connect_timeout": 10}  # fmt: skip
+        ms, idle, every = (
+            round(self.timeout_s * 1000),
+            max(1, round(self.timeout_s / 3)),
+            max(1, round(self.timeout_s / 6)),
+        )
+        server = {"idle_in_transaction_session_timeout": ms, "tcp_user_timeout": ms, "tcp_keepalives_idle": idle,
+                  "tcp_keepalives_interval": every, "tcp_keepalives_count": 3}  # fmt: skip
+        kw: dict[str, object] = {"host": self.host, "port": self.port, "user": self.user, "dbname": self.dbname,
+                                 "application_name": "odl", "connect_timeout": max(2, round(self.timeout_s)),
+                                 "tcp_user_timeout": ms, "keepalives": 1, "keepalives_idle": idle,
+                                 "keepalives_interval": every, "keepalives_count": 3,
+                                 "options": " ".join(f"-c {k}={v}" for k, v in server.items())}  # fmt: skip
         if self.password is not None:
             kw["password"] = self.password
         return kw
@@ -98,4 +119,19 @@ def store_config(env: dict[str, str] | None = None) -> StoreConfig | None:
     user, host, port, dbname = parse_url(url)
     pwfile = (env.get(PASSWORD_VAR) or "").strip()
     password = read_password_file(pwfile) if pwfile else None
-    return StoreConfig(f"postgresql://{user}@{host}:{port}/{dbname}", user, host, port, dbname, password)
+    url = f"postgresql://{user}@{host}:{port}/{dbname}"
+    return StoreConfig(url, user, host, port, dbname, password, read_timeout(env))
+
+
+def read_timeout(env: dict[str, str]) -> float:
+    """``ODL_STORE_TIMEOUT_S`` in seconds (default 30); StoreError in one line when it is not in [2, 3600]."""
+    text = (env.get(TIMEOUT_VAR) or "").strip()
+    try:
+        value = float(text) if text else DEFAULT_TIMEOUT_S
+    except ValueError:
+        value = -1.0
+    if not 2 <= value <= 3600:
+        raise StoreError(
+            f"{TIMEOUT_VAR}={text}: expected seconds in [2, 3600] (default {DEFAULT_TIMEOUT_S:g})"
+        )
+    return value

@@ -2,7 +2,8 @@
 
 A refused login (no password, a wrong one, an unknown user or database) is a :class:`StoreError` in
 one line naming ``ODL_STORE_URL`` and what is expected; a server that cannot be reached, or a link
-lost in the middle of a transaction, is a :class:`StoreUnreachable` (retryable): the transaction is
+lost in the middle of a transaction (cut, closed by the server, or silent for ``ODL_STORE_TIMEOUT_S``:
+:mod:`tasks.store.config`), is a :class:`StoreUnreachable` in one line (retryable): the transaction is
 rolled back by the server, so nothing half-written is ever referenced. The tables are created on
 first use (``CREATE ... IF NOT EXISTS`` under an advisory lock, since two hosts may start at once).
 """
@@ -68,6 +69,16 @@ def _refusal(cfg: StoreConfig, exc: psycopg.Error) -> StoreError:
     return StoreUnreachable(f"{URL_VAR}={cfg.url}: the store cannot be reached ({why})")
 
 
+LOST_STATES = ("08", "57P", "25P03")  # connection exceptions; terminated (admin, shutdown); idle too long
+
+
+def _link_lost(conn: psycopg.Connection, exc: psycopg.Error) -> bool:
+    """Whether ``exc`` means the session is gone (the link cut, the server's end closed it, or it
+    rolled back a transaction that sat idle past ODL_STORE_TIMEOUT_S): the work may be tried again."""
+    state = getattr(exc, "sqlstate", None) or ""
+    return isinstance(exc, psycopg.OperationalError) or conn.broken or state.startswith(LOST_STATES)
+
+
 class Store:
     """This process's connection to the shared store at ``cfg`` (opened on first use, reopened after a
     fork or a lost link); :meth:`transaction` is the only way to use it."""
@@ -109,11 +120,14 @@ class Store:
             try:
                 with conn.transaction():
                     yield conn
-            except psycopg.OperationalError as exc:
+            except psycopg.Error as exc:
+                if not _link_lost(conn, exc):
+                    raise
                 self._conn = None
                 conn.close()
-                raise StoreUnreachable(f"{URL_VAR}={self.cfg.url}: lost the store ({exc}); nothing was "
-                                       "committed, run again") from None  # fmt: skip
+                why = " ".join(str(exc).split())  # libpq's text runs over several lines
+                raise StoreUnreachable(f"{URL_VAR}={self.cfg.url}: lost the store ({why}); nothing of this "
+                                       "transaction was committed, run again") from None  # fmt: skip
 
     def check(self) -> None:
         """Connect now (StoreError in one line when this host is refused, StoreUnreachable without a server)."""
@@ -128,14 +142,14 @@ class Store:
             self._conn = None
 
 
-_STORES: dict[tuple[str, str | None], Store] = {}
+_STORES: dict[tuple[str, str | None, float], Store] = {}
 _STORES_LOCK = threading.Lock()
 
 
 def open_store(cfg: StoreConfig) -> Store:
     """The process's one :class:`Store` for ``cfg`` (its connection is opened on first use)."""
     with _STORES_LOCK:
-        key = (cfg.url, cfg.password)
+        key = (cfg.url, cfg.password, cfg.timeout_s)
         if key not in _STORES:
             _STORES[key] = Store(cfg)
         return _STORES[key]

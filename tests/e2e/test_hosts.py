@@ -1,15 +1,19 @@
 """End to end (issue 45): two simulated worker hosts (``odl hosts up --hosts 2``: own network
 namespace, own ODL_HOME, one worker each on odl-pool) and a fleet round over four virtual boards
 fanned out as two ``odl/fleet-group`` runs; the Prefect server says which host's worker ran each,
-and the aggregate equals the one-host aggregation of the very updates the boards sent. Every host,
+and the aggregate equals the one-host aggregation of the very updates the boards sent; the hosts
+fetch the recipe's prepared folder from the store instead of preparing it. Every host,
 the first included, is configured for one real shared store (tests/fixtures_store.py's cluster,
-which the hosts reach at this machine's end of their veths)."""
+which the hosts reach at this machine's end of their veths). A host SIGKILLed mid-fetch catches up
+with the store when it comes back, before its worker takes work."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +22,7 @@ import pytest
 from bench.hosts import GROUP, run_fleet
 from tasks.paths import PROJECT_ROOT
 from tests.e2e.prefect_api import post
-from tests.fixtures_hosts import odl_hosts
+from tests.fixtures_hosts import host_environ, kill_host, odl_hosts
 from tests.fixtures_store import store_password
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.board]
@@ -74,6 +78,14 @@ def test_two_hosts_each_run_a_group_and_the_aggregate_is_the_one_host_one(hosts_
     assert shared == (home / "inventory.toml").read_bytes()
     assert all((Path(h["home"]) / "inventory.toml").read_bytes() == shared for h in hosts.values())
 
+    # the hosts did not prepare the recipe: they fetched the first home's folder from the store, byte
+    # for byte (validation.json holds the preparing host's own timings)
+    (prepared,) = home.glob("prepared/digits_fleet-*")
+    for h in hosts.values():
+        theirs = Path(h["home"]) / "prepared" / prepared.name
+        assert (theirs / "validation.json").read_bytes() == (prepared / "validation.json").read_bytes()
+        assert (theirs / "model.onnx").read_bytes() == (prepared / "model.onnx").read_bytes()
+
     # which worker ran each group run: the server's own events
     ran = {}
     for g in groups:
@@ -105,6 +117,58 @@ def test_two_hosts_each_run_a_group_and_the_aggregate_is_the_one_host_one(hosts_
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert all(h["netns"] not in names for h in hosts.values())
     assert not any(_alive(h["pid"]) for h in hosts.values())
+
+
+def test_a_host_killed_mid_fetch_catches_up_when_it_comes_back(hosts_lab, shared_store, tmp_path):
+    """h1 is SIGKILLed (every process of its namespace) while it fetches a 64 MB version from the
+    store; meanwhile the first home records and promotes another and adds a group. ``odl hosts up``
+    starts h1 again and, before its worker, catches it up as itself: the killed fetch's temporary
+    file is gone, the current version is in its cache whole, its inventory is the store's; ``odl
+    hosts sync`` then finds nothing left to do."""
+    from tasks.board.inventory import save_group
+    from tasks.hosts import lifecycle
+    from tasks.judge.registry_open import open_registry
+    from tasks.store import Documents, configured_store
+    from tests.fixtures_board import odl_home_env
+    from tests.store.kit import model_file, verdict
+
+    env, home = hosts_lab, Path(hosts_lab["ODL_HOME"])
+    assert odl_hosts(env, "up", "--hosts", "1").returncode == 0
+    (h1,) = lifecycle.status()
+    assert h1["caught_up"]["store"] and h1["caught_up"]["fetched"] == []  # nothing recorded yet
+    with odl_home_env(home):
+        reg = open_registry()
+        big = model_file(tmp_path / "a", os.urandom(64 << 20), "model.onnx")
+        first = reg.record("digits_fleet", "hb0", big, {"accuracy": 0.5}, verdict(True))
+    cache = Path(h1["home"]) / h1["caught_up"]["cache"] / "digits_fleet-hb0"
+    code = "from tasks.judge.registry_open import open_registry as o; o().current('digits_fleet', 'hb0').path"
+    fetch = subprocess.Popen(["ip", "netns", "exec", h1["netns"], sys.executable, "-c", code], cwd=PROJECT_ROOT,
+                             env={**host_environ(h1["pid"]), "PYTHONPATH": str(PROJECT_ROOT)})  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not list((cache / first.name).glob(".model.onnx.*")):  # the blob's temporary file: mid-fetch
+        assert fetch.poll() is None and time.monotonic() < deadline, "h1's fetch ended before the kill"
+        time.sleep(0.01)
+    assert kill_host(h1["netns"]) >= 2  # the worker and the fetch
+    fetch.wait(timeout=30)
+    left = list((cache / first.name).glob(".model.onnx.*"))
+    assert left and not (cache / first.name / "model.onnx").exists()
+
+    with odl_home_env(home):  # while h1 is down
+        second = reg.record("digits_fleet", "hb0", model_file(tmp_path / "b", b"v2" * 999, "model.onnx"),
+                            {"accuracy": 0.6}, verdict(True, 0.6))  # fmt: skip
+        save_group("late", ["hb1"])
+    assert odl_hosts(env, "up", "--hosts", "1").returncode == 0
+    (back,) = lifecycle.status()
+    assert back["running"] and back["pid"] != h1["pid"]
+    caught = back["caught_up"]
+    assert caught["fetched"] == [f"digits_fleet/hb0 {second.name}"]
+    assert [Path(r).name for r in caught["removed"]] == [p.name for p in left]
+    assert not list(cache.rglob(".model.onnx.*"))
+    assert (cache / second.name / "model.onnx").read_bytes() == b"v2" * 999
+    inventory = (Path(back["home"]) / "inventory.toml").read_bytes()
+    assert inventory == Documents(configured_store()).get("inventory.toml").content and b"late" in inventory
+    synced = odl_hosts(env, "sync")
+    assert synced.returncode == 0 and synced.stdout.strip().endswith("fetched nothing; 0 leftover(s) removed")
 
 
 def _aggregate_both_ways(home: Path, record: dict, originals: dict[str, Path]) -> tuple[dict, dict, dict]:

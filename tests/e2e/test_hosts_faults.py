@@ -1,36 +1,25 @@
 """End to end (issue 45), faults and limits of simulated worker hosts: every process of a host
 SIGKILLed while its group's boards train (the group runs again elsewhere, the boards' jobs are
-reattached, the round completes), and one job per board across hosts (the server's board slot)."""
+reattached, the round completes), one job per board across hosts (the server's board slot), and a
+host cut off from the store in the middle of recording a version (one line, exit 72, nothing lands;
+a rerun once the link is back records it)."""
 
 from __future__ import annotations
 
 import json
-import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from bench.hosts import run_fleet
 from tasks.paths import PROJECT_ROOT
-from tests.fixtures_hosts import odl_hosts
+from tests.fixtures_hosts import host_environ, kill_host, odl_hosts
+from tests.fixtures_store import store_password
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.board]
-
-
-def _kill_host(netns: str) -> int:
-    """SIGKILL every process in the network namespace ``netns`` (a host's worker and its flow runs)."""
-    import signal
-
-    target = os.stat(f"/run/netns/{netns}").st_ino
-    killed = 0
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            if os.stat(proc / "ns" / "net").st_ino == target:
-                os.kill(int(proc.name), signal.SIGKILL)
-                killed += 1
-        except OSError:
-            continue
-    return killed
 
 
 def _started_jobs(board: str) -> list[str]:
@@ -69,7 +58,7 @@ def test_a_host_killed_mid_round_loses_nothing(hosts_lab, monkeypatch):
             mine = [b for b, jobs in fresh.items() if jobs and _group_host(home, b, since) == "h2"]
             if mine:
                 seen.update({b: fresh[b] for b in mine})
-                seen["killed"] = [str(_kill_host(hosts["h2"]["netns"]))]
+                seen["killed"] = [str(kill_host(hosts["h2"]["netns"]))]
                 return
             time.sleep(0.5)
 
@@ -180,3 +169,99 @@ def test_one_job_per_board_holds_across_hosts(hosts_lab):
         spans.append((started, ended))
     (a0, a1), (b0, b1) = sorted(spans)
     assert a1 <= b0, f"two jobs on board hb0 at once: {spans}"
+
+
+def _cut(netns: str, ip: str, port: int, cut: bool) -> None:
+    """Drop (``cut``) or let through again every packet between the host in ``netns`` and ``ip:port``."""
+    chains = (f"chain out {{ type filter hook output priority 0; ip daddr {ip} tcp dport {port} drop; }}\n"
+              f"chain in {{ type filter hook input priority 0; ip saddr {ip} tcp sport {port} drop; }}\n")  # fmt: skip
+    rules = f"table inet odl_cut {{\n{chains}}}\n" if cut else "delete table inet odl_cut\n"
+    subprocess.run(["ip", "netns", "exec", netns, "nft", "-f", "-"], input=rules, text=True, check=True)
+
+
+def _store_rows(store, sql: str) -> list[tuple]:
+    with store.transaction() as conn:
+        return conn.execute(sql).fetchall()
+
+
+def test_a_host_cut_off_from_the_store_mid_record_fails_in_one_line_and_lands_nothing(
+    hosts_lab, shared_store
+):
+    """h1 runs ``odl flow`` (in its namespace, with its worker's environment); the test holds a lock
+    on the versions table, so h1's record waits inside its transaction (blobs committed, version row
+    sent); h1's link to the store is cut there, the lock let go. The run fails within
+    ODL_STORE_TIMEOUT_S with exit 72 and one line naming the store as h1 reaches it, no password; the
+    store holds no version, entry or history row and only whole blobs; the server rolled h1's
+    transaction back (its session gone). A command on the cut host is refused the same way; with the
+    link back the same command records v0001."""
+    import psycopg
+
+    from tasks.hosts import lifecycle
+    from tasks.store import configured_store
+
+    env, secret = hosts_lab, store_password(shared_store)
+    up = odl_hosts(env, "up", "--hosts", "1")
+    assert up.returncode == 0, up.stderr[-2000:]
+    (h1,) = lifecycle.status()
+    environ = host_environ(h1["pid"])
+    host_env = {**environ, "ODL_STORE_TIMEOUT_S": "3", "PYTHONPATH": str(PROJECT_ROOT)}
+    address = environ["ODL_STORE_URL"]  # as h1 reaches it: this machine's end of its veth
+    port = int(address.rsplit(":", 1)[1].split("/")[0])
+    flow = ["ip", "netns", "exec", h1["netns"], sys.executable, "-m", "flows.cli", "flow", "recipes/digits_fleet.toml",
+            "--board", "hb0", "--epochs", "1", "--set", "promotion.rollout=false"]  # fmt: skip
+    store = configured_store()
+    store.check()  # the tables exist before the lock is taken
+    holder = psycopg.connect(**store.cfg.connect_kwargs())
+    try:
+        holder.execute("LOCK TABLE odl_registry_versions IN SHARE MODE")  # until holder's commit
+        run = subprocess.Popen(flow, env=host_env, cwd=PROJECT_ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+        deadline, waiting, t0 = time.monotonic() + 400, [], 0.0
+        while not waiting and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            waiting = _store_rows(store, "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND "
+                                  "query LIKE 'INSERT INTO odl_registry_versions%'")  # fmt: skip
+        assert waiting, run.communicate(timeout=60)[1][-3000:]
+        _cut(h1["netns"], h1["host_ip"], port, True)
+        t0 = time.monotonic()
+    finally:
+        holder.commit()
+        holder.close()
+    try:
+        out, err = run.communicate(timeout=120)
+    finally:
+        run.kill()  # nothing left running after a failure (its namespace goes with the host)
+    assert run.returncode == 72, err[-3000:]
+    assert time.monotonic() - t0 < 30  # the host's keepalives, not the kernel's 15 min of retransmissions
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"odl: error: ODL_STORE_URL={address}: lost the store ("), err[-3000:]
+    assert last.endswith("nothing of this transaction was committed, run again"), last
+    assert "Traceback" not in err and secret not in out + err
+
+    deadline = time.monotonic() + 30  # the server rolls h1's transaction back once it sat idle 3 s
+    while _store_rows(store, f"SELECT pid FROM pg_stat_activity WHERE pid = {waiting[0][0]}"):
+        assert time.monotonic() < deadline, "h1's session still holds its transaction"
+        time.sleep(0.5)
+    for table in (
+        "odl_registry_entries",
+        "odl_registry_versions",
+        "odl_registry_history",
+        "odl_registry_files",
+    ):
+        assert _store_rows(store, f"SELECT count(*) FROM {table}") == [(0,)], table
+    torn = _store_rows(store, "SELECT b.sha256 FROM odl_blobs b FULL JOIN (SELECT sha256, count(*) n, "
+                       "sum(length(data)) s FROM odl_blob_chunks GROUP BY sha256) c ON c.sha256 = b.sha256 "
+                       "WHERE b.chunks IS DISTINCT FROM c.n OR b.size IS DISTINCT FROM c.s")  # fmt: skip
+    assert torn == [] and _store_rows(store, "SELECT count(*) FROM odl_blobs")[0][0] >= 1  # put whole, before
+
+    t0 = time.monotonic()
+    cmd = flow[:4] + [sys.executable, "-m", "flows.cli", "registry", "digits_fleet", "hb0"]
+    refused = subprocess.run(cmd, env=host_env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 72 and time.monotonic() - t0 < 30, refused.stderr[-2000:]
+    assert refused.stderr.startswith(f"odl: error: ODL_STORE_URL={address}: the store cannot be reached (")
+    assert refused.stderr.endswith("timeout expired)\n") and refused.stderr.count("\n") == 1, refused.stderr
+
+    _cut(h1["netns"], h1["host_ip"], port, False)
+    again = subprocess.run(flow, env=host_env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=400)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert _store_rows(store, "SELECT number FROM odl_registry_versions") == [(1,)]
