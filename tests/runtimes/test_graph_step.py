@@ -215,3 +215,17 @@ def test_a_stacked_recurrent_layer_drops_out_between_its_layers(tmp_path, kind):
 
     path, names, y, noise = _written(tmp_path, Head().train(), torch.randn(6, 10, 3), 4)
     assert [n.shape for n in noise] == [("batch", 10, 8)]  # one mask, on the first layer's output
+
+
+@pytest.mark.parametrize(("mode", "corners"), [("nearest", None), ("bilinear", False), ("bilinear", True)])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_upsampling_layers_give_pytorch_s_gradients(tmp_path, mode, corners, transposed):
+    """A Resize's gradient (two fixed matrices read from ONNX Runtime's own resize) and a transposed
+    convolution's (its adjoint convolution), as a U-Net's decoder has them."""
+    up = nn.ConvTranspose2d(4, 4, 3, stride=2, padding=1, output_padding=1) if transposed else nn.Identity()
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.Upsample(scale_factor=2, mode=mode, align_corners=corners),
+                          up, nn.ReLU(), nn.Flatten(), nn.LazyLinear(3))  # fmt: skip
+    x = torch.randn(5, 1, 5, 6)
+    model(x)
+    path, names, y, _ = _written(tmp_path, model.train(), x, 3)
+    _assert_pytorch_s(path, model, x, y, names)

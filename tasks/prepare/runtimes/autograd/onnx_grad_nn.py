@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from tasks.prepare.runtimes.autograd.onnx_grad import Builder, Unsupported, attr, rule
+from tasks.quiet import ort_session
 
 G = list[str | None]
 
@@ -305,7 +306,6 @@ def _resize(b: Builder, node: Any, gy: G) -> G:
 def _resize_matrix(node: Any, b: Builder, axis: int, size: int, out: int) -> np.ndarray:
     """[out, size]: the node's linear map along ``axis``, read by resizing each unit vector through
     ONNX Runtime (the other axis of size 1)."""
-    import onnxruntime  # the inference build's API, as the board's
     from onnx import TensorProto, helper
 
     basis = np.zeros([size, 1, size, 1] if axis == 2 else [size, 1, 1, size], dtype=np.float32)
@@ -333,9 +333,7 @@ def _resize_matrix(node: Any, b: Builder, axis: int, size: int, out: int) -> np.
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    got = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, {"x": basis}
-    )[0]
+    got = ort_session(model.SerializeToString(), threads=1).run(None, {"x": basis})[0]
     line = got[:, 0, :, 0] if axis == 2 else got[:, 0, 0, :]  # [size, out]
     if line.shape != (size, out):
         raise Unsupported("a Resize whose size along one axis depends on the other")
