@@ -27,7 +27,13 @@ from onnx import TensorProto, helper
 from tasks.prepare.export.torchscript import quiet_output
 from tasks.prepare.export.tracing import model_outputs, restored
 from tasks.prepare.onnx_versions import OPSET, check_board_loadable
-from tasks.prepare.runtimes.autograd import onnx_grad_nn, onnx_grad_rnn, onnx_grad_rules  # noqa: F401 - their rules
+from tasks.prepare.prefix import RANDOM_OPS
+from tasks.prepare.runtimes.autograd import (  # noqa: F401 - their rules
+    onnx_grad_nn,
+    onnx_grad_resize,
+    onnx_grad_rnn,
+    onnx_grad_rules,
+)
 from tasks.prepare.runtimes.autograd.graph_dropout import dropout_nodes
 from tasks.prepare.runtimes.autograd.graph_lowering import (
     lower_batchnorms,
@@ -43,14 +49,6 @@ from tasks.prepare.runtimes.autograd.onnx_step import RTOL, noise_arrays, relati
 from tasks.prepare.runtimes.autograd.trace import StepInputs, step_mode
 
 log = logging.getLogger(__name__)
-RANDOM = {
-    "RandomUniform",
-    "RandomUniformLike",
-    "RandomNormal",
-    "RandomNormalLike",
-    "Bernoulli",
-    "Multinomial",
-}
 
 
 def graph_step(model: Any, step: StepInputs, outputs: list[str], grads: list[str], path: Path, *,
@@ -135,7 +133,7 @@ def _exported(model: Any, step: StepInputs, outputs: list[str]) -> Any:
     graph = onnx.load_from_string(buffer.getvalue())
     if [i.name for i in graph.graph.input] != feeds or [o.name for o in graph.graph.output] != outputs:
         raise Unsupported("the exported step's inputs or outputs are not the step's")
-    if any(n.op_type in RANDOM or n.domain not in ("", "ai.onnx") for n in graph.graph.node):
+    if any(n.op_type in RANDOM_OPS or n.domain not in ("", "ai.onnx") for n in graph.graph.node):
         raise Unsupported("a random operator other than Dropout, or a custom domain")
     return graph
 
