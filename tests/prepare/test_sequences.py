@@ -72,6 +72,22 @@ def test_an_embedding_bag_exports_without_a_loop_and_trains_its_table(tmp_path, 
     assert chosen == {"bag.weight", "fc.weight", "fc.bias"}
 
 
+@pytest.mark.parametrize("mode", ["mean", "sum", "max"])
+def test_the_autograd_runtime_s_export_of_an_embedding_bag_trains_its_table_too(tmp_path, mode):
+    import onnx
+    import torch
+
+    from tasks.prepare.runtimes.autograd.template import export_inference
+
+    recipe, _ = export_module(BagOfIds(mode), tmp_path, token_ids())
+    path = tmp_path / "eval.onnx"  # the autograd runtime's model.onnx: its strategy found no layer
+    export_inference(BagOfIds(mode).eval(), (torch.from_numpy(token_ids()),), ["input"], ["logits"], path)
+    model = onnx.load(str(path))
+    assert "Loop" not in {n.op_type for n in model.graph.node}
+    chosen = _trainable(recipe, model, {"strategy": "last-conv+classifier"})
+    assert chosen == {"bag.weight", "fc.weight", "fc.bias"}
+
+
 @pytest.mark.parametrize("rnn", ["gru", "lstm"])
 def test_conv_then_recurrent_trains_the_recurrent_layer_not_the_conv(tmp_path, rnn):
     recipe, model = export_module(ConvGRU(rnn), tmp_path, signals())

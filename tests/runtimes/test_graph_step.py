@@ -113,6 +113,14 @@ def test_an_encoder_of_tokens_gives_pytorch_s_gradients(tmp_path):
     _assert_pytorch_s(path, model, x, y, names)
 
 
+@pytest.mark.parametrize("mode", ["mean", "sum", "max"])
+def test_an_embedding_bag_gives_pytorch_s_gradients(tmp_path, mode):
+    model = nn.Sequential(nn.EmbeddingBag(20, 8, mode=mode), nn.Linear(8, 3)).train()  # exported as a Loop
+    x = torch.randint(0, 20, (7, 6))
+    path, names, y, _ = _written(tmp_path, model, x, 3)
+    _assert_pytorch_s(path, model, x, y, names)
+
+
 def test_a_dropout_draws_its_mask_from_a_noise_input(tmp_path):
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
     x = torch.randn(11, 8)

@@ -25,7 +25,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from tasks.prepare.export.torchscript import quiet_output
-from tasks.prepare.export.tracing import model_outputs, restored
+from tasks.prepare.export.tracing import bags_as_embeddings, model_outputs, restored
 from tasks.prepare.onnx_versions import OPSET, check_board_loadable
 from tasks.prepare.prefix import RANDOM_OPS
 from tasks.prepare.runtimes.autograd import (  # noqa: F401 - their rules
@@ -123,7 +123,7 @@ def _exported(model: Any, step: StepInputs, outputs: list[str]) -> Any:
     feeds = [name for name, _ in step.feeds]
     buffer = io.BytesIO()
     axes = {name: {0: "batch"} for name in feeds}
-    with quiet_output("torch.onnx.export: the step"), dropout_nodes(model):
+    with quiet_output("torch.onnx.export: the step"), dropout_nodes(model), bags_as_embeddings():
         try:
             torch.onnx.export(_wrapped(model, step), tuple(t for _, t in step.feeds), buffer, dynamo=False,
                               training=torch.onnx.TrainingMode.PRESERVE, do_constant_folding=False,

@@ -21,7 +21,7 @@ from onnx import numpy_helper
 
 from device_agent.runtimes.state import CheckpointState
 from tasks.errors import ArtifactError
-from tasks.prepare.export.tracing import projected_lstms_unrolled, restored
+from tasks.prepare.export.tracing import bags_as_embeddings, projected_lstms_unrolled, restored
 from tasks.prepare.onnx_versions import OPSET
 from tasks.prepare.runtimes.autograd.onnx_passes import unfused_pads_proto
 from tasks.prepare.runtimes.autograd.onnx_step import Explain, exporting
@@ -63,7 +63,8 @@ def _export(model: Any, inputs: tuple[Any, ...], input_names: list[str], output_
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
     axes = {n: {0: "batch"} for n in [*input_names, *output_names]}
-    with restored(model), projected_lstms_unrolled(model):  # torch's exporter refuses them whole
+    # projected LSTMs: torch's exporter refuses them whole; bags: the same values as the ORT path exports
+    with restored(model), projected_lstms_unrolled(model), bags_as_embeddings():
         model.eval()
         exporting("the inference model", lambda: torch.onnx.export(
             model, inputs, str(path), dynamo=False, training=torch.onnx.TrainingMode.PRESERVE,
