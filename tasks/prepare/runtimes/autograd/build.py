@@ -188,7 +188,7 @@ def generate(recipe: Recipe, model_onnx: Path, out_dir: Path) -> dict[str, Any]:
         model, held = exported_weights(build_model(recipe), graph), None
         torch_names(trainable, model)
     art.mkdir(parents=True, exist_ok=True)
-    steps = build_steps(recipe, model, trainable, art, held)
+    steps = build_steps(recipe, model, trainable, art, held, inference=graph if held is None else None)
     inference = list(
         recipe.model.output_names[1:] if recipe.loss.kind == "embedded" else recipe.model.output_names
     )

@@ -22,6 +22,7 @@ import numpy as np
 from tasks.errors import ArtifactError, ModelError, RecipeError
 from tasks.prepare.export.tracing import model_outputs
 from tasks.prepare.feeds import example_arrays
+from tasks.prepare.runtimes.autograd.graph_eval import eval_step
 from tasks.prepare.runtimes.autograd.graph_step import graph_step
 from tasks.prepare.runtimes.autograd.losses import LossPlan, plan
 from tasks.prepare.runtimes.autograd.noise import NoiseInput, replace_random
@@ -76,11 +77,24 @@ def model_inputs(recipe: Recipe, batch: int) -> tuple[Any, ...]:
     return tuple(torch.from_numpy(np.ascontiguousarray(a[np.arange(batch) % len(a)])) for a in arrays)
 
 
+def _eval_step(model: Any, step: StepInputs, outs: list[str], path: Path, inference: Any, model_out: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> float:  # fmt: skip
+    """The eval step from the inference export and the loss (:mod:`.graph_eval`), else from its own
+    export of the model in eval mode; its difference from PyTorch."""
+    if inference is not None:
+        try:
+            return eval_step(inference, step, list(model_out), outs, path)
+        except Unsupported as exc:
+            log.debug("the eval step is exported apart (%s)", exc)
+    return graph_step(model, step, outs, [], path, training=False, **kwargs)[1]
+
+
 def build_steps(recipe: Recipe, model: Any, trainable: list[str], art: Path,
-                held: dict[str, list[str]] | None = None) -> Steps:  # fmt: skip
+                held: dict[str, list[str]] | None = None, inference: Any = None) -> Steps:  # fmt: skip
     """Write ``art/train_step.onnx`` and ``art/eval_step.onnx`` for ``model``'s ``trainable`` tensors;
     ``held``: the names of the ``model`` tensors that hold each (by default its own name; an ONNX
-    model's twin holds a shared initializer in several)."""
+    model's twin holds a shared initializer in several); ``inference``: the model's eval-mode export
+    (an ONNX graph), which the eval step reuses where it can."""
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
     twin, held = held is not None, {n: (held or {}).get(n, [n]) for n in trainable}
@@ -110,7 +124,7 @@ def build_steps(recipe: Recipe, model: Any, trainable: list[str], art: Path,
         try:
             kwargs = {"batchnorm": recipe.trainable.batchnorm, "n_outputs": len(recipe.model.output_names)}
             noise, diff = graph_step(model, step, outs, grads, art / TRAIN_FILE, training=True, **kwargs)
-            _, eval_diff = graph_step(model, step, outs, [], art / EVAL_FILE, training=False, **kwargs)
+            eval_diff = _eval_step(model, step, outs, art / EVAL_FILE, inference, outputs, kwargs)
             checked = {"train step vs PyTorch autograd": diff, "eval step vs PyTorch": eval_diff}
             return Steps(described, noise, [], outs, grads, loss.name, checked)
         except Unsupported as exc:
