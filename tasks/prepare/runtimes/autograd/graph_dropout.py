@@ -6,7 +6,9 @@ Two kinds of dropout have no training-mode export of their own: a channel dropou
 channel, times the input (as PyTorch draws it: one mask value per channel); a stacked recurrent
 layer's dropout between its layers becomes its layers run one by one (``torch._VF``'s own
 single-layer kernels, with the layer's own parameters), a plain dropout on each output but the
-last, as PyTorch applies it.
+last, as PyTorch applies it. An attention's dropout inside ``scaled_dot_product_attention`` (its
+kernel draws it, not ``dropout``; the exporter writes it as a Dropout all the same) becomes the
+attention written out: scores, mask, softmax, a plain dropout of the weights, times the values.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ def dropout_nodes(model: Any) -> Iterator[None]:
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
     f = torch.nn.functional
-    saved = {n: getattr(f, n) for n in ("dropout1d", "dropout2d", "dropout3d")}
+    saved = {
+        n: getattr(f, n) for n in ("dropout1d", "dropout2d", "dropout3d", "scaled_dot_product_attention")
+    }
 
     def channel(x: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
         if not training or p == 0.0:
@@ -35,8 +39,17 @@ def dropout_nodes(model: Any) -> Iterator[None]:
     # (a single layer's dropout drops nothing in PyTorch, and its export refuses it alike)
     stacked = [m for m in model.modules() if isinstance(m, torch.nn.RNNBase) and m.dropout > 0
                and m.training and not getattr(m, "proj_size", 0)]  # fmt: skip
+
+    def attention(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
+                  scale: Any = None, enable_gqa: bool = False) -> Any:  # fmt: skip
+        if dropout_p == 0.0:
+            return saved["scaled_dot_product_attention"](
+                q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+            )
+        return _attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
     for name in saved:
-        setattr(f, name, channel)
+        setattr(f, name, channel if name.startswith("dropout") else attention)
     for m in stacked:
         m.forward = types.MethodType(_layer_by_layer, m)
     try:
@@ -78,3 +91,23 @@ def _layer_by_layer(self: Any, input: Any, hx: Any = None) -> Any:  # noqa: A002
             out = torch.nn.functional.dropout(out, self.dropout, self.training)
     h = torch.cat(hs, 0)
     return (out, (h, torch.cat(cs, 0))) if lstm else (out, h)
+
+
+def _attention(q: Any, k: Any, v: Any, mask: Any, p: float, causal: bool, scale: Any, gqa: bool) -> Any:
+    """``scaled_dot_product_attention`` as its documentation writes it, the weights' dropout a plain
+    ``dropout``."""
+    import math
+
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    if gqa:
+        k = k.repeat_interleave(q.size(-3) // k.size(-3), -3)
+        v = v.repeat_interleave(q.size(-3) // v.size(-3), -3)
+    scores = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(q.size(-1)) if scale is None else scale)
+    if causal:
+        keep = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    weights = torch.nn.functional.dropout(torch.softmax(scores, dim=-1), p, True)
+    return weights @ v

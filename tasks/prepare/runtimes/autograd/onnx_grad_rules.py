@@ -162,10 +162,18 @@ def _slice(b: Builder, node: Any, gy: G) -> G:
     starts, ends = b.constant(node.input[1]), b.constant(node.input[2])
     axes = b.constant(node.input[3]) if len(node.input) > 3 and node.input[3] else np.arange(len(starts))
     steps = b.constant(node.input[4]) if len(node.input) > 4 and node.input[4] else np.ones(len(starts))
-    if np.any(steps != 1):
-        raise Unsupported("a strided Slice")
     axes = [int(a) % rank for a in axes]
     dims = b.static(x, axes)
+    if np.any(steps != 1):  # each sliced axis scattered back to its positions (Python's slice is ONNX's)
+        g = gy[0]
+        for a, s, e, k, d in zip(axes, starts, ends, steps, dims, strict=True):
+            hit = np.asarray(range(d)[slice(int(s), int(e), int(k))], dtype=np.int64)
+            shape = b.op("Shape", g)
+            size = b.op("Concat", b.op("Slice", shape, b.ints([0]), b.ints([a])), b.ints([d]),
+                        b.op("Slice", shape, b.ints([a + 1]), b.ints([rank])), axis=0)  # fmt: skip
+            index = b.op("Expand", b.ints(hit.reshape([-1 if i == a else 1 for i in range(rank)])), shape)
+            g = b.op("ScatterElements", b.op("ConstantOfShape", size), index, g, axis=a)
+        return [g, None, None, None, None]
     pads = [0] * (2 * rank)
     for a, s, e, d in zip(axes, starts, ends, dims, strict=True):
         s, e = (int(v) + d if v < 0 else min(int(v), d) for v in (s, e))
@@ -207,7 +215,7 @@ def _gather(b: Builder, node: Any, gy: G) -> G:
     return [b.op("ScatterElements", zeros, index, g, axis=axis, reduction="add"), None]
 
 
-def _reduced_axes(b: Builder, node: Any, x: str) -> list[int] | None:
+def reduced_axes(b: Builder, node: Any, x: str) -> list[int] | None:
     rank = len(b.shape(x))
     axes = attr(node, "axes")
     if axes is None and len(node.input) > 1 and node.input[1]:
@@ -227,7 +235,7 @@ def _reduce(b: Builder, node: Any, gy: G) -> G:
         axes: list[int] | None = list(range(2, len(b.shape(x))))
         keep = 1
     else:
-        axes, keep = _reduced_axes(b, node, x), attr(node, "keepdims", 1)
+        axes, keep = reduced_axes(b, node, x), attr(node, "keepdims", 1)
     if axes is None:
         return [g, *rest]
     if not keep:
@@ -244,7 +252,7 @@ def _reduce_extreme(b: Builder, node: Any, gy: G) -> G:
     """Shared evenly among the elements equal to the extreme (PyTorch's ``amax``; after a ReLU the
     ties are zeros, whose gradient the ReLU stops anyway)."""
     x, y, g = node.input[0], node.output[0], gy[0]
-    axes = _reduced_axes(b, node, x)
+    axes = reduced_axes(b, node, x)
     rest = [None] * (len(node.input) - 1)
     if axes is None:
         return [g, *rest]

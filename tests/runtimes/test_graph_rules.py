@@ -1,0 +1,107 @@
+"""The gradient rules of :mod:`tasks.prepare.runtimes.autograd.onnx_grad_more`, an attention's
+dropout drawn from a noise input, and the float64 judgement of a step beyond the float32 bound:
+each layer's train step from the exported graph gives PyTorch's loss and gradients (a Hypothesis
+test draws the layers and their sizes)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tasks.prepare.runtimes.autograd.graph_step import _judged_in_float64
+from tasks.prepare.runtimes.autograd.onnx_grad import Unsupported
+from tasks.prepare.runtimes.autograd.trace import StepInputs
+from tests.runtimes.test_graph_step import _assert_pytorch_s, _ce, _written
+
+nn = torch.nn
+
+
+class _Apply(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+def _layer(kind: str, channels: int) -> nn.Module:
+    """A layer whose export holds the operator ``kind`` names, keeping [N, channels, H, W]."""
+    simple = {"elu": nn.ELU(0.7), "selu": nn.SELU(), "celu": nn.CELU(1.3), "softsign": nn.Softsign(),
+              "prelu": nn.PReLU(channels), "atan": _Apply(torch.atan), "sin": _Apply(torch.sin),
+              "cos": _Apply(torch.cos), "floor": _Apply(lambda x: x + torch.floor(x)),
+              "maximum": _Apply(lambda x: torch.maximum(x, x.flip(1))),
+              "minimum": _Apply(lambda x: torch.minimum(x, 0.5 * x)),
+              "cumsum": _Apply(lambda x: torch.cumsum(x, 3)),
+              "reverse-cumsum": _Apply(lambda x: torch.cumsum(x.flip(3), 3).flip(3))}  # fmt: skip
+    if kind in simple:
+        return simple[kind]
+    if kind == "weight-norm":  # ReduceL2 of the weight (torch.nn.utils.parametrizations.weight_norm)
+        return nn.utils.parametrizations.weight_norm(nn.Conv2d(channels, channels, 3, padding=1))
+    if kind == "pixel-shuffle":  # DepthToSpace (CRD) after a conv making 4x the channels
+        return nn.Sequential(nn.Conv2d(channels, 4 * channels, 1), nn.PixelShuffle(2), nn.AvgPool2d(2))
+    if kind == "pixel-unshuffle":  # SpaceToDepth-like reshapes, then back
+        return nn.Sequential(
+            nn.PixelUnshuffle(2), nn.Conv2d(4 * channels, 4 * channels, 1), nn.PixelShuffle(2)
+        )
+    return _Apply(lambda x: x.repeat(1, 2, 1, 1)[:, :channels] + x.repeat(1, 1, 1, 2)[..., ::2])  # Tile
+
+
+KINDS = ["elu", "selu", "celu", "softsign", "prelu", "atan", "sin", "cos", "floor", "maximum", "minimum",
+         "cumsum", "reverse-cumsum", "weight-norm", "pixel-shuffle", "pixel-unshuffle", "tile"]  # fmt: skip
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kinds=st.lists(st.sampled_from(KINDS), min_size=1, max_size=3), channels=st.sampled_from([2, 4]),
+       size=st.sampled_from([4, 6]), seed=st.integers(0, 3))  # fmt: skip
+def test_generated_layers_of_the_added_rules_give_pytorch_s_gradients(tmp_path, kinds, channels, size, seed):
+    torch.manual_seed(seed)
+    body = [nn.Conv2d(3, channels, 3, padding=1)]
+    body += [_layer(k, channels) for k in kinds]
+    model = nn.Sequential(*body, nn.Flatten(), nn.Linear(channels * size * size, 3)).train()
+    x = torch.randn(5, 3, size, size)
+    path, names, y, _ = _written(tmp_path, model, x, 3)  # Unsupported (no rule) would fail here
+    _assert_pytorch_s(path, model, x, y, names)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_an_attention_s_dropout_draws_its_mask_from_a_noise_input(tmp_path, norm_first):
+    """``nn.TransformerEncoderLayer`` in training: the attention weights' dropout happens inside
+    ``scaled_dot_product_attention`` (not ``dropout``): the step must draw it like the others (it
+    differed from PyTorch by 0.05 and fell back to the traced step)."""
+
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(20, 16)
+            self.layer = nn.TransformerEncoderLayer(
+                16, 2, 32, dropout=0.2, batch_first=True, norm_first=norm_first
+            )
+            self.head = nn.Linear(16, 4)
+
+        def forward(self, tokens):
+            return self.head(self.layer(self.embed(tokens)).mean(1))
+
+    torch.manual_seed(0)
+    path, _, _, noise = _written(tmp_path, Encoder().train(), torch.randint(0, 20, (7, 9)), 4)
+    assert len(noise) == 4  # attention weights, the two residual dropouts, the feed-forward's
+    assert tuple(noise[0].shape[1:]) == (2, 9, 9)
+
+
+def test_a_step_beyond_the_float32_bound_is_judged_against_float64(tmp_path):
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 4 * 4, 3)).train()
+    x, y = torch.randn(5, 3, 6, 6), torch.tensor([0, 1, 2, 0, 1])
+    params = dict(model.named_parameters())
+    step = StepInputs([("input", x), ("labels", y)], 1, {n: p.detach() for n, p in params.items()}, {}, _ce)
+    loss = nn.functional.cross_entropy(model(x), y)
+    grads = torch.autograd.grad(loss, list(params.values()))
+    want = [loss.detach().numpy(), model(x).detach().numpy(), *(g.numpy() for g in grads)]
+    names = ["loss", "logits", *(f"{n}_grad" for n in params)]
+    rounding = [w * np.float32(1 + 3e-4) for w in want]  # 3x the float32 bound, 0.3x the float64 one
+    _judged_in_float64(model, step, [], True, names, rounding, want, "train_step.onnx")
+    wrong = [*want[:2], want[2] * np.float32(1.01), *want[3:]]  # a 1 % wrong weight gradient
+    with pytest.raises(Unsupported, match="0.weight_grad.*float64"):
+        _judged_in_float64(model, step, [], True, names, wrong, want, "train_step.onnx")
