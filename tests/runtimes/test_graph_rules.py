@@ -105,3 +105,25 @@ def test_a_step_beyond_the_float32_bound_is_judged_against_float64(tmp_path):
     wrong = [*want[:2], want[2] * np.float32(1.01), *want[3:]]  # a 1 % wrong weight gradient
     with pytest.raises(Unsupported, match="0.weight_grad.*float64"):
         _judged_in_float64(model, step, [], True, names, wrong, want, "train_step.onnx")
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_stochastic_depth_draws_one_mask_per_sample_from_a_noise_input(tmp_path, inplace):
+    """timm's DropPath: ``x.new_empty((n, 1, 1, 1)).bernoulli_(keep)`` (the trace fixed n at the
+    example batch, and its random operator sent the model to the traced step)."""
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.head = nn.Conv2d(3, 4, 3), nn.Linear(4 * 4 * 4, 3)
+
+        def forward(self, x):
+            y = torch.relu(self.conv(x))
+            keep = y.new_empty((y.shape[0], 1, 1, 1))
+            keep = keep.bernoulli_(0.7) if not inplace else keep
+            if inplace:
+                keep.bernoulli_(0.7)
+            return self.head((y + y * keep / 0.7).flatten(1))
+
+    _, _, _, noise = _written(tmp_path, Block().train(), torch.randn(6, 3, 6, 6), 3)
+    assert [tuple(n.shape) for n in noise] == [("batch", 1, 1, 1)]

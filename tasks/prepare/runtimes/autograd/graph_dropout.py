@@ -20,9 +20,12 @@ from typing import Any
 
 
 @contextlib.contextmanager
-def dropout_nodes(model: Any) -> Iterator[None]:
+def dropout_nodes(model: Any, batch: Any = None) -> Iterator[None]:
     """Within the block, ``model``'s channel dropouts and stacked recurrent layers' dropouts are
-    plain dropouts (in the export as in PyTorch's own run)."""
+    plain dropouts (in the export as in PyTorch's own run); with ``batch`` (the step's first input),
+    so is a per-sample ``bernoulli_`` (stochastic depth: ``x.new_empty((n, 1, 1)).bernoulli_(keep)``):
+    a dropout of ones, and a ``new_empty`` of ``x``'s rows takes its row count from ``x`` (the trace
+    would fix it at the example batch)."""
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
     f = torch.nn.functional
@@ -48,6 +51,40 @@ def dropout_nodes(model: Any) -> Iterator[None]:
             )
         return _attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
+    bernoulli, new_empty = torch.Tensor.bernoulli_, torch.Tensor.new_empty
+
+    def sized(self: Any, size: Any, *args: Any, **kwargs: Any) -> Any:
+        size = list(size[0] if len(size) == 1 and not isinstance(size[0], int) else size)
+        if (
+            batch is None
+            or args
+            or kwargs
+            or not size
+            or not self.dim()
+            or not len(self) == size[0] == len(batch)
+        ):
+            return new_empty(self, size, *args, **kwargs)
+        rows = torch.zeros_like(
+            (self.flatten(1) if self.dim() > 1 else self[:, None])[:, :1]
+        )  # [n, 1], n traced
+        return rows.reshape(-1, *([1] * (len(size) - 1))).expand(-1, *size[1:]).contiguous()
+
+    def per_sample(self: Any, p: Any = 0.5, *args: Any, **kwargs: Any) -> Any:
+        if (
+            batch is None
+            or not isinstance(p, float)
+            or args
+            or kwargs
+            or not self.dim()
+            or len(self) != len(batch)
+        ):
+            return bernoulli(self, p, *args, **kwargs)
+        ones = torch.ones_like(self)
+        mask = f.dropout(ones, 1.0 - p, True) * p if 0.0 < p < 1.0 else ones * float(p >= 1.0)
+        return self.copy_(mask)
+
+    torch.Tensor.new_empty = sized
+    torch.Tensor.bernoulli_ = per_sample
     for name in saved:
         setattr(f, name, channel if name.startswith("dropout") else attention)
     for m in stacked:
@@ -55,6 +92,7 @@ def dropout_nodes(model: Any) -> Iterator[None]:
     try:
         yield
     finally:
+        torch.Tensor.bernoulli_, torch.Tensor.new_empty = bernoulli, new_empty
         for name, fn in saved.items():
             setattr(f, name, fn)
         for m in stacked:

@@ -149,7 +149,8 @@ def _exported(model: Any, step: StepInputs, outputs: list[str]) -> Any:
     feeds = [name for name, _ in step.feeds]
     buffer = io.BytesIO()
     axes = {name: {0: "batch"} for name in feeds}
-    with quiet_output("torch.onnx.export: the step"), dropout_nodes(model), bags_as_embeddings():
+    first = step.feeds[0][1]
+    with quiet_output("torch.onnx.export: the step"), dropout_nodes(model, first), bags_as_embeddings():
         try:
             torch.onnx.export(_wrapped(model, step), tuple(t for _, t in step.feeds), buffer, dynamo=False,
                               training=torch.onnx.TrainingMode.PRESERVE, do_constant_folding=False,
@@ -207,7 +208,7 @@ def _eager(model: Any, step: StepInputs, noise: list[np.ndarray], training: bool
     flags = [p.requires_grad for p in chosen]
     torch.nn.functional.dropout = dropout
     try:
-        with torch.enable_grad(), dropout_nodes(model):
+        with torch.enable_grad(), dropout_nodes(model, step.feeds[0][1]):
             for p in chosen:
                 p.requires_grad_(True)
             loss, *kept = _wrapped(model, step)(*(t for _, t in step.feeds))
