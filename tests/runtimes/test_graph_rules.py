@@ -6,6 +6,7 @@ test draws the layers and their sizes)."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -127,3 +128,27 @@ def test_stochastic_depth_draws_one_mask_per_sample_from_a_noise_input(tmp_path,
 
     _, _, _, noise = _written(tmp_path, Block().train(), torch.randn(6, 3, 6, 6), 3)
     assert [tuple(n.shape) for n in noise] == [("batch", 1, 1, 1)]
+
+
+def test_an_if_on_the_shape_of_a_weight_is_folded_into_the_branch_it_takes(tmp_path):
+    """The exporter writes ``tile`` of a parameter as If nodes on its rank (timm's sam2_hiera: a
+    window position embedding); their conditions do not depend on the batch, so each If is the
+    branch it takes (it stopped the graph path: an If has no gradient rule)."""
+
+    class Tiled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.pos, self.head = (
+                nn.Conv2d(3, 4, 3),
+                nn.Parameter(torch.randn(4, 2, 2)),
+                nn.Linear(64, 3),
+            )
+
+        def forward(self, x):
+            return self.head((self.conv(x) + self.pos.tile((1, 2, 2))).flatten(1))
+
+    model, x = Tiled().train(), torch.randn(5, 3, 6, 6)
+    path, names, y, _ = _written(tmp_path, model, x, 3)
+
+    assert "If" not in {n.op_type for n in onnx.load(str(path)).graph.node}
+    _assert_pytorch_s(path, model, x, y, names)

@@ -175,3 +175,59 @@ def pruned(graph: Any) -> None:
     used = [i for i in graph.graph.initializer if i.name in wanted]
     del graph.graph.initializer[:]
     graph.graph.initializer.extend(used)
+
+
+def fold_ifs(graph: Any, arrays: list[np.ndarray], batched: set[int]) -> None:
+    """Each If whose condition is the same at batches 2 and 3 (a test of weights' shapes, as the
+    exporter writes ``tile`` of a parameter) replaced by the nodes of the branch it takes, in place;
+    Unsupported for one whose branch depends on the batch."""
+    for _ in range(4):  # an If inside a taken branch is folded on the next pass
+        ifs = [n for n in graph.graph.node if n.op_type == "If"]
+        if not ifs:
+            return
+        probe = onnx.ModelProto()
+        probe.CopyFrom(graph)
+        del probe.graph.output[:]
+        probe.graph.output.extend(helper.make_empty_tensor_value_info(n.input[0]) for n in ifs)
+        pruned(probe)
+        sess = session(probe, "the branches' conditions", optimize=False)
+        taken = []
+        for size in (2, 3):
+            sized = [a[np.arange(size) % len(a)] if i in batched else a for i, a in enumerate(arrays)]
+            taken.append([bool(np.asarray(c).all()) for c in run(sess, sized, "the branches' conditions")])
+        if taken[0] != taken[1]:
+            raise Unsupported("an If whose branch depends on the batch size")
+        out = []
+        for node in graph.graph.node:
+            if node.op_type != "If":
+                out.append(node)
+                continue
+            chosen = "then_branch" if taken[0].pop(0) else "else_branch"
+            branch = next(a.g for a in node.attribute if a.name == chosen)
+            out.extend(_inlined(graph, node, branch))
+        del graph.graph.node[:]
+        graph.graph.node.extend(out)
+    raise Unsupported("If nodes nested deeper than four")
+
+
+def _inlined(graph: Any, node: Any, branch: Any) -> list[Any]:
+    """The nodes of ``branch`` with their own tensors renamed under the If's name, then an Identity
+    from each branch output to the If's output; its initializers moved to ``graph``."""
+    inner = {o for n in branch.node for o in n.output if o} | {i.name for i in branch.initializer}
+    renamed = {t: f"{node.name or node.output[0]}/{t}" for t in inner}
+    for init in branch.initializer:
+        copy = onnx.TensorProto()
+        copy.CopyFrom(init)
+        copy.name = renamed[init.name]
+        graph.graph.initializer.append(copy)
+    nodes = []
+    for inner_node in branch.node:
+        copy = onnx.NodeProto()
+        copy.CopyFrom(inner_node)
+        copy.input[:] = [renamed.get(i, i) for i in copy.input]
+        copy.output[:] = [renamed.get(o, o) for o in copy.output]
+        copy.name = f"{node.name}/{copy.name}"
+        nodes.append(copy)
+    nodes += [helper.make_node("Identity", [renamed.get(o.name, o.name)], [y], name=f"{node.name}/out{k}")
+              for k, (o, y) in enumerate(zip(branch.output, node.output, strict=True))]  # fmt: skip
+    return nodes

@@ -38,6 +38,7 @@ from tasks.prepare.runtimes.autograd import (  # noqa: F401 - their rules
 )
 from tasks.prepare.runtimes.autograd.graph_dropout import dropout_nodes
 from tasks.prepare.runtimes.autograd.graph_lowering import (
+    fold_ifs,
     lower_batchnorms,
     lower_dropouts,
     observed,
@@ -60,6 +61,7 @@ def graph_step(model: Any, step: StepInputs, outputs: list[str], grads: list[str
     names = list(step.trainable)
     with restored(model), _mode(model, step, training, batchnorm, n_outputs):
         graph = _exported(model, step, outputs)
+        fold_ifs(graph, [t.numpy() for _, t in step.feeds], set(range(len(step.feeds))))
         _inputs_from(graph, names)
         lower_batchnorms(graph)
         arrays = [t.numpy() for _, t in step.feeds] + [t.numpy() for t in step.trainable.values()]
