@@ -152,3 +152,27 @@ def test_an_if_on_the_shape_of_a_weight_is_folded_into_the_branch_it_takes(tmp_p
 
     assert "If" not in {n.op_type for n in onnx.load(str(path)).graph.node}
     _assert_pytorch_s(path, model, x, y, names)
+
+
+def test_a_dropout_over_patches_folded_into_the_batch_draws_k_rows_a_sample(tmp_path):
+    """MobileViT folds each image's patches into the batch ([n * 4, tokens, channels]) before its
+    transformer's dropouts: the noise input is [batch, 4, ...], reshaped as the tensor (the mask had
+    the batch's rows: 'broadcast 7 by 28', and the model went to the traced step, 10x slower)."""
+
+    class Folded(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.drop, self.head = (
+                nn.Conv2d(3, 8, 3, padding=1),
+                nn.Dropout(0.3),
+                nn.Linear(8 * 36, 3),
+            )
+
+        def forward(self, x):
+            y = self.conv(x)  # [n, 8, 6, 6] -> [n * 4, 9, 8]: 2x2 patches of 3x3 pixels as rows
+            n = y.shape[0]
+            patches = y.reshape(n, 8, 2, 3, 2, 3).permute(0, 2, 4, 3, 5, 1).reshape(n * 4, 9, 8)
+            return self.head(self.drop(patches).reshape(n, -1))
+
+    _, _, _, noise = _written(tmp_path, Folded().train(), torch.randn(5, 3, 6, 6), 3)
+    assert [tuple(n.shape) for n in noise] == [("batch", 4, 9, 8)]

@@ -112,12 +112,22 @@ def observed(
     for size in (2, 3):
         sized = [a[np.arange(size) % len(a)] if i in batched else a for i, a in enumerate(arrays)]
         runs.append(run(sess, sized, "the forward") + sized)
-    shapes = {n: [d if d == e else "batch" for d, e in zip(a.shape, c.shape, strict=True)]
+    shapes = {n: [_dim(d, e) for d, e in zip(a.shape, c.shape, strict=True)]
               for n, a, c in zip(names, *runs, strict=True) if a.ndim == c.ndim}  # fmt: skip
     types = {n: helper.np_dtype_to_tensor_dtype(a.dtype) for n, a in zip(names, runs[0], strict=True)}
     values = {n: a for n, a, c in zip(names, *runs, strict=True)
               if a.dtype.kind in "iu" and a.size <= 64 and a.shape == c.shape and np.array_equal(a, c)}  # fmt: skip
     return shapes, types, values
+
+
+def _dim(at2: int, at3: int) -> int | str:
+    """An axis seen at batches 2 and 3: its size, ``batch``, or ``batch*k`` (k rows per sample: a
+    transformer's patches folded into the batch)."""
+    if at2 == at3:
+        return at2
+    if at2 * 3 == at3 * 2 and at2 % 2 == 0 and at2 > 2:
+        return f"batch*{at2 // 2}"
+    return "batch"
 
 
 def lower_dropouts(graph: Any, shapes: Shapes, types: dict[str, int]) -> list[NoiseInput]:
@@ -142,20 +152,33 @@ def lower_dropouts(graph: Any, shapes: Shapes, types: dict[str, int]) -> list[No
             out.append(helper.make_node("Identity", [node.input[0]], [node.output[0]]))
             continue
         shape = shapes.get(node.input[0])
-        if shape is None or not shape or shape[0] != "batch" or "batch" in shape[1:]:
+        if (
+            not shape
+            or not str(shape[0]).startswith("batch")
+            or any(str(d).startswith("batch") for d in shape[1:])
+        ):
             raise Unsupported("a Dropout over a tensor whose first axis alone is not the batch")
         name = f"{NOISE_PREFIX}{len(noise)}"
-        noise.append(NoiseInput(name, tuple(shape)))
-        graph.graph.input.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
-        keep, mask = f"{name}/keep", f"{name}/mask"
-        out += [helper.make_node("Less", [name, f"{name}/p"], [keep]),
+        rows = shape[0] if shape[0] == "batch" else int(str(shape[0]).split("*")[1])
+        drawn = list(shape) if rows == "batch" else ["batch", rows, *shape[1:]]  # k rows a sample
+        noise.append(NoiseInput(name, tuple(drawn)))
+        graph.graph.input.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, drawn))
+        keep, mask, u = f"{name}/keep", f"{name}/mask", name
+        if rows != "batch":
+            u = f"{name}/rows"
+            out += [helper.make_node("Shape", [node.input[0]], [f"{u}/shape"]),
+                    helper.make_node("Reshape", [name, f"{u}/shape"], [u])]  # fmt: skip
+            shapes[f"{u}/shape"], types[f"{u}/shape"] = [len(shape)], TensorProto.INT64
+            shapes[u], types[u] = list(shape), TensorProto.FLOAT
+        out += [helper.make_node("Less", [u, f"{name}/p"], [keep]),
                 helper.make_node("Cast", [keep], [f"{keep}/f"], to=TensorProto.FLOAT),
                 helper.make_node("Mul", [f"{keep}/f", f"{name}/s"], [mask]),
                 helper.make_node("Mul", [node.input[0], mask], [node.output[0]])]  # fmt: skip
         graph.graph.initializer.extend([numpy_helper.from_array(np.float32(1.0 - ratio), f"{name}/p"),
                                         numpy_helper.from_array(np.float32(1.0 / (1.0 - ratio)), f"{name}/s")])  # fmt: skip
-        for t, kind in ((name, 1), (keep, 9), (f"{keep}/f", 1), (mask, 1)):
+        for t, kind in ((keep, 9), (f"{keep}/f", 1), (mask, 1)):
             shapes[t], types[t] = list(shape), kind
+        shapes[name], types[name] = drawn, TensorProto.FLOAT
     del graph.graph.node[:]
     graph.graph.node.extend(out)
     return noise

@@ -201,6 +201,8 @@ def _eager(model: Any, step: StepInputs, noise: list[np.ndarray], training: bool
         if not training or p == 0.0:
             return x
         u = next(masks, None)
+        if u is not None and u.ndim == x.dim() + 1 and u.size == x.numel():  # k rows a sample
+            u = u.reshape(tuple(x.shape))
         if u is None or tuple(u.shape[1:]) != tuple(x.shape[1:]):
             raise Unsupported("a dropout the export did not write as Dropout")
         return x * (torch.from_numpy(u) < 1.0 - p).to(x.dtype) * (1.0 / (1.0 - p))
