@@ -151,20 +151,19 @@ def lower_dropouts(graph: Any, shapes: Shapes, types: dict[str, int]) -> list[No
         if not (given[1] and bool(consts[given[1]])) or ratio == 0.0:
             out.append(helper.make_node("Identity", [node.input[0]], [node.output[0]]))
             continue
-        shape = shapes.get(node.input[0])
-        if (
-            not shape
-            or not str(shape[0]).startswith("batch")
-            or any(str(d).startswith("batch") for d in shape[1:])
-        ):
+        shape = shapes.get(node.input[0]) or []
+        batched = [str(d).startswith("batch") for d in shape]
+        if not shape or any(batched[1:]) or not (batched[0] or all(isinstance(d, int) for d in shape)):
             raise Unsupported("a Dropout over a tensor whose first axis alone is not the batch")
         name = f"{NOISE_PREFIX}{len(noise)}"
-        rows = shape[0] if shape[0] == "batch" else int(str(shape[0]).split("*")[1])
-        drawn = list(shape) if rows == "batch" else ["batch", rows, *shape[1:]]  # k rows a sample
+        # the batch's rows; k rows a sample as [batch, k, ...]; a tensor without the batch (an
+        # attention bias's, say) one mask for the whole batch, as PyTorch draws it
+        rows = int(str(shape[0]).split("*")[1]) if batched[0] and shape[0] != "batch" else None
+        drawn = ["batch", rows, *shape[1:]] if rows else list(shape)
         noise.append(NoiseInput(name, tuple(drawn)))
         graph.graph.input.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, drawn))
         keep, mask, u = f"{name}/keep", f"{name}/mask", name
-        if rows != "batch":
+        if rows:
             u = f"{name}/rows"
             out += [helper.make_node("Shape", [node.input[0]], [f"{u}/shape"]),
                     helper.make_node("Reshape", [name, f"{u}/shape"], [u])]  # fmt: skip
