@@ -193,3 +193,36 @@ def test_a_dropout_over_a_tensor_without_the_batch_draws_one_mask_for_all_sample
 
     _, _, _, noise = _written(tmp_path, Biased().train(), torch.randn(5, 3, 6, 6), 3)
     assert [tuple(n.shape) for n in noise] == [(4, 4, 4)]
+
+
+@pytest.mark.parametrize("draw", ["rand", "rand_like", "randn", "randn_like", "bernoulli", "rand_rows"])
+def test_a_random_draw_written_by_hand_takes_its_values_from_noise_inputs(tmp_path, draw):
+    """A draw that is no dropout (Hugging Face's drop path: ``keep + torch.rand((n, 1, 1, 1))``,
+    floored; noise injected with ``randn_like``; a ``bernoulli`` of computed probabilities) is a
+    noise input and the operators making the draw, replayed in PyTorch's step for the check (its
+    RandomUniformLike sent the model to the traced step: Swin 21x ORT's preparation)."""
+
+    class Drawn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.head = nn.Conv2d(3, 4, 3), nn.Linear(4 * 4 * 4, 3)
+
+        def forward(self, x):
+            y, n = torch.relu(self.conv(x)), x.shape[0]
+            if draw == "rand":
+                r = (0.7 + torch.rand((n, 1, 1, 1), dtype=y.dtype, device=y.device)).floor_()
+                return self.head((y.div(0.7) * r).flatten(1))
+            if draw == "rand_rows":  # two rows a sample
+                r = torch.rand((n * 2, 32), dtype=y.dtype)
+                return self.head((y.reshape(n * 2, 32) * r).reshape(n, -1))
+            if draw == "bernoulli":
+                return self.head((y * torch.bernoulli(torch.sigmoid(y).detach())).flatten(1))
+            noisy = {"rand_like": torch.rand_like, "randn": lambda t: torch.randn(t.shape),
+                     "randn_like": torch.randn_like}[draw](y)  # fmt: skip
+            return self.head((y + 0.1 * noisy * y).flatten(1))
+
+    _, _, _, noise = _written(tmp_path, Drawn().train(), torch.randn(5, 3, 6, 6), 3)
+    shapes = {"rand": [("batch", 1, 1, 1)], "rand_rows": [("batch", 2, 32)]}
+    assert [tuple(n.shape) for n in noise] == shapes.get(
+        draw, [("batch", 4, 4, 4)] * (2 if "randn" in draw else 1)
+    )

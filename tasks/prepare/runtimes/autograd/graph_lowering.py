@@ -2,9 +2,9 @@
 
 A training-mode BatchNorm becomes the operators that compute it (a board's inference build has no
 training-mode BatchNorm); a MaxPool also gives the flat index of each maximum, which its gradient
-scatters to; each Dropout takes its mask from a noise input the board fills (``u < 1 - p``, then
-scaled by ``1 / (1 - p)``, as PyTorch's dropout keeps an element). Every tensor's shape and type
-are seen by running the forward at two batch sizes: a size that differs depends on the batch.
+scatters to (random operators become noise inputs in :mod:`.graph_noise`). Every tensor's shape
+and type are seen by running the forward at two batch sizes: a size that differs depends on the
+batch.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
-from tasks.prepare.runtimes.autograd.noise import NOISE_PREFIX, NoiseInput
 from tasks.prepare.runtimes.autograd.onnx_grad import Unsupported, attr
 from tasks.prepare.runtimes.autograd.onnx_grad_nn import tiling
 
@@ -128,59 +127,6 @@ def _dim(at2: int, at3: int) -> int | str:
     if at2 * 3 == at3 * 2 and at2 % 2 == 0 and at2 > 2:
         return f"batch*{at2 // 2}"
     return "batch"
-
-
-def lower_dropouts(graph: Any, shapes: Shapes, types: dict[str, int]) -> list[NoiseInput]:
-    """Each training-mode Dropout a mask drawn from a new noise input (``shapes`` and ``types``
-    extended with the new tensors); the noise inputs, in the graph's order."""
-    consts = {
-        n.output[0]: numpy_helper.to_array(attr(n, "value"))
-        for n in graph.graph.node
-        if n.op_type == "Constant"
-    }
-    consts |= {i.name: numpy_helper.to_array(i) for i in graph.graph.initializer}
-    out, noise = [], []
-    for node in graph.graph.node:
-        if node.op_type != "Dropout":
-            out.append(node)
-            continue
-        given = [node.input[i] if len(node.input) > i and node.input[i] else None for i in (1, 2)]
-        if any(g is not None and g not in consts for g in given):
-            raise Unsupported("a Dropout whose ratio or mode is computed")
-        ratio = float(consts[given[0]]) if given[0] else 0.5
-        if not (given[1] and bool(consts[given[1]])) or ratio == 0.0:
-            out.append(helper.make_node("Identity", [node.input[0]], [node.output[0]]))
-            continue
-        shape = shapes.get(node.input[0]) or []
-        batched = [str(d).startswith("batch") for d in shape]
-        if not shape or any(batched[1:]) or not (batched[0] or all(isinstance(d, int) for d in shape)):
-            raise Unsupported("a Dropout over a tensor whose first axis alone is not the batch")
-        name = f"{NOISE_PREFIX}{len(noise)}"
-        # the batch's rows; k rows a sample as [batch, k, ...]; a tensor without the batch (an
-        # attention bias's, say) one mask for the whole batch, as PyTorch draws it
-        rows = int(str(shape[0]).split("*")[1]) if batched[0] and shape[0] != "batch" else None
-        drawn = ["batch", rows, *shape[1:]] if rows else list(shape)
-        noise.append(NoiseInput(name, tuple(drawn)))
-        graph.graph.input.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, drawn))
-        keep, mask, u = f"{name}/keep", f"{name}/mask", name
-        if rows:
-            u = f"{name}/rows"
-            out += [helper.make_node("Shape", [node.input[0]], [f"{u}/shape"]),
-                    helper.make_node("Reshape", [name, f"{u}/shape"], [u])]  # fmt: skip
-            shapes[f"{u}/shape"], types[f"{u}/shape"] = [len(shape)], TensorProto.INT64
-            shapes[u], types[u] = list(shape), TensorProto.FLOAT
-        out += [helper.make_node("Less", [u, f"{name}/p"], [keep]),
-                helper.make_node("Cast", [keep], [f"{keep}/f"], to=TensorProto.FLOAT),
-                helper.make_node("Mul", [f"{keep}/f", f"{name}/s"], [mask]),
-                helper.make_node("Mul", [node.input[0], mask], [node.output[0]])]  # fmt: skip
-        graph.graph.initializer.extend([numpy_helper.from_array(np.float32(1.0 - ratio), f"{name}/p"),
-                                        numpy_helper.from_array(np.float32(1.0 / (1.0 - ratio)), f"{name}/s")])  # fmt: skip
-        for t, kind in ((keep, 9), (f"{keep}/f", 1), (mask, 1)):
-            shapes[t], types[t] = list(shape), kind
-        shapes[name], types[name] = drawn, TensorProto.FLOAT
-    del graph.graph.node[:]
-    graph.graph.node.extend(out)
-    return noise
 
 
 def pruned(graph: Any) -> None:
