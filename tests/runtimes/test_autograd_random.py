@@ -51,8 +51,24 @@ def random_prepared(tmp_path_factory):
     return prepared_module(folder, "randomnet", MODULE, {"model": {"callable": "randomnet:random_net"}})
 
 
-def _reference(recipe, weights, x, y, noise):
-    """Loss and gradients by PyTorch with the masks the noise stands for, as each layer draws them."""
+@pytest.fixture(scope="module")
+def random_traced(tmp_path_factory):
+    """The same model with its steps traced by ``make_fx`` (as one the graph path cannot take)."""
+    from tasks.prepare.runtimes.autograd import steps
+
+    def refuse(*args, **kwargs):
+        raise steps.Unsupported("this test traces the steps")
+
+    folder = tmp_path_factory.mktemp("random-traced")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(steps, "graph_step", refuse)
+        return prepared_module(folder, "randomnet", MODULE, {"model": {"callable": "randomnet:random_net"}})
+
+
+def _reference(recipe, weights, x, y, noise, kept_below):
+    """Loss and gradients by PyTorch with the masks the noise stands for, as each layer draws them
+    (``kept_below``: the exported graph's dropout keeps u < 1 - p; the traced one, PyTorch's own
+    decomposition, keeps u > p)."""
     model = torch_model(recipe, weights)
     drop2d, depth, own, drop = (torch.from_numpy(n) for n in noise)
     h = torch.relu(model.conv(torch.from_numpy(x)))
@@ -60,14 +76,16 @@ def _reference(recipe, weights, x, y, noise):
     h = h + h * (depth < SURVIVE) / SURVIVE  # StochasticDepth "row": a Bernoulli(survival) per sample
     h = h * (own > OWN)  # torch.rand(...) > 0.2
     flat = torch.flatten(h, 1)
-    logits = model.head(flat * (drop > P) / (1 - P))  # Dropout: rand_like(x) > p
+    kept = drop < 1 - P if kept_below else drop > P
+    logits = model.head(flat * kept / (1 - P))  # Dropout: a Bernoulli(1 - p) per element
     loss = torch.nn.functional.cross_entropy(logits, torch.from_numpy(y))
     loss.backward()
     return loss.item(), {n: p.grad.numpy() for n, p in model.named_parameters()}
 
 
-def test_each_random_draw_is_a_noise_input_of_the_train_step(random_prepared):
-    recipe, prepared = random_prepared
+@pytest.mark.parametrize("path", ["graph", "traced"])
+def test_each_random_draw_is_a_noise_input_of_the_train_step(request, path):
+    recipe, prepared = request.getfixturevalue("random_prepared" if path == "graph" else "random_traced")
     step = json.loads((prepared.artifacts_dir / "step.json").read_text())
     shapes = [n["shape"] for n in step["noise"]]
     assert shapes == [["batch", 4, 1, 1], ["batch", 1, 1, 1], ["batch", 1, 1, 1], ["batch", 64]]
@@ -87,7 +105,7 @@ def test_each_random_draw_is_a_noise_input_of_the_train_step(random_prepared):
             **{n["name"]: a for n, a in zip(step["noise"], noise, strict=True)},
         }
         got = session.run(None, feeds)
-        assert_step_equals(got, step["trainable"], *_reference(recipe, weights, x, y, noise))
+        assert_step_equals(got, step["trainable"], *_reference(recipe, weights, x, y, noise, path == "graph"))
 
 
 def test_the_board_draws_from_the_seed_and_the_step(agent_board, random_prepared):

@@ -56,8 +56,10 @@ def _reference(recipe, weights, x, y, noise):
     return loss.item(), {n: p.grad.numpy() for n, p in model.named_parameters()}
 
 
-@pytest.fixture(scope="module")
-def patch_prepared(tmp_path_factory):
+@pytest.fixture
+def patch_prepared(tmp_path_factory, traced_steps):
+    """The traced path's draw (the graph path's, a [batch, 4, 4, 4] noise input, is
+    tests/runtimes/test_graph_rules.py's)."""
     folder = tmp_path_factory.mktemp("patches")
     return prepared_module(folder, "patchdrop", MODULE, {"model": {"callable": "patchdrop:PatchDrop"}})
 

@@ -6,6 +6,7 @@ test draws the layers and their sizes)."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -127,3 +128,101 @@ def test_stochastic_depth_draws_one_mask_per_sample_from_a_noise_input(tmp_path,
 
     _, _, _, noise = _written(tmp_path, Block().train(), torch.randn(6, 3, 6, 6), 3)
     assert [tuple(n.shape) for n in noise] == [("batch", 1, 1, 1)]
+
+
+def test_an_if_on_the_shape_of_a_weight_is_folded_into_the_branch_it_takes(tmp_path):
+    """The exporter writes ``tile`` of a parameter as If nodes on its rank (timm's sam2_hiera: a
+    window position embedding); their conditions do not depend on the batch, so each If is the
+    branch it takes (it stopped the graph path: an If has no gradient rule)."""
+
+    class Tiled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.pos, self.head = (
+                nn.Conv2d(3, 4, 3),
+                nn.Parameter(torch.randn(4, 2, 2)),
+                nn.Linear(64, 3),
+            )
+
+        def forward(self, x):
+            return self.head((self.conv(x) + self.pos.tile((1, 2, 2))).flatten(1))
+
+    model, x = Tiled().train(), torch.randn(5, 3, 6, 6)
+    path, names, y, _ = _written(tmp_path, model, x, 3)
+
+    assert "If" not in {n.op_type for n in onnx.load(str(path)).graph.node}
+    _assert_pytorch_s(path, model, x, y, names)
+
+
+def test_a_dropout_over_patches_folded_into_the_batch_draws_k_rows_a_sample(tmp_path):
+    """MobileViT folds each image's patches into the batch ([n * 4, tokens, channels]) before its
+    transformer's dropouts: the noise input is [batch, 4, ...], reshaped as the tensor (the mask had
+    the batch's rows: 'broadcast 7 by 28', and the model went to the traced step, 10x slower)."""
+
+    class Folded(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.drop, self.head = (
+                nn.Conv2d(3, 8, 3, padding=1),
+                nn.Dropout(0.3),
+                nn.Linear(8 * 36, 3),
+            )
+
+        def forward(self, x):
+            y = self.conv(x)  # [n, 8, 6, 6] -> [n * 4, 9, 8]: 2x2 patches of 3x3 pixels as rows
+            n = y.shape[0]
+            patches = y.reshape(n, 8, 2, 3, 2, 3).permute(0, 2, 4, 3, 5, 1).reshape(n * 4, 9, 8)
+            return self.head(self.drop(patches).reshape(n, -1))
+
+    _, _, _, noise = _written(tmp_path, Folded().train(), torch.randn(5, 3, 6, 6), 3)
+    assert [tuple(n.shape) for n in noise] == [("batch", 4, 9, 8)]
+
+
+def test_a_dropout_over_a_tensor_without_the_batch_draws_one_mask_for_all_samples(tmp_path):
+    """A dropout on a weight-derived tensor (a relative-position bias, as timm's relpos ViTs and
+    Swin V2 CR apply): one mask of its shape (it was refused and the model traced, 5-11x slower)."""
+
+    class Biased(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bias = nn.Conv2d(3, 4, 3), nn.Parameter(torch.randn(4, 4, 4))
+            self.drop, self.head = nn.Dropout(0.3), nn.Linear(64, 3)
+
+        def forward(self, x):
+            return self.head((self.conv(x) + self.drop(self.bias)).flatten(1))
+
+    _, _, _, noise = _written(tmp_path, Biased().train(), torch.randn(5, 3, 6, 6), 3)
+    assert [tuple(n.shape) for n in noise] == [(4, 4, 4)]
+
+
+@pytest.mark.parametrize("draw", ["rand", "rand_like", "randn", "randn_like", "bernoulli", "rand_rows"])
+def test_a_random_draw_written_by_hand_takes_its_values_from_noise_inputs(tmp_path, draw):
+    """A draw that is no dropout (Hugging Face's drop path: ``keep + torch.rand((n, 1, 1, 1))``,
+    floored; noise injected with ``randn_like``; a ``bernoulli`` of computed probabilities) is a
+    noise input and the operators making the draw, replayed in PyTorch's step for the check (its
+    RandomUniformLike sent the model to the traced step: Swin 21x ORT's preparation)."""
+
+    class Drawn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.head = nn.Conv2d(3, 4, 3), nn.Linear(4 * 4 * 4, 3)
+
+        def forward(self, x):
+            y, n = torch.relu(self.conv(x)), x.shape[0]
+            if draw == "rand":
+                r = (0.7 + torch.rand((n, 1, 1, 1), dtype=y.dtype, device=y.device)).floor_()
+                return self.head((y.div(0.7) * r).flatten(1))
+            if draw == "rand_rows":  # two rows a sample
+                r = torch.rand((n * 2, 32), dtype=y.dtype)
+                return self.head((y.reshape(n * 2, 32) * r).reshape(n, -1))
+            if draw == "bernoulli":
+                return self.head((y * torch.bernoulli(torch.sigmoid(y).detach())).flatten(1))
+            noisy = {"rand_like": torch.rand_like, "randn": lambda t: torch.randn(t.shape),
+                     "randn_like": torch.randn_like}[draw](y)  # fmt: skip
+            return self.head((y + 0.1 * noisy * y).flatten(1))
+
+    _, _, _, noise = _written(tmp_path, Drawn().train(), torch.randn(5, 3, 6, 6), 3)
+    shapes = {"rand": [("batch", 1, 1, 1)], "rand_rows": [("batch", 2, 32)]}
+    assert [tuple(n.shape) for n in noise] == shapes.get(
+        draw, [("batch", 4, 4, 4)] * (2 if "randn" in draw else 1)
+    )

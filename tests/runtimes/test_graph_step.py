@@ -6,6 +6,7 @@ falling back to the traced step; a graph with an operator it has no rule for is 
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnxruntime
 import pytest
 import torch
@@ -157,16 +158,22 @@ def test_an_operator_without_a_rule_is_unsupported(tmp_path):
     assert not (tmp_path / "train_step.onnx").exists()
 
 
-def test_a_max_pool_gives_ties_to_the_first_maximum_as_pytorch(tmp_path):
+@pytest.mark.parametrize("kernel", [2, (3, 2), 7])
+def test_a_max_pool_gives_ties_to_the_first_maximum_as_pytorch(tmp_path, kernel):
     """A convolution with a zero kernel makes every window of the pool a tie: the gradient reaches
-    the kernel through the window's first position only, as PyTorch's max pool chooses."""
+    the kernel through the window's first position only, as PyTorch's max pool chooses; windows
+    that leave rows or columns out, and one over the whole map (a global pool: the graph's size
+    does not grow with its 49 positions)."""
     conv = nn.Conv2d(1, 2, 3, padding=1)
     with torch.no_grad():
         conv.weight.zero_()
-    model = nn.Sequential(conv, nn.MaxPool2d(2), nn.Flatten(), nn.Linear(2 * 3 * 3, 3)).train()
+    pool = nn.MaxPool2d(kernel)
+    features = 2 * pool(torch.zeros(1, 1, 7, 7)).numel()
+    model = nn.Sequential(conv, pool, nn.Flatten(), nn.Linear(features, 3)).train()
     x = torch.randn(5, 1, 7, 7)
     path, names, y, _ = _written(tmp_path, model, x, 3)
     _assert_pytorch_s(path, model, x, y, names)
+    assert len(onnx.load(str(path)).graph.node) < 80
 
 
 class _Recurrent(nn.Module):

@@ -21,7 +21,7 @@ from onnx import helper
 from tasks.prepare.export.torchscript import quiet_output
 from tasks.prepare.onnx_versions import check_board_loadable
 from tasks.prepare.prefix import RANDOM_OPS
-from tasks.prepare.runtimes.autograd.graph_lowering import pruned, run, session
+from tasks.prepare.runtimes.autograd.graph_lowering import fold_ifs, pruned, run, session
 from tasks.prepare.runtimes.autograd.onnx_grad import Unsupported
 from tasks.prepare.runtimes.autograd.onnx_step import RTOL, relative
 from tasks.prepare.runtimes.autograd.trace import StepInputs
@@ -58,9 +58,10 @@ def eval_step(inference: onnx.ModelProto, step: StepInputs, model_out: list[Any]
         raise Unsupported("the eval step's inputs are not the feeds and the trainable tensors")
     if any(n.op_type in RANDOM_OPS or n.op_type == "Dropout" for n in graph.graph.node):
         raise Unsupported("a random operator in eval mode")
+    arrays = [t.numpy() for _, t in step.feeds] + [t.numpy() for t in step.trainable.values()]
+    fold_ifs(graph, arrays, set(range(len(step.feeds))))
     pruned(graph)
     check_board_loadable(graph, path.name)
-    arrays = [t.numpy() for _, t in step.feeds] + [t.numpy() for t in step.trainable.values()]
     got = run(session(graph, path.name), arrays, path.name)
     diff = max(relative(g, w) for g, w in zip(got, want, strict=True))
     if diff > RTOL:

@@ -2,9 +2,9 @@
 
 A training-mode BatchNorm becomes the operators that compute it (a board's inference build has no
 training-mode BatchNorm); a MaxPool also gives the flat index of each maximum, which its gradient
-scatters to; each Dropout takes its mask from a noise input the board fills (``u < 1 - p``, then
-scaled by ``1 / (1 - p)``, as PyTorch's dropout keeps an element). Every tensor's shape and type
-are seen by running the forward at two batch sizes: a size that differs depends on the batch.
+scatters to (random operators become noise inputs in :mod:`.graph_noise`). Every tensor's shape
+and type are seen by running the forward at two batch sizes: a size that differs depends on the
+batch.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
-from tasks.prepare.runtimes.autograd.noise import NOISE_PREFIX, NoiseInput
 from tasks.prepare.runtimes.autograd.onnx_grad import Unsupported, attr
 from tasks.prepare.runtimes.autograd.onnx_grad_nn import tiling
 
@@ -112,7 +111,7 @@ def observed(
     for size in (2, 3):
         sized = [a[np.arange(size) % len(a)] if i in batched else a for i, a in enumerate(arrays)]
         runs.append(run(sess, sized, "the forward") + sized)
-    shapes = {n: [d if d == e else "batch" for d, e in zip(a.shape, c.shape, strict=True)]
+    shapes = {n: [_dim(d, e) for d, e in zip(a.shape, c.shape, strict=True)]
               for n, a, c in zip(names, *runs, strict=True) if a.ndim == c.ndim}  # fmt: skip
     types = {n: helper.np_dtype_to_tensor_dtype(a.dtype) for n, a in zip(names, runs[0], strict=True)}
     values = {n: a for n, a, c in zip(names, *runs, strict=True)
@@ -120,45 +119,14 @@ def observed(
     return shapes, types, values
 
 
-def lower_dropouts(graph: Any, shapes: Shapes, types: dict[str, int]) -> list[NoiseInput]:
-    """Each training-mode Dropout a mask drawn from a new noise input (``shapes`` and ``types``
-    extended with the new tensors); the noise inputs, in the graph's order."""
-    consts = {
-        n.output[0]: numpy_helper.to_array(attr(n, "value"))
-        for n in graph.graph.node
-        if n.op_type == "Constant"
-    }
-    consts |= {i.name: numpy_helper.to_array(i) for i in graph.graph.initializer}
-    out, noise = [], []
-    for node in graph.graph.node:
-        if node.op_type != "Dropout":
-            out.append(node)
-            continue
-        given = [node.input[i] if len(node.input) > i and node.input[i] else None for i in (1, 2)]
-        if any(g is not None and g not in consts for g in given):
-            raise Unsupported("a Dropout whose ratio or mode is computed")
-        ratio = float(consts[given[0]]) if given[0] else 0.5
-        if not (given[1] and bool(consts[given[1]])) or ratio == 0.0:
-            out.append(helper.make_node("Identity", [node.input[0]], [node.output[0]]))
-            continue
-        shape = shapes.get(node.input[0])
-        if shape is None or not shape or shape[0] != "batch" or "batch" in shape[1:]:
-            raise Unsupported("a Dropout over a tensor whose first axis alone is not the batch")
-        name = f"{NOISE_PREFIX}{len(noise)}"
-        noise.append(NoiseInput(name, tuple(shape)))
-        graph.graph.input.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
-        keep, mask = f"{name}/keep", f"{name}/mask"
-        out += [helper.make_node("Less", [name, f"{name}/p"], [keep]),
-                helper.make_node("Cast", [keep], [f"{keep}/f"], to=TensorProto.FLOAT),
-                helper.make_node("Mul", [f"{keep}/f", f"{name}/s"], [mask]),
-                helper.make_node("Mul", [node.input[0], mask], [node.output[0]])]  # fmt: skip
-        graph.graph.initializer.extend([numpy_helper.from_array(np.float32(1.0 - ratio), f"{name}/p"),
-                                        numpy_helper.from_array(np.float32(1.0 / (1.0 - ratio)), f"{name}/s")])  # fmt: skip
-        for t, kind in ((name, 1), (keep, 9), (f"{keep}/f", 1), (mask, 1)):
-            shapes[t], types[t] = list(shape), kind
-    del graph.graph.node[:]
-    graph.graph.node.extend(out)
-    return noise
+def _dim(at2: int, at3: int) -> int | str:
+    """An axis seen at batches 2 and 3: its size, ``batch``, or ``batch*k`` (k rows per sample: a
+    transformer's patches folded into the batch)."""
+    if at2 == at3:
+        return at2
+    if at2 * 3 == at3 * 2 and at2 % 2 == 0 and at2 > 2:
+        return f"batch*{at2 // 2}"
+    return "batch"
 
 
 def pruned(graph: Any) -> None:
@@ -175,3 +143,59 @@ def pruned(graph: Any) -> None:
     used = [i for i in graph.graph.initializer if i.name in wanted]
     del graph.graph.initializer[:]
     graph.graph.initializer.extend(used)
+
+
+def fold_ifs(graph: Any, arrays: list[np.ndarray], batched: set[int]) -> None:
+    """Each If whose condition is the same at batches 2 and 3 (a test of weights' shapes, as the
+    exporter writes ``tile`` of a parameter) replaced by the nodes of the branch it takes, in place;
+    Unsupported for one whose branch depends on the batch."""
+    for _ in range(4):  # an If inside a taken branch is folded on the next pass
+        ifs = [n for n in graph.graph.node if n.op_type == "If"]
+        if not ifs:
+            return
+        probe = onnx.ModelProto()
+        probe.CopyFrom(graph)
+        del probe.graph.output[:]
+        probe.graph.output.extend(helper.make_empty_tensor_value_info(n.input[0]) for n in ifs)
+        pruned(probe)
+        sess = session(probe, "the branches' conditions", optimize=False)
+        taken = []
+        for size in (2, 3):
+            sized = [a[np.arange(size) % len(a)] if i in batched else a for i, a in enumerate(arrays)]
+            taken.append([bool(np.asarray(c).all()) for c in run(sess, sized, "the branches' conditions")])
+        if taken[0] != taken[1]:
+            raise Unsupported("an If whose branch depends on the batch size")
+        out = []
+        for node in graph.graph.node:
+            if node.op_type != "If":
+                out.append(node)
+                continue
+            chosen = "then_branch" if taken[0].pop(0) else "else_branch"
+            branch = next(a.g for a in node.attribute if a.name == chosen)
+            out.extend(_inlined(graph, node, branch))
+        del graph.graph.node[:]
+        graph.graph.node.extend(out)
+    raise Unsupported("If nodes nested deeper than four")
+
+
+def _inlined(graph: Any, node: Any, branch: Any) -> list[Any]:
+    """The nodes of ``branch`` with their own tensors renamed under the If's name, then an Identity
+    from each branch output to the If's output; its initializers moved to ``graph``."""
+    inner = {o for n in branch.node for o in n.output if o} | {i.name for i in branch.initializer}
+    renamed = {t: f"{node.name or node.output[0]}/{t}" for t in inner}
+    for init in branch.initializer:
+        copy = onnx.TensorProto()
+        copy.CopyFrom(init)
+        copy.name = renamed[init.name]
+        graph.graph.initializer.append(copy)
+    nodes = []
+    for inner_node in branch.node:
+        copy = onnx.NodeProto()
+        copy.CopyFrom(inner_node)
+        copy.input[:] = [renamed.get(i, i) for i in copy.input]
+        copy.output[:] = [renamed.get(o, o) for o in copy.output]
+        copy.name = f"{node.name}/{copy.name}"
+        nodes.append(copy)
+    nodes += [helper.make_node("Identity", [renamed.get(o.name, o.name)], [y], name=f"{node.name}/out{k}")
+              for k, (o, y) in enumerate(zip(branch.output, node.output, strict=True))]  # fmt: skip
+    return nodes

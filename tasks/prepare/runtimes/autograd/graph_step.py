@@ -38,13 +38,14 @@ from tasks.prepare.runtimes.autograd import (  # noqa: F401 - their rules
 )
 from tasks.prepare.runtimes.autograd.graph_dropout import dropout_nodes
 from tasks.prepare.runtimes.autograd.graph_lowering import (
+    fold_ifs,
     lower_batchnorms,
-    lower_dropouts,
     observed,
     pruned,
     run,
     session,
 )
+from tasks.prepare.runtimes.autograd.graph_noise import LOWERED, lower_random, replayed
 from tasks.prepare.runtimes.autograd.noise import NoiseInput
 from tasks.prepare.runtimes.autograd.onnx_grad import Unsupported, differentiate
 from tasks.prepare.runtimes.autograd.onnx_step import FLOOR, RTOL, WIDE, noise_arrays, relative
@@ -60,11 +61,12 @@ def graph_step(model: Any, step: StepInputs, outputs: list[str], grads: list[str
     names = list(step.trainable)
     with restored(model), _mode(model, step, training, batchnorm, n_outputs):
         graph = _exported(model, step, outputs)
+        fold_ifs(graph, [t.numpy() for _, t in step.feeds], set(range(len(step.feeds))))
         _inputs_from(graph, names)
         lower_batchnorms(graph)
         arrays = [t.numpy() for _, t in step.feeds] + [t.numpy() for t in step.trainable.values()]
         shapes, types, values = observed(graph, arrays, set(range(len(step.feeds))))
-        noise = lower_dropouts(graph, shapes, types)
+        noise = lower_random(graph, shapes, types)
         arrays += noise_arrays(noise, len(arrays[0]), seed=1)
         if training:
             for grad, name in zip(
@@ -160,8 +162,8 @@ def _exported(model: Any, step: StepInputs, outputs: list[str]) -> Any:
     graph = onnx.load_from_string(buffer.getvalue())
     if [i.name for i in graph.graph.input] != feeds or [o.name for o in graph.graph.output] != outputs:
         raise Unsupported("the exported step's inputs or outputs are not the step's")
-    if any(n.op_type in RANDOM_OPS or n.domain not in ("", "ai.onnx") for n in graph.graph.node):
-        raise Unsupported("a random operator other than Dropout, or a custom domain")
+    if any(n.op_type in RANDOM_OPS - LOWERED or n.domain not in ("", "ai.onnx") for n in graph.graph.node):
+        raise Unsupported("a random operator drawn from no noise input (Multinomial), or a custom domain")
     return graph
 
 
@@ -189,26 +191,14 @@ def _rename(graph: Any, old: str, new: str) -> None:
 
 def _eager(model: Any, step: StepInputs, noise: list[np.ndarray], training: bool) -> list[np.ndarray]:
     """PyTorch's loss, outputs and (``training``) gradients on the step's batch, each dropout
-    drawing the mask the step's noise input gives."""
+    and random draw taking its value from the step's noise inputs (:func:`.graph_noise.replayed`)."""
     import torch  # torch (heavy) only when a PyTorch model is built or run
-
-    masks = iter(noise)
-    original = torch.nn.functional.dropout
-
-    def dropout(x: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
-        if not training or p == 0.0:
-            return x
-        u = next(masks, None)
-        if u is None or tuple(u.shape[1:]) != tuple(x.shape[1:]):
-            raise Unsupported("a dropout the export did not write as Dropout")
-        return x * (torch.from_numpy(u) < 1.0 - p).to(x.dtype) * (1.0 / (1.0 - p))
 
     params = dict(model.named_parameters())
     chosen = [params[n] for n in step.trainable]
     flags = [p.requires_grad for p in chosen]
-    torch.nn.functional.dropout = dropout
     try:
-        with torch.enable_grad(), dropout_nodes(model, step.feeds[0][1]):
+        with torch.enable_grad(), replayed(noise) as left, dropout_nodes(model, step.feeds[0][1]):
             for p in chosen:
                 p.requires_grad_(True)
             loss, *kept = _wrapped(model, step)(*(t for _, t in step.feeds))
@@ -216,14 +206,12 @@ def _eager(model: Any, step: StepInputs, noise: list[np.ndarray], training: bool
             if training:
                 result += [g if g is not None else torch.zeros_like(p)
                            for g, p in zip(torch.autograd.grad(loss, chosen, allow_unused=True), chosen, strict=True)]  # fmt: skip
+            left()
     except Unsupported:
         raise
     except Exception as exc:  # noqa: BLE001 - the user's model may raise anything; the traced path reports it
         raise Unsupported(f"PyTorch's own step failed: {type(exc).__name__}") from exc
     finally:
-        torch.nn.functional.dropout = original
         for p, flag in zip(chosen, flags, strict=True):
             p.requires_grad_(flag)
-    if next(masks, None) is not None:
-        raise Unsupported("a Dropout the model did not draw through torch.nn.functional.dropout")
     return [r.detach().numpy() for r in result]

@@ -9,6 +9,7 @@ index of each maximum (its second output), and its gradient scatters there.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -124,33 +125,32 @@ def tiling(node: Any) -> bool:
 @rule("MaxPool")
 def _maxpool(b: Builder, node: Any, gy: G) -> G:
     """A tiling pool's gradient goes to each window's first maximum (PyTorch's choice among ties):
-    each window offset's values (a strided slice) compared with the pooled ones, the first hit
-    kept, the gradient put there and the offsets interleaved back (no indices, no scatter); any
-    other pool's is scattered to the flat indices its forward gave."""
+    the input laid out a window a row, compared with the pooled values, the first hit kept (a
+    running count of hits equal to one), the gradient put there and laid out back: a fixed number
+    of nodes whatever the window's size (no indices, no scatter); any other pool's is scattered to
+    the flat indices its forward gave."""
     x, y, g = node.input[0], node.output[0], gy[0]
     if tiling(node):
         kernel = list(attr(node, "kernel_shape"))
         n = len(kernel)
         out = b.static(y, range(2, n + 2))
         sizes = b.static(x, range(2, n + 2))
-        axes, steps = b.ints(list(range(2, n + 2))), b.ints(kernel)
-        parts, seen = [], None
-        for offset in np.ndindex(*kernel):
-            ends = [o + k * (s - 1) + 1 for o, k, s in zip(offset, kernel, out, strict=True)]
-            tap = b.op("Slice", x, b.ints(list(offset)), b.ints(ends), axes, steps)
-            hit = b.op("Equal", tap, y)
-            first = hit if seen is None else b.op("And", hit, b.op("Not", seen))
-            seen = hit if seen is None else b.op("Or", seen, hit)
-            parts.append(b.op("Mul", g, b.op("Cast", first, to=1)))
-        # [N, C, o1, (o2)] per offset -> [N, C, o1, k1, (o2, k2)] -> [N, C, o1 * k1, (o2 * k2)]
-        spread = b.ints(list(range(3, 2 * n + 2, 2)))
-        full = b.op("Concat", *(b.op("Unsqueeze", p, spread) for p in parts), axis=2 * n + 1)
-        if n == 2:
-            rows = [b.op("Slice", full, b.ints([i * kernel[1]]), b.ints([(i + 1) * kernel[1]]), b.ints([5]))
-                    for i in range(kernel[0])]  # fmt: skip
-            full = b.op("Concat", *rows, axis=3)
-        grad = b.op("Reshape", full, b.ints([0, 0, *(o * k for o, k in zip(out, kernel, strict=True))]))
-        rest = [s - o * k for s, o, k in zip(sizes, out, kernel, strict=True)]
+        used = [o * k for o, k in zip(out, kernel, strict=True)]
+        if used != sizes:  # the rows and columns past the last whole window get no gradient
+            x = b.op("Slice", x, b.ints([0] * n), b.ints(used), b.ints(list(range(2, n + 2))))
+        # [N, C, o1, k1, (o2, k2)] -> [N, C, o1, (o2), k1 * (k2)]: each window's values on one axis
+        split = [v for o, k in zip(out, kernel, strict=True) for v in (o, k)]
+        order = [0, 1, *range(2, 2 * n + 2, 2), *range(3, 2 * n + 2, 2)]
+        windows = b.op("Transpose", b.op("Reshape", x, b.ints([0, 0, *split])), perm=order)
+        windows = b.op("Reshape", windows, b.ints([0, 0, *out, math.prod(kernel)]))
+        last = b.ints([-1])
+        hit = b.op("Cast", b.op("Equal", windows, b.op("Unsqueeze", y, last)), to=1)
+        first = b.op("Mul", hit, b.op("Cast", b.op("Equal", b.op("CumSum", hit, last), b.const(1.0)), to=1))
+        spread = b.op("Mul", first, b.op("Unsqueeze", g, last))
+        back = [0, 1, *(v for i in range(n) for v in (2 + i, 2 + n + i))]
+        spread = b.op("Transpose", b.op("Reshape", spread, b.ints([0, 0, *out, *kernel])), perm=back)
+        grad = b.op("Reshape", spread, b.ints([0, 0, *used]))
+        rest = [s - u for s, u in zip(sizes, used, strict=True)]
         if any(rest):
             grad = b.op("Pad", grad, b.ints([0] * (n + 2) + [0, 0, *rest]))
         return [grad]
