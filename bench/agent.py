@@ -108,7 +108,8 @@ def make_job(
     from tasks.prepare.pipeline import prepare
     from tasks.recipe.load import load_recipe
 
-    recipe = load_recipe(PROJECT_ROOT / "recipes" / recipe_file)
+    # the ORT-training runtime: the bare loop beside the agent is ONNX Runtime's training API
+    recipe = load_recipe(PROJECT_ROOT / "recipes" / recipe_file, {"training.runtime": "ort-training"})
     recipe = replace(recipe, training=replace(recipe.training, prefix_cache=prefix_cache))
     prepared = prepare(
         recipe, state_dir("cache", "bench", f"{recipe.name}-prefix-{prefix_cache}"), validate=False

@@ -142,13 +142,17 @@ print(json.dumps({"samples_per_s": steps * bs / dt, "seconds": dt, "peak_rss_mb"
 """
 
 
+# the ORT-training runtime (the default is autograd): the bare loop is ONNX Runtime's training API
+ORT = {"training.runtime": "ort-training"}
+
+
 def prepare_once(recipe_file: str) -> tuple[Any, Path]:
     """Export + artifacts of the recipe (no validation), and its exported weights as a torch
     state_dict file (``torch_weights.pt``), so the torch loop starts from the board's weights."""
     from tasks.prepare.pipeline import prepare
     from tasks.recipe.load import load_recipe
 
-    recipe = load_recipe(PROJECT_ROOT / "recipes" / recipe_file)
+    recipe = load_recipe(PROJECT_ROOT / "recipes" / recipe_file, ORT)
     prepared = prepare(recipe, state_dir("cache", "bench", f"detector-{recipe.name}"), validate=False)
     return prepared, torch_weights(recipe, prepared)
 
@@ -232,7 +236,7 @@ def measure_batch(
     data = tiled_train(load_recipe(path).data.train, total * batch, root)
     # validation estimates the job the loops run: this batch size, on the tiled set (its probe
     # holds the whole set in RAM; one epoch of the agent maps every row of it)
-    overrides = {"training.batch_size": batch, "training.epochs": 1, "data.train": str(data)}
+    overrides = {"training.batch_size": batch, "training.epochs": 1, "data.train": str(data), **ORT}
     recipe = load_recipe(path, overrides)
     report = validation_report(recipe, prepared)
     spec, files = build_job_spec(

@@ -26,8 +26,8 @@ pytest_plugins = [
 ]
 
 E2E = Path(__file__).parent / "e2e"
-# the fixtures that prepare recipes for the ORT-training runtime (digits.toml and the others default
-# to it): a test that uses one needs onnxruntime-training on the host
+# the fixtures that prepare recipes for the ORT-training runtime (tests.fixtures_prepare pins it: the
+# default is autograd): a test that uses one needs onnxruntime-training on the host
 ORT_TRAINING_FIXTURES = {"digits_recipe", "prepared_digits", "prepared_embedded", "prepared_two_head",
                          "prepared_mobilenet"}  # fmt: skip
 

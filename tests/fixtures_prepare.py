@@ -10,6 +10,9 @@ from tasks.paths import PROJECT_ROOT
 from tasks.recipe.host_runtime import why_no_ort_training
 
 RECIPES = PROJECT_ROOT / "recipes"
+# these fixtures prepare for the ORT-training runtime (the default is autograd): the tests that use them
+# read ONNX Runtime's training artifacts (training/eval/optimizer graphs, checkpoint)
+ORT = {"training.runtime": "ort-training"}
 
 
 def needs_ort_training() -> None:
@@ -22,10 +25,11 @@ def needs_ort_training() -> None:
 
 @pytest.fixture(scope="session")
 def digits_recipe():
-    """The reference digits recipe (its data are generated under recipes/data/ on first use)."""
+    """The reference digits recipe under ``ort-training`` (its data are generated under recipes/data/
+    on first use)."""
     from tasks.recipe.load import load_recipe
 
-    return load_recipe(RECIPES / "digits.toml")
+    return load_recipe(RECIPES / "digits.toml", ORT)
 
 
 @pytest.fixture(scope="session")
@@ -41,7 +45,7 @@ def _prepared(tmp_path_factory: pytest.TempPathFactory, recipe_file: str):
     from tasks.prepare.pipeline import prepare
     from tasks.recipe.load import load_recipe
 
-    return prepare(load_recipe(RECIPES / recipe_file), tmp_path_factory.mktemp(Path(recipe_file).stem))
+    return prepare(load_recipe(RECIPES / recipe_file, ORT), tmp_path_factory.mktemp(Path(recipe_file).stem))
 
 
 @pytest.fixture(scope="session")

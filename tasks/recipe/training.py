@@ -213,10 +213,12 @@ class TrainingSpec:
         "auto", description="auto (RAM when it fits half the free RAM, else disk) | ram | disk"
     )
     runtime: Runtime = Field(
-        "ort-training",
-        description="ort-training: ONNX Runtime's training graphs (onnxruntime-training on host and board) | "
-        "autograd: the train step from PyTorch's autograd as a plain ONNX graph any onnxruntime runs, the "
-        "optimizer in numpy on the board, SGD with momentum too (an ONNX model through its PyTorch twin)",
+        "autograd",
+        description="autograd: the train step from PyTorch's autograd as a plain ONNX graph any onnxruntime "
+        "runs (Python 3.11-3.13 hosts, boards with or without the training API), the optimizer in numpy on "
+        "the board, SGD with momentum too (an ONNX model through its PyTorch twin) | ort-training: ONNX "
+        "Runtime's training graphs (onnxruntime-training on host and board: the board's own training API; "
+        "a custom onnxblock loss without a PyTorch twin)",
     )
 
 
@@ -233,7 +235,8 @@ def runtime_rules(recipe: Any) -> Iterator[tuple[str, str, object]]:
     if autograd and loss.kind == "custom" and loss.torch is None:
         yield (
             "loss.torch",
-            f"a PyTorch twin of the custom loss {loss.factory} for training.runtime = 'autograd'",
+            f"a PyTorch twin of the custom loss {loss.factory} for training.runtime = 'autograd' (the "
+            "default), or training.runtime = 'ort-training' to train with the onnxblock loss alone",
             None,
         )
     yield from _momentum_rules(recipe)

@@ -104,7 +104,8 @@ def chained_recipe(path: Path, layer: str, **over: object):
     from tasks.recipe.load import load_recipe
 
     values = {"model.onnx": str(path), "model.cut_at": ["feat"], "head.hidden": 0, "quantize": {},
-              "trainable.train_from": LAYER.format(op=layer), "training.epochs": 1}  # fmt: skip
+              "trainable.train_from": LAYER.format(op=layer), "training.epochs": 1,
+              "training.runtime": "ort-training"}  # fmt: skip
     values.update(over)
     return load_recipe(PROJECT_ROOT / "recipes" / "digits_onnx.toml", values)
 

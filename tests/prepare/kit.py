@@ -131,7 +131,8 @@ BASE: dict = {
     "trainable": {"strategy": "classifier"},
     "loss": {"kind": "cross-entropy"},
     "optimizer": {"kind": "adamw", "lr": 0.01},
-    "training": {"batch_size": 16, "epochs": 1},
+    # the ORT-training runtime (the default is autograd): these tests read its artifacts
+    "training": {"batch_size": 16, "epochs": 1, "runtime": "ort-training"},
     "data": {"make": "tinymodels:make_cls", "train": "data/train.npz", "test": "data/test.npz"},
 }
 

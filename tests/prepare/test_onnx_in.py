@@ -31,11 +31,11 @@ def foreign(tmp_path_factory):
 
 
 def _on_this_host() -> dict:
-    """The recipe's runtime where this host prepares it, else autograd (Python >= 3.12 has no
+    """ORT-training where this host prepares it, else autograd (Python >= 3.12 has no
     onnxruntime-training): the adaptation of the ONNX file is the same under both."""
     from tasks.recipe.host_runtime import why_no_ort_training
 
-    return {} if why_no_ort_training() is None else {"training.runtime": "autograd"}
+    return {"training.runtime": "ort-training" if why_no_ort_training() is None else "autograd"}
 
 
 def _recipe(overrides=None):
@@ -237,7 +237,9 @@ def test_the_wiki_case_from_an_eval_mode_mobilenet_v2_export(tmp_path):
     from tasks.prepare.pipeline import prepare
     from tasks.recipe.load import load_recipe
 
-    recipe = load_recipe(PROJECT_ROOT / "recipes" / "mobilenet_v2_onnx.toml")
+    recipe = load_recipe(
+        PROJECT_ROOT / "recipes" / "mobilenet_v2_onnx.toml", {"training.runtime": "ort-training"}
+    )
     done = prepare(recipe, tmp_path / "out")
     assert done.manifest["trainable"] == [
         "onnx::Conv_691",
