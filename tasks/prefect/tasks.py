@@ -89,11 +89,14 @@ def export(inp: stages.Inputs) -> Path:
 
 @task(name="generate artifacts", task_run_name="generate artifacts", **_cached_step("artifacts"), **RETRY)
 def generate_artifacts(inp: stages.Inputs) -> dict[str, Any]:
-    """Generate the ORT training artifacts and the manifest."""
+    """Generate the training artifacts (the runtime's) and the manifest."""
     t0 = time.perf_counter()
     manifest = stages.generate_artifacts(inp)
-    said(f"training, eval and optimizer graphs and the checkpoint: {manifest.get('trainable_count', '?')} "
-         f"trainable parameters, loss {manifest.get('loss', '?')}", t0)  # fmt: skip
+    files = ("train and eval steps, the inference template and the checkpoint (autograd)"
+             if manifest.get("runtime") == "autograd"
+             else "training, eval and optimizer graphs and the checkpoint (ort-training)")  # fmt: skip
+    said(f"{files}: {manifest.get('trainable_count', '?')} trainable parameters, loss {manifest.get('loss', '?')}",
+         t0)  # fmt: skip
     return manifest
 
 
