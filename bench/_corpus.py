@@ -1,6 +1,7 @@
 """The command line of a task's corpus benchmark (bench/segmentation_corpus.py,
 bench/keypoints_corpus.py, bench/sequence_corpus.py, bench/token_corpus.py): each case prepared in its own subprocess (``--child NAME --work DIR``
-prints its row as JSON), ``--quick N --seed S`` a seeded sample, ``--models`` a list; the rows
+prints its row as JSON), ``--quick N --seed S`` a seeded sample, ``--models`` a list, ``--runtime``
+the training runtime every case is prepared under (default: the recipes' own, autograd); the rows
 classified pass / specific / raw, written to ``bench/results/<name>.json`` and printed as a table.
 
 Benchmarks are scripts; each puts the project root on ``sys.path`` before importing this module.
@@ -23,6 +24,8 @@ from tasks.paths import PROJECT_ROOT
 CHILD_TIMEOUT_S = 1200
 COLUMNS = [("model", "model"), ("size", "px"), ("params", "params"), ("trainable", "trainable"),
            ("seconds", "s"), ("board_peak_mb", "board MB"), ("kind", "result"), ("short", "message")]  # fmt: skip
+# what --runtime sets in a child, beneath a case's own overrides
+OVERRIDES: dict = {}
 
 
 def prepared_row(
@@ -39,7 +42,7 @@ def prepared_row(
     start = time.perf_counter()
     row: dict = {"model": name, "size": size}
     try:
-        recipe = load_recipe(write(), overrides)
+        recipe = load_recipe(write(), {**OVERRIDES, **(overrides or {})})
         prepare_start = time.perf_counter()
         done = prepare(recipe, out)
     except Exception as exc:  # noqa: BLE001 - every failure is classified
@@ -110,12 +113,21 @@ def sequence_corpus_main(doc: str, zoo: str, corpus: dict[str, tuple[str, dict]]
     return corpus_main(doc, zoo.replace("_zoo", "_corpus"), list(corpus), script, child)
 
 
-def run_one(script: str, name: str) -> dict:
-    """``script --child name`` in a subprocess with a throw-away work folder; a crash or a timeout
-    is a raw row."""
+def run_one(script: str, name: str, runtime: str | None = None) -> dict:
+    """``script --child name`` in a subprocess with a throw-away work folder (under ``runtime``
+    when given); a crash or a timeout is a raw row."""
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="odl-corpus-") as tmp:
-        row, failure = child_json([sys.executable, script, "--child", name, "--work", tmp], CHILD_TIMEOUT_S)
+        argv = [
+            sys.executable,
+            script,
+            "--child",
+            name,
+            "--work",
+            tmp,
+            *(["--runtime", runtime] if runtime else []),
+        ]
+        row, failure = child_json(argv, CHILD_TIMEOUT_S)
     row = row or {"model": name, "kind": "raw", "message": failure}
     row.setdefault("seconds", round(time.perf_counter() - start, 1))
     return row
@@ -129,10 +141,13 @@ def corpus_main(doc: str, result: str, cases: list[str], script: str,
     ap.add_argument("--seed", type=int, default=0, help="--quick's sample")
     ap.add_argument("--models", help=f"comma-separated cases (default: all {len(cases)})")
     ap.add_argument("--out", type=Path, help=f"result JSON (default bench/results/{result}.json)")
+    ap.add_argument("--runtime", choices=["autograd", "ort-training"], help="prepare every case under this "
+                    "training runtime (default: the recipes' own)")  # fmt: skip
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
+        OVERRIDES.update({"training.runtime": args.runtime} if args.runtime else {})
         print(json.dumps(child(args.child, args.work)))
         return 0
     names = args.models.split(",") if args.models else list(cases)
@@ -143,7 +158,7 @@ def corpus_main(doc: str, result: str, cases: list[str], script: str,
         names = sorted(random.Random(args.seed).sample(names, min(args.quick, len(names))))
     rows = []
     for name in names:
-        rows.append(run_one(script, name))
+        rows.append(run_one(script, name, args.runtime))
         r = rows[-1]
         print(f"{name:34s} {r['seconds']:7.1f}s  {r['kind']:8s} {r['message']}", flush=True)
     counts = {k: sum(r["kind"] == k for r in rows) for k in ("pass", "specific", "raw")}
