@@ -100,17 +100,12 @@ def test_the_st_scripts_trainable_sets(prepared_ssd):
 
 
 def test_host_evaluation_scores_the_detector_with_coco_map(prepared_ssd):
-    from tasks.judge.evaluate import base_inference_model, evaluate
+    from tasks.judge.evaluate import evaluate
     from tasks.judge.losses import host_loss
+    from tasks.stages.judge import inference_of
 
     recipe, done = prepared_ssd
-    base = base_inference_model(
-        done.artifacts_dir / "training_model.onnx",
-        done.artifacts_dir / "eval_model.onnx",
-        done.artifacts_dir / "checkpoint",
-        done.manifest["inference_output_names"],
-        done.out_dir / "base.onnx",
-    )
+    base = inference_of(done, done.checkpoint, done.out_dir / "base.onnx")  # as the board exports it
     m = evaluate(base, recipe.data.test, recipe.task, loss=host_loss(recipe, done),
                  detection=recipe.detection, priors=done.priors)  # fmt: skip
     assert m["loss_kind"] == "embedded" and m["loss"] > 0
@@ -125,15 +120,14 @@ def test_the_gate_rejects_detection_noise_and_names_its_interval(prepared_ssd, t
     import onnx
     from onnx import numpy_helper
 
-    from tasks.judge.evaluate import base_inference_model, evaluate
+    from tasks.judge.evaluate import evaluate
     from tasks.judge.losses import host_loss
     from tasks.judge.registry import decide
     from tasks.recipe.extras import PromotionSpec
+    from tasks.stages.judge import inference_of
 
     recipe, done = prepared_ssd
-    arts = done.artifacts_dir
-    base = base_inference_model(arts / "training_model.onnx", arts / "eval_model.onnx", arts / "checkpoint",
-                                done.manifest["inference_output_names"], tmp_path / "base.onnx")  # fmt: skip
+    base = inference_of(done, done.checkpoint, tmp_path / "base.onnx")
 
     def score(model):
         return evaluate(model, recipe.data.test, recipe.task, loss=host_loss(recipe, done),

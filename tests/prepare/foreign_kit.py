@@ -159,9 +159,12 @@ test = "data/test.npz"
 """
 
 
-def write_avgpool(folder: Path) -> Path:
-    """Write the conv + BN + ``F.avg_pool2d(x, 4)`` model module and its recipe into ``folder``."""
+def write_avgpool(folder: Path, runtime: str = "ort-training") -> Path:
+    """Write the conv + BN + ``F.avg_pool2d(x, 4)`` model module and its recipe (``training.runtime``
+    = ``runtime``) into ``folder``."""
     (folder / "avgpool_net.py").write_text(AVGPOOL_MODULE)
     (folder / "data").mkdir(exist_ok=True)
-    (folder / "recipe.toml").write_text(AVGPOOL_RECIPE)
+    (folder / "recipe.toml").write_text(
+        AVGPOOL_RECIPE.replace("[training]\n", f'[training]\nruntime = "{runtime}"\n')
+    )
     return folder / "recipe.toml"

@@ -60,4 +60,4 @@ def export(program: Any, args: tuple[Any, ...], **options: Any) -> Any:
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
     with _prepared_exporter():
-        return torch.onnx.export(program, args, dynamo=True, **options)
+        return torch.onnx.export(program, args, dynamo=True, verbose=False, **options)
