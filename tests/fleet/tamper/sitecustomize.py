@@ -21,12 +21,15 @@ SCALE = float(os.environ.get("ODL_TEST_TAMPER_SCALE", "1"))
 
 
 def _start_weights(job: Path) -> dict[str, np.ndarray]:
-    """The job's starting trained tensors, read from its checkpoint blob as the agent does."""
+    """The job's starting tensors, read from its checkpoint blob as the agent does (the autograd
+    runtime's ``checkpoint.npz``, or ORT's checkpoint)."""
     from device_agent.ort import load_training_api
+    from device_agent.runtimes.state import CheckpointState
 
     spec = json.loads((job / "job.json").read_text())
     blob = job.parent.parent / "blobs" / spec["artifacts"]["checkpoint"]["sha256"]
-    state = load_training_api().CheckpointState.load_checkpoint(str(blob))
+    npz = blob.read_bytes()[:2] == b"PK"  # a zip archive
+    state = (CheckpointState if npz else load_training_api().CheckpointState).load_checkpoint(str(blob))
     return {name: np.asarray(p.data) for name, p in state.parameters if p.requires_grad}
 
 
