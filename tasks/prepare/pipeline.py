@@ -129,7 +129,7 @@ def export(inp: Inputs) -> Path:
 
 
 def generate_artifacts(inp: Inputs) -> dict[str, Any]:
-    """ORT training artifacts and ``manifest.json`` from the exported model; reused when done."""
+    """The runtime's training artifacts and ``manifest.json`` from the exported model; reused when done."""
     model = export(inp)
     folder = inp.folder
     manifest = folder / "manifest.json"

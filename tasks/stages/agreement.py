@@ -4,8 +4,8 @@
 then evaluates the retrieved inference model on the host on the same eval set with the recipe's loss.
 With frozen BatchNorm (``trainable.batchnorm = "frozen"``) training, the board's eval graph and the
 inference model are one function, so the two losses agree to float32 rounding. ``training_graph_loss``
-runs the training graph (forward only, the same trained weights) on the same set: with ORT's batch
-statistics it normalises differently from the model the board exports, which is the gap frozen
+runs the training graph (forward only, the same trained weights; the autograd runtime's train
+step) on the same set: with batch statistics it normalises differently from the model the board exports, which is the gap frozen
 BatchNorm closes. ``bench/batchnorm.py`` reports both options side by side.
 """
 
@@ -70,8 +70,11 @@ def board_vs_host(
 
 
 def training_graph_loss(prep: Any, inference_onnx: Path, data: Path, batch_size: int) -> float:
-    """Mean loss of the prepared training graph, run forward in training mode with the weights of
-    ``inference_onnx`` on ``data`` (no optimizer step), batch by batch like the board."""
+    """Mean loss of the prepared training graph (ORT's, or the autograd runtime's train step), run
+    forward in training mode with the weights of ``inference_onnx`` on ``data`` (no optimizer
+    step), batch by batch like the board."""
+    if prep.manifest.get("runtime") == "autograd":
+        return _train_step_loss(prep, inference_onnx, data, batch_size)
     api, ort = load_training_api(), load_onnxruntime()
     seed_runtime(0)
     art = prep.artifacts_dir
@@ -95,4 +98,29 @@ def training_graph_loss(prep: Any, inference_onnx: Path, data: Path, batch_size:
         out = module(*batch)
         first = out[0] if isinstance(out, (list, tuple)) else out
         total += float(np.asarray(first, dtype=np.float64).reshape(-1)[0]) * len(batch[0])
+    return total / max(1, n)
+
+
+def _train_step_loss(prep: Any, inference_onnx: Path, data: Path, batch_size: int) -> float:
+    """:func:`training_graph_loss` of ``train_step.onnx``: its loss output with the trained tensors
+    as its inputs (a noise input, if any, drawn from seed 0)."""
+    import json
+
+    ort = load_onnxruntime()
+    art = prep.artifacts_dir
+    step = json.loads((art / "step.json").read_text())
+    trained = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(inference_onnx)).graph.initializer}
+    weights = {t["name"]: trained[t["name"]].astype(np.float32) for t in step["trainable"]}
+    session = ort.InferenceSession(str(art / "train_step.onnx"), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    with np.load(data) as npz:
+        arrays = [npz[prep.manifest["feeds"][f["name"]]] for f in step["feeds"]]
+    total, n = 0.0, len(arrays[0])
+    for start in range(0, n, batch_size):
+        batch = [a[start : start + batch_size] for a in arrays]
+        noise = {d["name"]: rng.random([len(batch[0]) if s == "batch" else s for s in d["shape"]], dtype=np.float32)
+                 for d in step.get("noise", [])}  # fmt: skip
+        feeds = {f["name"]: a for f, a in zip(step["feeds"], batch, strict=True)} | weights | noise
+        (loss,) = session.run([step["outputs"][0]], feeds)
+        total += float(np.asarray(loss, dtype=np.float64).reshape(-1)[0]) * len(batch[0])
     return total / max(1, n)

@@ -26,7 +26,7 @@ def test_preparation_needs_no_onnxruntime_training(autograd_digits, no_ort_train
     needs_ort_training()
     # the blocker itself works: the ORT runtime cannot prepare in the same process tree
     proc = odl(["artifacts", "recipes/digits.toml", "--model", str(prepared.model_onnx), "--out",
-                str(prepared.out_dir.parent / "ort")], no_ort_training)  # fmt: skip
+                str(prepared.out_dir.parent / "ort"), "--set", 'training.runtime="ort-training"'], no_ort_training)  # fmt: skip
     assert proc.returncode != 0 and "onnxruntime.training is blocked" in proc.stderr
 
 

@@ -9,13 +9,14 @@ from tasks.recipe.load import load_recipe, parse_recipe
 from tests.fixtures_prepare import RECIPES
 
 AUTOGRAD = {"training.runtime": "autograd"}
+ORT = {"training.runtime": "ort-training"}
 SGD = {"optimizer.kind": "sgd"}
 
 
-@pytest.mark.ort_training  # digits.toml as it is (ort-training) loads only where the host can build it
-def test_the_default_runtime_is_ort_training():
-    assert load_recipe(RECIPES / "digits.toml").training.runtime == "ort-training"
-    assert load_recipe(RECIPES / "digits.toml", AUTOGRAD).training.runtime == "autograd"
+@pytest.mark.ort_training  # digits.toml under ort-training loads only where the host can build it
+def test_the_default_runtime_is_autograd():
+    assert load_recipe(RECIPES / "digits.toml").training.runtime == "autograd"
+    assert load_recipe(RECIPES / "digits.toml", ORT).training.runtime == "ort-training"
 
 
 def test_an_onnx_model_takes_the_autograd_runtime():
@@ -34,11 +35,12 @@ def test_an_onnx_model_takes_the_autograd_runtime():
             "only with loss.kind = 'custom:module:factory'",
         ),
         ("digits.toml", {"training.runtime": "torch"}, "training.runtime", "'ort-training' or 'autograd'"),
-        (
+        pytest.param(
             "digits.toml",
-            {**SGD, "optimizer.momentum": 0.9},
+            {**ORT, **SGD, "optimizer.momentum": 0.9},
             "optimizer.momentum",
             "ONNX Runtime's SGD has no momentum",
+            marks=pytest.mark.ort_training,
         ),
         (
             "digits.toml",
@@ -84,7 +86,7 @@ def test_a_custom_loss_with_its_twin_loads():
     )
 
 
-@pytest.mark.ort_training  # loads two_head_custom_loss.toml as it is (ort-training)
+@pytest.mark.ort_training  # parses two_head_custom_loss.toml under ort-training too
 def test_a_custom_loss_without_its_twin_is_refused_for_autograd():
     recipe = load_recipe(RECIPES / "two_head_custom_loss.toml")
     raw = {**recipe.raw, "loss": {"kind": recipe.raw["loss"]["kind"]}, "training": {"runtime": "autograd"}}
@@ -93,7 +95,7 @@ def test_a_custom_loss_without_its_twin_is_refused_for_autograd():
     line = str(info.value)
     assert "'loss.torch'" in line and "a PyTorch twin of the custom loss models:two_head_loss" in line
     assert (
-        parse_recipe({**raw, "training": {}}, recipe.source).loss.torch is None
+        parse_recipe({**raw, "training": {"runtime": "ort-training"}}, recipe.source).loss.torch is None
     )  # the ORT runtime needs none
 
 
