@@ -72,7 +72,9 @@ def add_prepare(sub: Sub) -> None:
     p = add("prepare", "export, generate training artifacts and validate a recipe", "cmd_prepare")
     p.add_argument("--no-validate", action="store_true", help="skip the offline validation")
     add("export", "export the recipe's model to OUT/model.onnx (training mode)", "cmd_export")
-    p = add("artifacts", "generate the recipe runtime's training artifacts and manifest.json", "cmd_artifacts")
+    p = add(
+        "artifacts", "generate the recipe runtime's training artifacts and manifest.json", "cmd_artifacts"
+    )
     p.add_argument("--model", type=Path, required=True, help="the exported model.onnx")
     p = add("validate", "validate prepared artifacts offline (writes validation.json)", "cmd_validate")
     p.add_argument("--steps", type=int, default=5, help="training steps of the probe")
