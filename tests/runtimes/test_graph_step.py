@@ -98,6 +98,22 @@ def test_generated_convolutions_give_pytorch_s_gradients(monkeypatch, tmp_path, 
     _assert_pytorch_s(path, model, x, y, names)
 
 
+@pytest.mark.parametrize("groups", [1, 2])
+def test_a_head_s_1x1_convolution_folds_the_samples_into_its_weight_gradient(tmp_path, groups):
+    """A 1x1 convolution over a pooled map (one position, more output channels: a classifier's head,
+    as timm's lcnetv2 ends): its weight gradient is one product over the samples, not one per sample
+    summed (those held the batch times the weight: the agent's peak 1.11x ORT's)."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.AdaptiveAvgPool2d(1), nn.Conv2d(8, 16, 1, groups=groups), nn.ReLU(),
+                          nn.Flatten(), nn.Linear(16, 3)).train()  # fmt: skip
+    x = torch.randn(6, 3, 7, 7)
+    path, names, y, _ = _written(tmp_path, model, x, 3)
+    _assert_pytorch_s(path, model, x, y, names)
+    nodes = onnx.load(str(path)).graph.node
+    products = {n.output[0] for n in nodes if n.op_type == "MatMul"}
+    summed = [n for n in nodes if n.op_type == "ReduceSum" and n.input[0] in products]
+    assert len(summed) == 1  # the first convolution's per-sample products only
+
+
 class _Encoder(nn.Module):
     """Token embedding, a transformer encoder layer (attention, LayerNorm, GELU), mean pooling."""
 

@@ -4,7 +4,8 @@ runs, written the way that costs the board least for its sizes.
 A 1x1 kernel without stride or padding, or a small one (its input's patches and the product within
 :data:`PATCHES_BYTES` a sample: a digits CNN's): the patches (one grouped convolution by a one-hot
 kernel: [N, C_in * taps, ...]; the input itself for the 1x1) times the output gradient, one batched
-MatMul per group, summed over the samples: few, fast nodes. Any other: one convolution of the
+MatMul per group, summed over the samples: few, fast nodes; a 1x1 over fewer positions than output
+channels (a head) folds the samples into the product instead. Any other: one convolution of the
 input by the output gradient, the samples as channels and each group's input channels as the
 batch (its stride the forward's dilation, its dilation the forward's stride), cut to the kernel: no
 patches are held, ONNX Runtime's convolution unfolds one sample at a time, as its own training
@@ -36,6 +37,8 @@ def weight_grad(b: Builder, inp: str, gout: str, sizes: tuple[list[int], list[in
         raise Unsupported("a convolution whose gradient's size is not its output's")
     c_in, taps, length = weight[1] * groups, int(np.prod(kernel)), int(np.prod(out_sizes))
     unfolded = taps > 1 or any(pads) or any(st != 1 for st in strides)
+    if not unfolded and length < weight[0] // groups:
+        return _samples_folded(b, inp, gout, groups, weight, length)
     if not unfolded or (c_in * taps * length + int(np.prod(weight))) * 4 <= PATCHES_BYTES:
         return _by_patches(b, inp, gout, unfolded, groups, kernel, strides, dilations, pads, weight, length)
     return _by_convolution(b, inp, gout, (sizes, out_sizes), groups, kernel, strides, dilations, pads)
@@ -57,6 +60,18 @@ def _by_patches(b: Builder, inp: str, gout: str, unfolded: bool, groups: int, ke
     )
     gw = b.op("ReduceSum", b.op("MatMul", patches, g), b.ints([0]), keepdims=0)  # [G, Cg * taps, Og]
     return b.op("Reshape", b.op("Transpose", gw, perm=[0, 2, 1]), b.ints(weight))
+
+
+def _samples_folded(b: Builder, inp: str, gout: str, groups: int, weight: list[int], length: int) -> str:
+    """A 1x1 kernel over fewer positions than a group's output channels (a classifier's head): the
+    samples and positions folded into one product axis, [G, Og, N * L] times [G, N * L, Cg], so no
+    [N, ...] weight-sized products are held (timm's lcnetv2 head: 15 MB at batch 4)."""
+    c_out, c_in_group = weight[:2]
+    g = b.op("Reshape", gout, b.ints([-1, groups, c_out // groups, length]))
+    g = b.op("Reshape", b.op("Transpose", g, perm=[1, 2, 0, 3]), b.ints([groups, c_out // groups, -1]))
+    x = b.op("Reshape", inp, b.ints([-1, groups, c_in_group, length]))
+    x = b.op("Reshape", b.op("Transpose", x, perm=[1, 0, 3, 2]), b.ints([groups, -1, c_in_group]))
+    return b.op("Reshape", b.op("MatMul", g, x), b.ints(weight))  # [G, Og, Cg] -> the weight's layout
 
 
 def _by_convolution(b: Builder, inp: str, gout: str, sizes: tuple[list[int], list[int]], groups: int,
