@@ -22,6 +22,7 @@ from device_agent.ort import load_onnxruntime, load_training_api, seed_runtime
 from tasks.errors import EvaluationError
 from tasks.judge.evaluate import evaluate
 from tasks.judge.losses import host_loss
+from tasks.quiet import ort_session
 from tasks.recipe.load import load_recipe
 from tasks.stages.prepare import inputs, prepared
 from tasks.stages.run import run_on_board
@@ -106,12 +107,11 @@ def _train_step_loss(prep: Any, inference_onnx: Path, data: Path, batch_size: in
     as its inputs (a noise input, if any, drawn from seed 0)."""
     import json
 
-    ort = load_onnxruntime()
     art = prep.artifacts_dir
     step = json.loads((art / "step.json").read_text())
     trained = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(inference_onnx)).graph.initializer}
     weights = {t["name"]: trained[t["name"]].astype(np.float32) for t in step["trainable"]}
-    session = ort.InferenceSession(str(art / "train_step.onnx"), providers=["CPUExecutionProvider"])
+    session = ort_session(str(art / "train_step.onnx"))
     rng = np.random.default_rng(0)
     with np.load(data) as npz:
         arrays = [npz[prep.manifest["feeds"][f["name"]]] for f in step["feeds"]]
