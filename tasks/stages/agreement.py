@@ -19,10 +19,10 @@ import onnx
 from onnx import numpy_helper
 
 from device_agent.ort import load_onnxruntime, load_training_api, seed_runtime
+from device_agent.runtimes.autograd import AutogradApi
 from tasks.errors import EvaluationError
 from tasks.judge.evaluate import evaluate
 from tasks.judge.losses import host_loss
-from tasks.quiet import ort_session
 from tasks.recipe.load import load_recipe
 from tasks.stages.prepare import inputs, prepared
 from tasks.stages.run import run_on_board
@@ -71,25 +71,14 @@ def board_vs_host(
 
 
 def training_graph_loss(prep: Any, inference_onnx: Path, data: Path, batch_size: int) -> float:
-    """Mean loss of the prepared training graph (ORT's, or the autograd runtime's train step), run
-    forward in training mode with the weights of ``inference_onnx`` on ``data`` (no optimizer
-    step), batch by batch like the board."""
-    if prep.manifest.get("runtime") == "autograd":
-        return _train_step_loss(prep, inference_onnx, data, batch_size)
-    api, ort = load_training_api(), load_onnxruntime()
-    seed_runtime(0)
-    art = prep.artifacts_dir
-    state = api.CheckpointState.load_checkpoint(str(art / "checkpoint"))
-    module = api.Module(str(art / "training_model.onnx"), state, str(art / "eval_model.onnx"))
+    """Mean loss of the prepared training graph (ORT's, or the autograd runtime's train step through
+    the agent's own module), run forward in training mode with the weights of ``inference_onnx`` on
+    ``data`` (no optimizer step), batch by batch like the board."""
     trained = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(inference_onnx)).graph.initializer}
-    # the module's parameter buffer follows the training graph's inputs (Parameter.data cannot be
-    # set in ORT 1.19.2: it crashes); read back to be sure every tensor landed where it belongs
-    names = set(prep.manifest["trainable"])
-    order = [i.name for i in onnx.load(str(art / "training_model.onnx")).graph.input if i.name in names]
-    flat = np.concatenate([trained[n].astype(np.float32).ravel() for n in order])
-    module.copy_buffer_to_parameters(ort.OrtValue.ortvalue_from_numpy(flat)._ortvalue, True)
-    if not all(np.array_equal(state.parameters[n].data, trained[n]) for n in order):
-        raise EvaluationError("the trained weights did not land in the training graph's parameters")
+    if prep.manifest.get("runtime") == "autograd":
+        module = _autograd_module(prep, trained)
+    else:
+        module = _ort_module(prep, trained)
     module.train()
     with np.load(data) as npz:
         arrays = [npz[prep.manifest["feeds"][name]] for name in module.input_names()]
@@ -102,25 +91,30 @@ def training_graph_loss(prep: Any, inference_onnx: Path, data: Path, batch_size:
     return total / max(1, n)
 
 
-def _train_step_loss(prep: Any, inference_onnx: Path, data: Path, batch_size: int) -> float:
-    """:func:`training_graph_loss` of ``train_step.onnx``: its loss output with the trained tensors
-    as its inputs (a noise input, if any, drawn from seed 0)."""
-    import json
-
+def _ort_module(prep: Any, trained: dict[str, np.ndarray]) -> Any:
+    """ORT's training module of ``prep`` holding the ``trained`` tensors."""
+    api, ort = load_training_api(), load_onnxruntime()
+    seed_runtime(0)
     art = prep.artifacts_dir
-    step = json.loads((art / "step.json").read_text())
-    trained = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(inference_onnx)).graph.initializer}
-    weights = {t["name"]: trained[t["name"]].astype(np.float32) for t in step["trainable"]}
-    session = ort_session(str(art / "train_step.onnx"))
-    rng = np.random.default_rng(0)
-    with np.load(data) as npz:
-        arrays = [npz[prep.manifest["feeds"][f["name"]]] for f in step["feeds"]]
-    total, n = 0.0, len(arrays[0])
-    for start in range(0, n, batch_size):
-        batch = [a[start : start + batch_size] for a in arrays]
-        noise = {d["name"]: rng.random([len(batch[0]) if s == "batch" else s for s in d["shape"]], dtype=np.float32)
-                 for d in step.get("noise", [])}  # fmt: skip
-        feeds = {f["name"]: a for f, a in zip(step["feeds"], batch, strict=True)} | weights | noise
-        (loss,) = session.run([step["outputs"][0]], feeds)
-        total += float(np.asarray(loss, dtype=np.float64).reshape(-1)[0]) * len(batch[0])
-    return total / max(1, n)
+    state = api.CheckpointState.load_checkpoint(str(art / "checkpoint"))
+    module = api.Module(str(art / "training_model.onnx"), state, str(art / "eval_model.onnx"))
+    # the module's parameter buffer follows the training graph's inputs (Parameter.data cannot be
+    # set in ORT 1.19.2: it crashes); read back to be sure every tensor landed where it belongs
+    names = set(prep.manifest["trainable"])
+    order = [i.name for i in onnx.load(str(art / "training_model.onnx")).graph.input if i.name in names]
+    flat = np.concatenate([trained[n].astype(np.float32).ravel() for n in order])
+    module.copy_buffer_to_parameters(ort.OrtValue.ortvalue_from_numpy(flat)._ortvalue, True)
+    if not all(np.array_equal(state.parameters[n].data, trained[n]) for n in order):
+        raise EvaluationError("the trained weights did not land in the training graph's parameters")
+    return module
+
+
+def _autograd_module(prep: Any, trained: dict[str, np.ndarray]) -> Any:
+    """The board agent's autograd module of ``prep`` (its train step, noise from seed 0) holding
+    the ``trained`` tensors."""
+    art = prep.artifacts_dir
+    api = AutogradApi(art / "step.json", art / "inference_template.onnx")
+    state = api.CheckpointState.load_checkpoint(str(art / "checkpoint.npz"))
+    for name in prep.manifest["trainable"]:
+        state.parameters[name].data = trained[name].astype(np.float32)
+    return api.Module(str(art / "train_step.onnx"), state, str(art / "eval_step.onnx"))

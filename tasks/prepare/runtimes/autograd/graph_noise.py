@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from tasks.prepare.runtimes.autograd.noise import NOISE_PREFIX, NoiseInput
+from tasks.prepare.runtimes.autograd.noise import NOISE_PREFIX, NoiseInput, box_muller
 from tasks.prepare.runtimes.autograd.onnx_grad import Unsupported, attr
 
 Shapes = dict[str, list[Any]]
@@ -171,18 +171,15 @@ def replayed(noise: list[np.ndarray]) -> Iterator[Any]:
     def rand(*size: Any, dtype: Any = None, **_: Any) -> Any:
         return take(sizes(size), "draw").to(dtype or torch.get_default_dtype())
 
-    def normal(u: Any, v: Any) -> Any:
-        return torch.sqrt(-2.0 * torch.log(1.0 - u)) * torch.cos(2.0 * math.pi * v)
-
     def randn(*size: Any, dtype: Any = None, **_: Any) -> Any:
         shape = sizes(size)
-        return normal(take(shape, "draw"), take(shape, "draw")).to(dtype or torch.get_default_dtype())
+        return box_muller(take(shape, "draw"), take(shape, "draw")).to(dtype or torch.get_default_dtype())
 
     def rand_like(x: Any, dtype: Any = None, **_: Any) -> Any:
         return take(tuple(x.shape), "draw").to(dtype or x.dtype)
 
     def randn_like(x: Any, dtype: Any = None, **_: Any) -> Any:
-        return normal(take(tuple(x.shape), "draw"), take(tuple(x.shape), "draw")).to(dtype or x.dtype)
+        return box_muller(take(tuple(x.shape), "draw"), take(tuple(x.shape), "draw")).to(dtype or x.dtype)
 
     def bernoulli(x: Any, *args: Any, **kwargs: Any) -> Any:
         if args or kwargs:

@@ -55,7 +55,7 @@ def _builders() -> dict[Any, tuple[int, Any]]:
         return (u[0] < node.args[0]).to(node.meta["val"].dtype)
 
     def normal(node: Any, u: list[Any]) -> Any:
-        z = torch.sqrt(-2.0 * torch.log(1.0 - u[0])) * torch.cos(2.0 * torch.pi * u[1])
+        z = box_muller(u[0], u[1])
         if node.target is aten.normal.float_float:
             z = z * node.args[1] + node.args[0]
         return z.to(node.meta["val"].dtype)
@@ -71,6 +71,13 @@ def _builders() -> dict[Any, tuple[int, Any]]:
         aten.normal.float_float: (2, normal),
     }
     return table
+
+
+def box_muller(u: Any, v: Any) -> Any:
+    """A standard normal draw from two uniform ones in [0, 1) (torch tensors or traced proxies)."""
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    return torch.sqrt(-2.0 * torch.log(1.0 - u)) * torch.cos(2.0 * torch.pi * v)
 
 
 RANDOM_WORDS = ("rand", "bernoulli", "normal", "uniform", "multinomial", "dropout", "poisson", "exponential")
