@@ -7,8 +7,8 @@ import argparse
 import json
 
 from tasks.prepare.datasets import ensure_datasets
-from tasks.prepare.pipeline import prepare
-from tasks.prepare.runtimes import export_model, generate
+from tasks.prepare.pipeline import checked_generate, prepare
+from tasks.prepare.runtimes import export_model
 from tasks.prepare.validation.validate import validate
 from tasks.recipe.load import load_recipe, parse_override
 from tasks.recipe.schema import Recipe
@@ -68,7 +68,7 @@ def cmd_artifacts(args: argparse.Namespace) -> int:
     """Generate OUT/artifacts and OUT/manifest.json from an exported model."""
     recipe = _recipe(args)
     ensure_datasets(recipe)
-    manifest = generate(recipe, args.model, args.out)
+    manifest = checked_generate(recipe, args.model, args.out)
     print(json.dumps({k: manifest[k] for k in ("trainable_count", "frozen_count", "loss", "opset")}))
     return 0
 

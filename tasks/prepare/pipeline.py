@@ -37,6 +37,7 @@ from tasks.prepare.export.torch_model import one_build
 from tasks.prepare.runtimes import export_model, generate
 from tasks.prepare.shared import prepared_store
 from tasks.prepare.staging import hold, remove_tree, staged
+from tasks.prepare.validation.data_checks import check_data_against_model
 from tasks.prepare.validation.validate import validate as run_validation
 from tasks.quiet import warnings_at_debug
 from tasks.recipe.datafiles import check_data_files, recipe_files
@@ -136,9 +137,17 @@ def generate_artifacts(inp: Inputs) -> dict[str, Any]:
     if _ready(inp, "artifacts") and manifest.is_file():
         return json.loads(manifest.read_text())
     (folder / ".done-validate").unlink(missing_ok=True)
-    result = generate(inp.recipe, model, folder)
+    result = checked_generate(inp.recipe, model, folder)
     _mark(folder, "artifacts", inp)
     return result
+
+
+def checked_generate(recipe: Recipe, model_onnx: Path, out_dir: Path) -> dict[str, Any]:
+    """The data checked against the exported model (labels in the class range its graph gives, NaN,
+    dtypes, shapes, token ids: DataError, exit 55), then the runtime's artifacts: no step is built
+    or run on data the board would refuse, under any runtime, so a runtime never takes the blame."""
+    check_data_against_model(recipe, Path(model_onnx))
+    return generate(recipe, model_onnx, out_dir)
 
 
 def validate(inp: Inputs, rehearse: Rehearsal | None = None) -> dict[str, Any]:
@@ -227,7 +236,7 @@ def _prepared(spec: Recipe, inp: Inputs | None, out_dir: Path | None, validate: 
     with staged(folder) as work:
         model_onnx = export_model(spec, work)
         hold("exported")  # tests only: a known point mid-build, see staging.hold
-        manifest = generate(spec, model_onnx, work)
+        manifest = checked_generate(spec, model_onnx, work)
         report = _validated(spec, work, rehearse) if validate else None
     return Prepared.of(folder, manifest, report)
 

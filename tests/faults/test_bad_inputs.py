@@ -30,15 +30,22 @@ from tests.agent.test_bad_inputs import DATA_CASES
 
 @pytest.mark.parametrize(("arrays", "text"), DATA_CASES, ids=[c[1][:30] for c in DATA_CASES])
 def test_host_refuses_bad_training_data_before_upload(digits_recipe, prepared_digits, tmp_path, arrays, text):
-    from tasks.prepare.validation.data_checks import check_data
+    """Validation's check (the board's own) and the check before any step is built (the exported
+    model only, its class count read from the graph when the recipe gives none) both refuse."""
+    from tasks.prepare.validation.data_checks import check_data, check_data_against_model
 
     bad = tmp_path / "train.npz"
     np.savez(bad, **arrays)
     recipe = dataclasses.replace(digits_recipe, data=dataclasses.replace(digits_recipe.data, train=bad))
-    with pytest.raises(DataError) as info:
-        check_data(recipe, prepared_digits.manifest, prepared_digits.out_dir)
-    assert str(info.value).startswith(f"data.train ({bad}): ")
-    assert info.value.exit_code == HostExit.DATA
+    unnamed = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, num_classes=None))
+    for check in (
+        lambda: check_data(recipe, prepared_digits.manifest, prepared_digits.out_dir),
+        lambda: check_data_against_model(unnamed, prepared_digits.out_dir / "model.onnx"),
+    ):
+        with pytest.raises(DataError) as info:
+            check()
+        assert str(info.value).startswith(f"data.train ({bad}): ")
+        assert info.value.exit_code == HostExit.DATA
 
 
 def test_unknown_board_is_named_with_its_exit_code(tmp_path: Path) -> None:
@@ -123,3 +130,27 @@ def test_incompatible_board_is_refused_before_anything_is_uploaded(
         conn.close()
         if problem != "protocol":
             subprocess.run(["rm", "-rf", str(venv)], check=False)
+
+
+@pytest.mark.parametrize(
+    ("task", "dims", "classes"),
+    [
+        ("classification", ["n", 7], 7),
+        ("segmentation", ["n", 5, 8, 8], 5),
+        ("segmentation", ["n", "c", 8, 8], None),  # a symbolic channel count bounds nothing
+        ("classification", ["n"], None),
+    ],
+)
+def test_the_class_count_is_read_from_the_graph_per_task(tmp_path, task, dims, classes):
+    """A classifier's classes are its output's last dimension, a segmentation model's its channels."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from tasks.prepare.validation.data_checks import graph_classes
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y])
+    onnx.save(helper.make_model(graph), tmp_path / "model.onnx")
+    assert graph_classes(tmp_path / "model.onnx", task) == classes
+    assert graph_classes(tmp_path / "model.onnx", task, "y") == classes

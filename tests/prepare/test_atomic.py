@@ -81,11 +81,17 @@ def test_a_folder_of_other_files_is_refused_untouched(tmp_path, recipe_file, cap
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["notes.txt"]
 
 
-def test_labels_outside_the_models_classes_stop_the_real_cli_with_exit_55(tmp_path):
-    """The recipe gives no num_classes: the exported model's 3 outputs bound the labels, as on the
-    board. ``odl prepare`` (the installed command, in a child process) exits 55 with one line naming
-    the field and file, and leaves no folder."""
-    write_recipe(tmp_path, {"model": {"num_classes": None}})
+@pytest.mark.parametrize(
+    "runtime", ["autograd", pytest.param("ort-training", marks=pytest.mark.ort_training)]
+)
+def test_labels_outside_the_models_classes_stop_the_real_cli_with_exit_55(tmp_path, runtime):
+    """The recipe gives no num_classes (the model takes it as a keyword): the exported model's 3
+    outputs bound the labels, as on the board. ``odl prepare`` (the installed command, in a child
+    process) exits 55 with one line naming the field and file under either runtime, before any
+    training step is built or run (under autograd the step's loss indexed past the classes inside
+    ONNX Runtime and the stop blamed the runtime), and leaves no folder."""
+    changes = {"model": {"num_classes": None, "kwargs": {"num_classes": 3}}, "training": {"runtime": runtime}}
+    write_recipe(tmp_path, changes | {"trainable": {"strategy": "last-conv+classifier"}})
     rng = np.random.default_rng(0)
     (tmp_path / "data").mkdir()
     train = tmp_path / "data" / "train.npz"
@@ -104,6 +110,8 @@ def test_labels_outside_the_models_classes_stop_the_real_cli_with_exit_55(tmp_pa
     assert lines[0] == (
         f"odl: error: data.train ({train}): y has labels in [0, 12], expected [0, 2] (num_classes = 3)"
     )
+    for runtime_text in ("onnxruntime", "ONNXRuntimeError", "traced", "rehearsing"):
+        assert runtime_text not in proc.stderr, proc.stderr  # no step built or run, no advice rehearsed
     assert _left(tmp_path) == []
 
 

@@ -11,6 +11,7 @@ training inputs are fed from, against the inputs of the eval graph the board loa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +32,58 @@ from tasks.recipe.segmentation import segmentation_of
 BOARD_SETS = ("data.train", "data.eval")  # uploaded with the job and checked by the agent there
 
 
-def model_classes(out_dir: Path, manifest: dict) -> int | None:
-    """The class count of a classifier: the last dimension of its (first inference) output in the
-    exported graph, as the board reads it when the recipe gives no ``num_classes``."""
+def model_classes(out_dir: Path, manifest: dict, task: str = "classification") -> int | None:
+    """The class count of a classifier (or a segmentation model) as the board reads it when the
+    recipe gives no ``num_classes``: from the first inference output of the exported graph."""
     name = (manifest.get("inference_output_names") or [None])[0]
-    graph = onnx.load(str(Path(out_dir) / "model.onnx"), load_external_data=False).graph
-    out = next((o for o in graph.output if o.name == name), None)
+    return graph_classes(Path(out_dir) / "model.onnx", task, name)
+
+
+def graph_classes(model_path: Path, task: str, output: str | None = None) -> int | None:
+    """The class count an exported model's output ``output`` (its first, without a name) holds: the
+    last dimension of a classifier's ``[N, C]``, the channel dimension of a segmentation model's
+    ``[N, C, H, W]``; None when the graph does not give it (a symbolic or absent dimension)."""
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    out = next((o for o in graph.output if output is None or o.name == output), None)
     dims = out.type.tensor_type.shape.dim if out is not None else []
+    if task == "segmentation":
+        return dims[1].dim_value or None if len(dims) == 4 else None
     return dims[-1].dim_value or None if len(dims) >= 2 else None
+
+
+def check_data_against_model(recipe: Recipe, model_path: Path) -> None:
+    """The data checks that need only the exported model, run before any training step is built
+    or run, under every runtime: each data set's sample shape, dtypes, NaN and infinities, labels
+    in the class range the graph gives (when the recipe has no ``num_classes``) and token ids within
+    their embedding's rows. DataError (exit 55) naming the field and file: a step run on such data
+    would fail inside ONNX Runtime or PyTorch and blame the model."""
+    outputs = [o.name for o in onnx.load(str(model_path), load_external_data=False).graph.output]
+    inference = outputs[1:] if recipe.loss.kind == "embedded" else outputs
+    classes = _classes(recipe, lambda: graph_classes(model_path, recipe.task, next(iter(inference), None)))
+    _host_checks(recipe, classes, embedding_tables(model_path))
+
+
+def _classes(recipe: Recipe, from_graph: Callable[[], int | None]) -> int | None:
+    """The recipe's ``num_classes``, else the graph's for a task whose labels are classes."""
+    if recipe.model.num_classes is None and recipe.task in ("classification", "segmentation"):
+        return from_graph()
+    return recipe.model.num_classes
+
+
+def _host_checks(recipe: Recipe, classes: int | None, tables: dict[str, tuple[str, int]]) -> dict[str, Any]:
+    """The host's own check of every data set (``x``/``y`` and token ids); a summary per field."""
+    summary = {}
+    for field, path in data_files(recipe).items():
+        try:
+            x, y = load_npz(path)
+            check_dataset(recipe, x, y, num_classes=classes)
+            check_token_ids(
+                tables, feed_keys(recipe, recipe.model.input_names), load_arrays(path) if tables else {}
+            )
+        except DataError as exc:
+            raise DataError(f"{field} ({path}): {exc}") from exc
+        summary[field] = {"samples": len(x), "x_shape": list(x.shape[1:])}
+    return summary
 
 
 def board_inputs(out_dir: Path, manifest: dict) -> list[InputSpec]:
@@ -76,27 +121,16 @@ def check_data(recipe: Recipe, manifest: dict, out_dir: Path | None = None) -> d
     DataError naming the field and file, else a summary per field. Without ``out_dir`` (no
     exported model to read) only the recipe's ``num_classes`` bounds the labels and the board's
     own check is skipped."""
-    classes = recipe.model.num_classes
-    if classes is None and recipe.task == "classification" and out_dir is not None:
-        classes = model_classes(out_dir, manifest)
+    classes = _classes(recipe, lambda: model_classes(out_dir, manifest, recipe.task) if out_dir else None)
     inputs = board_inputs(out_dir, manifest) if out_dir is not None else None
     tables = embedding_tables(Path(out_dir) / "model.onnx") if out_dir is not None else {}
-    summary = {}
+    summary = _host_checks(recipe, classes, tables)
     for field, path in data_files(recipe).items():
-        try:
-            x, y = load_npz(path)
-            check_dataset(recipe, x, y, num_classes=classes)
-            check_token_ids(
-                tables, feed_keys(recipe, recipe.model.input_names), load_arrays(path) if tables else {}
-            )
-        except DataError as exc:
-            raise DataError(f"{field} ({path}): {exc}") from exc
         if inputs is not None and field in BOARD_SETS:
             check_board_data(recipe, field, path, manifest, inputs, classes)
         elif field in BOARD_SETS:
             _check_feeds_present(field, path, manifest["feeds"])
-        summary[field.removeprefix("data.")] = {"samples": len(x), "x_shape": list(x.shape[1:])}
-    return summary
+    return {field.removeprefix("data."): figures for field, figures in summary.items()}
 
 
 def embedding_tables(model_path: Path) -> dict[str, tuple[str, int]]:
