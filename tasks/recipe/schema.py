@@ -59,7 +59,9 @@ from tasks.recipe.training import (
 )
 
 InputDtype = Literal["float32", "float64", "int64", "int32", "int8", "uint8", "bool"]
-Task = Literal[TASKS]  # type: ignore[valid-type]  # the board's task names (device_agent.protocol)
+# the board's task names (device_agent.protocol), and "detection": a detector whose loss is in its
+# graph, with a [detection] table; the loader makes it "embedded", the task the board runs
+Task = Literal[(*TASKS, "detection")]  # type: ignore[valid-type]
 
 ACCURACY_TASKS = ("classification", "binary")
 DETECTION_METRICS = ("map50", "map", "map75")
@@ -161,7 +163,8 @@ class Recipe:
         "classification",
         description="classification | binary | regression | segmentation (class scores [N, C, H, W], "
         "labels [N, H, W]) | keypoints (heatmaps [N, K, H, W] or coordinates [N, K, 2], labels [N, K, 3]) | "
-        "embedded (the loss is in the model)",
+        "embedded (the loss is in the model) | detection (a detector whose loss is in the model, scored by "
+        "its [detection] table: embedded by its own name, the loss kind 'embedded' by default)",
     )
     model: ModelSpec = Field()  # Field(): required, though after a field with a default
     trainable: TrainableSpec = Field()
@@ -197,6 +200,8 @@ class Recipe:
         if not isinstance(data, dict):
             return data
         data = {k: v for k, v in data.items() if not (k in OPTIONAL_TABLES and v == {})}
+        if data.get("task") == "detection" and "detection" in data:  # without the table: an error below
+            data = {"loss": {"kind": "embedded"}, **data, "task": "embedded"}
         promotion = data.get("promotion", {})
         if isinstance(promotion, dict) and "metric" not in promotion:
             task, detector = data.get("task", "classification"), "detection" in data
@@ -217,8 +222,14 @@ class Recipe:
         quantization can judge: (field, what was expected, what it holds) for each rule broken."""
         task, kind, metric = self.task, self.loss.kind, self.promotion.metric
         model, det = self.model, self.detection
+        if task == "detection":
+            yield (
+                "detection",
+                "a [detection] table (classes, scores_output, offsets_output) for task = 'detection'",
+                None,
+            )
         if (kind == "embedded") != (task == "embedded"):
-            yield "loss.kind", "'embedded' exactly when task = 'embedded'", kind
+            yield "loss.kind", "'embedded' exactly when task = 'embedded' (or 'detection')", kind
         if task == "embedded" and len(model.output_names) < 2:
             yield "model.output_names", "the loss first, then at least one model output", None
         if self.head is not None and len(model.cut_at) != 1:

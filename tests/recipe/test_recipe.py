@@ -82,6 +82,21 @@ def test_detector_is_promoted_on_map50_by_default(tmp_path):
     assert recipe.detection.priors == (tmp_path / "p.npy").resolve() and recipe.promotion.metric == "map"
 
 
+def test_detection_is_a_task_by_name(tmp_path):
+    """``task = "detection"`` is a detector whose loss is in its graph: the board's ``embedded`` task,
+    its loss kind ``embedded`` unless given; it needs its [detection] table, and a loss of its own
+    is refused as for ``embedded``."""
+    named = {k: v for k, v in merge(DETECTOR, {"task": "detection"}).items() if k != "loss"}
+    recipe = parse_recipe({k: v for k, v in merge(BASE, named).items() if k != "loss"}, tmp_path / "r.toml")
+    assert recipe.task == "embedded" and recipe.loss.kind == "embedded" and recipe.promotion.metric == "map50"
+    with pytest.raises(RecipeError) as info:
+        parse_recipe(merge(BASE, {**named, "detection": None}), tmp_path / "r.toml")
+    assert info.value.field == "detection" and "task = 'detection'" in str(info.value)
+    with pytest.raises(RecipeError) as info:
+        parse_recipe(merge(BASE, named), tmp_path / "r.toml")  # BASE's cross-entropy
+    assert info.value.field == "loss.kind"
+
+
 @pytest.mark.parametrize(("change", "field"), BAD, ids=[f for _, f in BAD])
 def test_bad_field_is_named(tmp_path, change, field):
     with pytest.raises(RecipeError) as info:
