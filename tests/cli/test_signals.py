@@ -33,8 +33,18 @@ def _start_prepare(folder: Path, *extra: str, held: Path | None = None) -> subpr
         env[HOLD_ENV] = f"exported={held}"
     argv = [str(odl), "prepare", "recipe.toml", "--out", "out", *extra]
     return subprocess.Popen(
-        argv, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+        argv, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_default_dispositions,
+    )  # fmt: skip
+
+
+def _default_dispositions() -> None:
+    """In the child before it starts: the stop signals at their defaults, as a terminal's ``odl`` has
+    them. A test run under ``nohup`` or as a shell's background job (``nohup make test &``) hands its
+    children SIGHUP, SIGINT and SIGQUIT ignored, which an ignored signal keeps across exec (and
+    Python installs no handler of its own for an ignored SIGINT): the signalled prepare ran on."""
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def _when_held(fifo: Path, proc: subprocess.Popen) -> int:
