@@ -4,11 +4,14 @@ override tried first: the preparation run again with it, in a scratch folder, up
 stopped (validation only when the stop was a validation check). The advice stays when the rehearsal
 gets past that stop; when it ends in the same stop (or the recipe already has that value) the
 override is taken out of the line, which says instead that it would not help, and keeps its other
-options. A stop whose cause lies outside what the override changes (a node after the classifier, a
+options. A ``key = 'value'`` the recipe already holds (given or by default) that the line does not
+offer as an option describes the recipe ("with trainable.batchnorm = 'frozen' the statistics ...",
+"not supported by training.runtime = 'autograd'"): it is neither rehearsed nor taken out. A stop whose cause lies outside what the override changes (a node after the classifier, a
 frozen front the override does not touch) no longer sends the user round the same loop."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections.abc import Callable
@@ -35,6 +38,11 @@ def overridden(recipe: Recipe, key: str, value: str) -> Recipe:
     for leaf in REPLACES.get(key, ()):
         raw[key.partition(".")[0]].pop(leaf, None)
     return parse_recipe(raw, recipe.source)
+
+
+def _same_values(a: Recipe, b: Recipe) -> bool:
+    """``a`` and ``b`` hold the same values, whatever their files say (a default written out or not)."""
+    return all(getattr(a, f.name) == getattr(b, f.name) for f in dataclasses.fields(a) if f.name != "raw")
 
 
 def _same_stop(first: PipelineError, again: BaseException) -> bool:
@@ -70,8 +78,12 @@ def rehearse(recipe: Recipe, stop: PipelineError, rerun: Callable[[Recipe], obje
         except PipelineError as exc:
             log.debug("%s does not make a valid recipe here: %s", phrase, exc)
             continue
-        if changed.raw == recipe.raw:
-            notes.append(f"the recipe already has {phrase}")
+        if _same_values(changed, recipe):  # the recipe's own value, given or by default
+            shorter = _without(text, phrase)
+            if shorter != text:  # offered as an option: one the recipe already takes
+                notes.append(f"the recipe already has {phrase}")
+                text = shorter
+            continue  # else the line describes the recipe ("with X ...", "by X"): no advice to rehearse
         else:
             log.info("rehearsing the advice %s before it is offered", phrase)
             try:

@@ -12,6 +12,7 @@ import pytest
 from tasks.errors import ValidationFailed
 from tasks.prepare.pipeline import prepare
 from tasks.prepare.sandbox.probe_failures import crash_check, forward_node
+from tasks.prepare.validation.validate import FROZEN_BN_HINT
 from tests.corpus.generator import UNSPECIFIC
 from tests.prepare.kit import merge, tiny_recipe
 
@@ -160,3 +161,39 @@ def test_an_initialisation_error_names_its_node_and_layer(tmp_path):
     text = str(err.value)
     assert "cannot initialise node '/features/pool/MaxPool' (MaxPool, layer features.pool)" in text
     assert "Pad should be smaller than kernel" in text and not UNSPECIFIC.search(text)
+
+
+@pytest.mark.parametrize(
+    ("line", "offered"),
+    [
+        ("repeating one batch 12 times from the base weights, the loss stayed flat" + FROZEN_BN_HINT,
+         ["trainable.batchnorm = 'batch-stats'"]),
+        ("Erf is not supported by training.runtime = 'autograd' yet (train fewer layers, or use "
+         "training.runtime = 'ort-training')", ["training.runtime = 'ort-training'"]),
+    ],
+)  # fmt: skip
+def test_only_the_advice_is_rehearsed_not_what_describes_the_recipe(tmp_path, line, offered):
+    """Issue 53: a loss_falls stop said 'with trainable.batchnorm = 'frozen' ... use 'batch-stats''
+    and the rehearsal re-prepared with 'frozen' (the recipe's default), then appended 'would not
+    help'. A ``key = 'value'`` the recipe already holds, given or by default, and not offered as an
+    option describes the recipe: neither rehearsed nor taken out; the advice is rehearsed."""
+    from tasks.prepare.advice import rehearse
+
+    recipe = tiny_recipe(tmp_path, {"training": {"runtime": None}, "trainable": {"batchnorm": None}})
+    assert recipe.trainable.batchnorm == "frozen" and recipe.training.runtime == "autograd"  # by default
+    tried = []
+
+    def rerun(changed):
+        tried.append(changed)
+        raise ValidationFailed("loss_falls", line)  # the same stop: the advice would not help
+
+    stop = ValidationFailed("loss_falls", line)
+    rehearse(recipe, stop, rerun)
+    assert [(c.trainable.batchnorm, c.training.runtime) for c in tried] == [
+        (
+            "batch-stats" if "batch" in offered[0] else "frozen",
+            "ort-training" if "ort" in offered[0] else "autograd",
+        )
+    ]
+    assert str(stop).endswith(f"; {offered[0]} would not help (rehearsed: it ends in this same stop)"), stop
+    assert "frozen" not in str(stop).split(";")[-1] and "'autograd' would not help" not in str(stop)

@@ -2,6 +2,9 @@
 
 Checks, each a named :class:`ValidationFailed` on failure: the data fit the model; the artifacts
 load and train with a finite loss; the loss falls when one batch is repeated; an eval step runs;
+the eval step's forward runs on every batch the board will train on, in the board's order (a
+batch that kills ONNX Runtime, e.g. an integer division by a count of positive labels it leaves at
+0, is named by its step, epoch and samples; ``board_batches``, within ``BATCHES_BUDGET_S``);
 the frozen-prefix split (when there is one) gives the full graph's eval loss on one batch;
 ``export_model_for_inferencing`` works and its output matches the PyTorch model with the same
 (trained) weights. The training runs in a torch-free subprocess (:mod:`tasks.prepare.validation.ort_probe`) at the
@@ -16,9 +19,11 @@ import math
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, NoReturn
 
+from device_agent.protocol import TrainParams
 from tasks.errors import ValidationFailed
 from tasks.paths import PROJECT_ROOT
 from tasks.prepare import graph_file
@@ -41,6 +46,7 @@ PROBE_TIMEOUT_S = 600
 REPEAT_STEPS = 12  # steps on one batch for "loss falls"; the first and last AVERAGED are compared
 AVERAGED = 3
 ZERO_LOSS = 1e-6  # a loss this small cannot fall: the model already fits the batch
+BATCHES_BUDGET_S = 30.0  # the board batches check stops after this long (validation.json says how far)
 
 
 def run_probe(recipe: Recipe, out_dir: Path, manifest: dict, steps: int) -> dict[str, Any]:
@@ -62,21 +68,41 @@ def run_probe(recipe: Recipe, out_dir: Path, manifest: dict, steps: int) -> dict
         "runtime": manifest.get("runtime", "ort-training"),  # the board's runtime, which the probe runs
         "files": {key: str(out_dir / entry["path"]) for key, entry in manifest["files"].items()},
     }
+    with tempfile.TemporaryDirectory(prefix="odl-probe-") as tmp:
+        cfg["board_batches"] = _batches_plan(recipe, Path(tmp) / "batch")
+        proc = _probe_process(cfg)
+        lines = proc.stdout.strip().splitlines()
+        result = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
+        if result is None:
+            stop_if_interrupted(proc.returncode)
+            raise crash_check(proc.returncode, proc.stderr, where_probe_died(out_dir, cfg, manifest, proc))
+    if not result["ok"]:
+        raise failed_check(result["stage"], result["error"], out_dir / graph_file(manifest, "train"))
+    return result["report"]
+
+
+def _probe_process(cfg: dict[str, Any]) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "tasks.prepare.validation.ort_probe", json.dumps(cfg)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=PROBE_TIMEOUT_S)
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=PROBE_TIMEOUT_S)
     except subprocess.TimeoutExpired as exc:
         raise ValidationFailed(
             "train_step", f"the training probe did not finish in {PROBE_TIMEOUT_S} s"
         ) from exc
-    lines = proc.stdout.strip().splitlines()
-    result = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
-    if result is None:
-        stop_if_interrupted(proc.returncode)
-        raise crash_check(proc.returncode, proc.stderr, where_probe_died(out_dir, cfg, manifest, proc))
-    if not result["ok"]:
-        raise failed_check(result["stage"], result["error"], out_dir / graph_file(manifest, "train"))
-    return result["report"]
+
+
+def _batches_plan(recipe: Recipe, mark: Path) -> dict[str, Any]:
+    """What the board batches check runs: the board's epochs of the probe's data, shuffled as the
+    agent shuffles them (its seed; the host's jobs keep every last, smaller batch: drop_last off),
+    then the eval set's batches; ``mark`` receives each batch's rows."""
+    return {
+        "epochs": recipe.training.epochs,
+        "seed": recipe.training.seed,
+        "drop_last": TrainParams.drop_last,
+        "eval_data": str(recipe.data.eval) if recipe.data.eval else None,
+        "budget_s": BATCHES_BUDGET_S,
+        "mark": str(mark),
+    }
 
 
 def _split_cfg(out_dir: Path, manifest: dict) -> dict[str, Any] | None:
@@ -109,9 +135,24 @@ def check_split(probe: dict[str, Any]) -> dict[str, Any] | str:
     return {**got, "tolerance": SPLIT_TOL}
 
 
+def board_batches_covered(recipe: Recipe, probe: dict[str, Any]) -> dict[str, Any]:
+    """What the board batches check ran (every batch ran: a crash raised before), with a note when
+    it stopped at its budget or the board trains on other data than the probe's."""
+    got = dict(probe["board_batches"])
+    notes = []
+    if got.get("stopped_at_budget_s") is not None:
+        notes.append(f"stopped after {got['stopped_at_budget_s']:.0f} s: {got['train_batches']} of the board's "
+                     f"{got['of']} training batches ran, the later ones did not")  # fmt: skip
+        log.warning("validation: the board batches check %s", notes[-1])
+    if recipe.teacher is not None or recipe.data.train is None:
+        notes.append("the board trains on other data (its own files, or the teacher's labels): these were the "
+                     "batches of the probe's data in the board's order")  # fmt: skip
+    return got | ({"note": "; ".join(notes)} if notes else {})
+
+
 FROZEN_BN_HINT = (
-    "; with trainable.batchnorm = 'frozen' the BatchNorm running statistics must fit the data "
-    "(pretrained or calibrated weights; a random init has none: use 'batch-stats')"
+    "; frozen BatchNorm (the default) needs running statistics that fit the data: pretrained or "
+    "calibrated weights (a random init has none), or trainable.batchnorm = 'batch-stats'"
 )
 
 FLAT = 1e-3  # relative: a repeated batch's loss within this of its start stayed flat, above it rose
@@ -191,6 +232,7 @@ def _checks(
         report["checks"].update(load_artifacts=True, train_step=True, eval_step=True, export_inference=True)
         note = check_losses(probe, recipe.trainable.batchnorm)
         report["checks"].update(loss_finite=True, loss_falls=note or True)
+        report["checks"]["board_batches"] = board_batches_covered(recipe, probe)
         report["checks"]["split_matches_full"] = check_split(probe)
         report["checks"]["join_matches_full"] = check_join(recipe, out_dir, manifest)
         report["checks"]["inference_matches_torch"] = compare_with_torch(
