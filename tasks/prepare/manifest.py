@@ -24,11 +24,15 @@ def file_entry(path: Path, rel: str) -> dict[str, Any]:
 def trainable_layers(model: onnx.ModelProto, trainable: list[str], counts: dict[str, int]) -> list[dict]:
     """What trains, by layer in graph order: ``{"layer", "ops", "params"}`` (the PyTorch module
     path of the exporter's node names, the operator types reading the layer's trainable tensors,
-    their element count); tensors no node reads directly are grouped under their own names."""
+    directly or through nodes of weights alone, their element count); tensors no node reads are
+    grouped under their own names."""
     sources, chosen = weight_sources(model, trainable), set(trainable)
     rows: dict[str, dict] = {}
     seen: set[str] = set()
-    for node in model.graph.node:
+    # a node computed from weights alone (the Slice/Concat reordering an LSTM's gates, a Transpose of
+    # a weight) is not the layer: its reader is; such a node counts only when no other node reads it
+    acting = [n for n in model.graph.node if not all(o in sources for o in n.output)]
+    for node in [*acting, *model.graph.node]:
         mine = [p for p in layer_params(node, sources) if p in chosen and p not in seen]
         if not mine:
             continue

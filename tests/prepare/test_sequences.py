@@ -9,6 +9,7 @@ import pytest
 from torch import nn
 
 from tasks.errors import ModelError, RecipeError
+from tasks.prepare.manifest import trainable_layers
 from tasks.prepare.trainable import resolve_trainable
 from tests.prepare.kit import merge
 from tests.prepare.seq_kit import (
@@ -93,6 +94,11 @@ def test_conv_then_recurrent_trains_the_recurrent_layer_not_the_conv(tmp_path, r
     recipe, model = export_module(ConvGRU(rnn), tmp_path, signals())
     chosen = _trainable(recipe, model, {"strategy": "last-conv+classifier"})
     assert chosen == _rnn(0, prefix="encoder.gru") | {"fc.weight", "fc.bias"}
+    # the trainable-layer table names the recurrent layer by its operator, not the weight-only
+    # Slice/Concat nodes that reorder its gates (issue 53: "Slice")
+    counts = {i.name: int(np.prod(i.dims)) for i in model.graph.initializer}
+    rows = {r["layer"]: r["ops"] for r in trainable_layers(model, sorted(chosen), counts)}
+    assert rows == {"encoder.gru": [rnn.upper()], "fc": ["Gemm"]}, rows
     # a frozen recurrent layer no gradient reaches is fine: the classifier alone
     assert _trainable(recipe, model, {"strategy": "classifier"}) == {"fc.weight", "fc.bias"}
 
