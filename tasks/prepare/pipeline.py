@@ -19,6 +19,7 @@ same inputs, fetched whole), and each step done here is published (:mod:`tasks.p
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -26,7 +27,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tasks.errors import PipelineError, ValidationFailed
 from tasks.hashing import file_sha256
@@ -46,6 +47,7 @@ from tasks.recipe.schema import Recipe
 log = logging.getLogger(__name__)
 
 STEPS = ("export", "artifacts", "validate")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,19 @@ class Inputs:
         """The prepared folder of these inputs: ``$ODL_HOME/prepared/<recipe>-<key12>`` (not created
         here: a build creates it, and removes it again when it fails)."""
         return odl_home() / "prepared" / f"{self.recipe.name}-{self.key[:12]}"
+
+
+def _quiet(step: Callable[..., T]) -> Callable[..., T]:
+    """A step whose Python warnings (torch's ``size_average`` deprecation at a model's construction,
+    a model's own) are DEBUG records of this module's logger, as in :func:`prepare`: the flow runs
+    each step as its own task, and the warnings came out on the terminal mid-run."""
+
+    @functools.wraps(step)
+    def quiet(*args: Any, **kwargs: Any) -> T:
+        with warnings_at_debug(log):
+            return step(*args, **kwargs)
+
+    return quiet
 
 
 def recipe_build_hash(recipe: Recipe) -> str:
@@ -117,6 +132,7 @@ def _mark(folder: Path, step: str, inp: Inputs) -> None:
     prepared_store().publish(folder, inp.key)  # shared with the other hosts (with a store)
 
 
+@_quiet
 def export(inp: Inputs) -> Path:
     """Export the recipe's model to ``<folder>/model.onnx`` (training mode); reused when done."""
     folder, path = inp.folder, inp.folder / "model.onnx"
@@ -129,6 +145,7 @@ def export(inp: Inputs) -> Path:
     return path
 
 
+@_quiet
 def generate_artifacts(inp: Inputs) -> dict[str, Any]:
     """The runtime's training artifacts and ``manifest.json`` from the exported model; reused when done."""
     model = export(inp)
@@ -150,6 +167,7 @@ def checked_generate(recipe: Recipe, model_onnx: Path, out_dir: Path) -> dict[st
     return generate(recipe, model_onnx, out_dir)
 
 
+@_quiet
 def validate(inp: Inputs, rehearse: Rehearsal | None = None) -> dict[str, Any]:
     """The host dry-run of the recipe on the generated artifacts (and the judging rehearsal when
     given); reused when done."""

@@ -288,3 +288,29 @@ def test_an_onnx_in_prepare_prints_no_library_line(tmp_path: Path) -> None:
     lines = out.read_text().splitlines()
     assert any(line.startswith("prepared ") for line in lines), lines
     assert _library_lines(lines) == []
+
+
+def test_the_flows_prepare_steps_keep_a_models_warnings_in_the_debug_log(
+    tmp_path, monkeypatch, capfd, caplog
+):
+    """Issue 53: ``odl flow`` runs export, artifacts and validation as tasks of their own, outside
+    ``prepare``'s warning filter, and a model built with ``size_average`` printed torch's deprecation
+    lines mid-run. Each step keeps them as DEBUG records (``odl -v``)."""
+    import warnings
+
+    from tasks.prepare import pipeline
+    from tests.prepare.kit import TINY_MODELS, tiny_recipe
+
+    monkeypatch.setenv("ODL_HOME", str(tmp_path / "home"))
+    recipe = tiny_recipe(tmp_path, {"model": {"callable": "tinymodels:sized"}})
+    (tmp_path / "tinymodels.py").write_text(
+        TINY_MODELS + "\n\ndef sized(num_classes=3):\n    model = Tiny(num_classes)\n"
+        "    model.crit = nn.MSELoss(size_average=False)\n    return model\n"
+    )
+    pipeline.ensure_datasets(recipe)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")  # shown at every call, not once per place
+        with caplog.at_level(logging.DEBUG, logger=pipeline.log.name):
+            pipeline.export(pipeline.inputs(recipe))
+    assert "size_average" not in capfd.readouterr().err
+    assert any("size_average" in r.getMessage() for r in caplog.records)
