@@ -35,6 +35,9 @@ from types import ModuleType
 from typing import Any
 
 ORT_ERRORS = 3  # ONNX Runtime's severities: 0 verbose, 1 info, 2 warning, 3 error, 4 fatal
+# a session whose failures its caller catches and words itself (a probe of a graph that may not load
+# or run, a fallback after it): ONNX Runtime's own error line would be a second, raw, copy of it
+ORT_CAUGHT = 4
 TORCH_ERRORS = "-torch"  # TORCH_LOGS: "-<logger>" sets it to ERROR
 _ORT_QUIET: list[ModuleType] = []
 

@@ -140,12 +140,16 @@ def train(board: Board, spec: Any, files: dict[str, Path], progress_key: str) ->
 
 @task(name="retrieve", task_run_name="retrieve from {board.name}", **RETRY)
 def retrieve(board: Board, training: stages.Training, out_dir: Path) -> stages.Retrieved:
-    """Download the trained model and outputs, verified against ``result.json``."""
+    """Download the trained inference model (and the job's result, events and log), verified
+    against ``result.json``. The job's other outputs, its final checkpoint with the optimizer's state
+    and its trainable tensors, stay on the board: nothing on the host reads them after a run (a warm
+    start is built from the registry's model), and for a model trained whole they are several times
+    the model's bytes over the board's link."""
     t0 = time.perf_counter()
-    retrieved = stages.retrieve(board, training, out_dir, progress=terminal().download)
-    retrieved.inference  # noqa: B018 - fails the task now when the model is missing
+    retrieved = stages.retrieve(board, training, out_dir, progress=terminal().download, only=("inference",))
+    size = retrieved.inference.stat().st_size  # fails the task now when the model is missing
     said(f"retrieved {', '.join(sorted(retrieved.files))} of job {training.job_id} into {out_dir} "
-         "(sha256 verified)", t0)  # fmt: skip
+         f"(the model {size / 1e6:.1f} MB, sha256 verified)", t0)  # fmt: skip
     return retrieved
 
 

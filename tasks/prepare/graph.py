@@ -12,6 +12,7 @@ from onnx import helper, numpy_helper
 from tasks.prepare.feeds import graph_feeds
 from tasks.prepare.sandbox.ort_parent import RunFailed
 from tasks.prepare.sandbox.supervise import run_shapes
+from tasks.quiet import ORT_CAUGHT
 
 
 def attr(node: onnx.NodeProto, name: str, default: object) -> object:
@@ -92,7 +93,7 @@ def quiet_session(model: onnx.ModelProto):  # -> onnxruntime.InferenceSession
     import onnxruntime  # heavy; loaded only when a graph is run on the host
 
     options = onnxruntime.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = ORT_CAUGHT
     return onnxruntime.InferenceSession(
         model.SerializeToString(), options, providers=["CPUExecutionProvider"]
     )

@@ -278,6 +278,12 @@ def test_odl_flow_of_a_thousand_steps_prints_its_summary_once(here_home: Path, t
     assert sum(line.startswith("train step ") for line in lines) <= 11, text
     assert len(lines) < 80, text
     assert _library_lines(lines) == []
+    # the download is the trained model alone: the checkpoint (with AdamW's two moments, 3x the
+    # trainable weights) and the trainable tensors stay on the board (issue 53: 133 MB for a U-Net)
+    (run,) = (here_home / "runs").iterdir()
+    assert not (run / "trainable.npz").exists() and not (run / "checkpoints").exists()
+    model_mb = (run / "inference.onnx").stat().st_size / 1e6
+    assert [line for line in lines if line.startswith("download ")][-1] == f"download {model_mb:.1f} MB done"
 
 
 @pytest.mark.slow

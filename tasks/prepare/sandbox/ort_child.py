@@ -23,6 +23,7 @@ from typing import Any, BinaryIO
 
 from device_agent.ort import load_onnxruntime  # blocks torch before onnxruntime loads, like a board
 from tasks.exits import no_collection_at_exit
+from tasks.quiet import ORT_CAUGHT
 
 HEADER = 8  # bytes of the big-endian length before each pickle
 
@@ -56,7 +57,7 @@ class Sessions:
         if key != self.key:
             self.session, self.key = None, None
             options = self.ort.SessionOptions()
-            options.log_severity_level = 3
+            options.log_severity_level = ORT_CAUGHT
             self.session = self.ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
             self.key = key
         return self.session

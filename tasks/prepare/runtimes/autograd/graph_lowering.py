@@ -17,6 +17,7 @@ from onnx import TensorProto, helper
 
 from tasks.prepare.runtimes.autograd.onnx_grad import Unsupported, attr
 from tasks.prepare.runtimes.autograd.onnx_grad_nn import tiling
+from tasks.quiet import ORT_CAUGHT
 
 Shapes = dict[str, list[Any]]
 
@@ -27,7 +28,7 @@ def session(graph: Any, what: str, optimize: bool = True) -> Any:
     import onnxruntime  # the inference build's API, as the board's
 
     options = onnxruntime.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = ORT_CAUGHT
     # one thread: these runs are a few samples, and a pool's threads spinning between operators
     # (a Scan's per-step ones most) stall a preparation on a busy 2-core host for seconds
     options.intra_op_num_threads = options.inter_op_num_threads = 1

@@ -28,6 +28,7 @@ from tasks.prepare.runtimes.autograd.noise import NoiseInput
 from tasks.prepare.runtimes.autograd.op_checks import check_recorded, recorded_table, recording
 from tasks.prepare.runtimes.autograd.recurrent_onnx import expand
 from tasks.prepare.runtimes.autograd.trace import MAX_BATCH
+from tasks.quiet import ORT_CAUGHT
 
 log = logging.getLogger(__name__)
 NO_CONVERSION = re.compile(r"No ONNX function found for <OpOverload\(op='([^']+)', overload='([^']+)'\)>")
@@ -195,7 +196,7 @@ def check_runs(step: StepGraph, model: Any, arrays: list[np.ndarray], what: str)
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
     options = onnxruntime.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = ORT_CAUGHT
     try:
         session = onnxruntime.InferenceSession(
             model.SerializeToString(), options, providers=["CPUExecutionProvider"]
