@@ -320,3 +320,25 @@ def test_the_flows_prepare_steps_keep_a_models_warnings_in_the_debug_log(
             pipeline.export(pipeline.inputs(recipe))
     assert "size_average" not in capfd.readouterr().err
     assert any("size_average" in r.getMessage() for r in caplog.records)
+
+
+def test_a_graph_probe_that_fails_to_load_says_it_once_in_our_words(capfd) -> None:
+    """Issue 53: a grouped-conv net (ZeroPad2d + AvgPool2d(1, stride 2)) prepared with ONNX
+    Runtime's raw 'Pad should be smaller than kernel' error line in its log, though the pipeline
+    caught the failure and went on. A probe session's failure is the exception alone."""
+    from onnx import TensorProto, helper
+
+    from tasks.prepare.runtimes.autograd.graph_lowering import session
+    from tasks.prepare.runtimes.autograd.onnx_grad import Unsupported
+
+    pool = helper.make_node(
+        "AveragePool", ["x"], ["y"], kernel_shape=[1, 1], strides=[2, 2], pads=[0, 0, 1, 1]
+    )
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    model = helper.make_model(
+        helper.make_graph([pool], "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    with pytest.raises(Unsupported, match="does not load in ONNX Runtime: .*pool_attributes"):
+        session(model, "the step")
+    assert "onnxruntime" not in capfd.readouterr().err
