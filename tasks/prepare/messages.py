@@ -4,7 +4,9 @@ assertion text or a traceback)."""
 
 from __future__ import annotations
 
+import os
 import re
+import traceback
 from typing import Any
 
 import onnx
@@ -99,6 +101,12 @@ def export_failure(recipe: Recipe, exc: BaseException, dump: str) -> str:
         reason, hint = (f"{layer} is fed a packed sequence (nn.utils.rnn.pack_padded_sequence), which torch's "
                         "exporter cannot write", f"feed {layer} the padded batch and read each sequence's last "
                         "valid step with a gather at lengths - 1 (or mask the padding)")  # fmt: skip
+    elif _exporter_broke(exc):  # its own Python error: "'NoneType' object is not subscriptable"
+        reason = (f"torch's exporter broke in its own translation of {op or 'an operator'} "
+                  f"({type(exc).__name__}: {_reason(exc)}): an argument it needs as a constant, such as a "
+                  "size, is computed from a tensor's shape at run time")  # fmt: skip
+        hint = (f"give {layer} sizes fixed when the model is built (Python ints for model.input_shape "
+                f"{list(recipe.model.input_shape)}) or write that step with other operators")  # fmt: skip
     else:
         reason, hint = _reason(exc), _hint(recipe, exc, op, layer)
     return " ".join(f"cannot export {recipe.model.ref} to ONNX: {where}{reason}; {hint}".split())
@@ -124,6 +132,14 @@ def _failing_node(exc: BaseException) -> Any:
             node = tb.tb_frame.f_locals.get("node", node)
         tb = tb.tb_next
     return node
+
+
+def _exporter_broke(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Python error of the exporter's own code (a symbolic function indexing a
+    shape it could not read), not a refusal it words: raised inside ``torch/onnx``."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    inside = bool(frames) and f"{os.sep}torch{os.sep}onnx{os.sep}" in frames[-1].filename
+    return inside and isinstance(exc, (TypeError, AttributeError, IndexError, KeyError))
 
 
 def _kind_in_message(message: str) -> str:

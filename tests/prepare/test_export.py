@@ -183,3 +183,30 @@ def test_random_layers_never_reach_the_inference_model(tmp_path, own_random):
     with pytest.raises(ValidationFailed, match="two different answers.*random node") as err:
         prepare(recipe, tmp_path / "out")
     assert err.value.check == "inference_matches_torch"
+
+
+class Folding(nn.Module):
+    """``F.fold`` with its output size read from the input's shape, as MobileViTV2 folds its
+    patches back: the exporter's own translation of col2im breaks on it with a TypeError."""
+
+    def forward(self, x):
+        patches = nn.functional.unfold(x, 2, stride=2)
+        folded = nn.functional.fold(patches, output_size=(x.shape[2], x.shape[3]), kernel_size=2, stride=2)
+        return folded.flatten(1)[:, :3]
+
+
+def test_an_exporter_that_breaks_in_its_own_code_is_not_quoted_raw(tmp_path):
+    """Issue 53: MobileViTV2's stop showed the exporter's own "'NoneType' object is not
+    subscriptable". The line says whose error it is, the likely cause and the way out."""
+    from tasks.prepare.runtimes.autograd.template import export_inference
+
+    recipe = tiny_recipe(tmp_path)
+    explain = lambda exc, dump: ModelError(export_failure(recipe, exc, dump))  # noqa: E731 - as the runtime's
+    with pytest.raises(ModelError) as info:  # the eval-mode export of the autograd runtime (opset 18 and up)
+        export_inference(
+            Folding(), (torch.zeros(2, 1, 4, 4),), ["input"], ["output"], tmp_path / "f.onnx", explain
+        )
+    message = str(info.value)
+    assert "\n" not in message, message
+    assert "torch's exporter broke in its own translation of col2im (TypeError: " in message, message
+    assert "computed from a tensor's shape at run time; give " in message and "sizes fixed" in message
