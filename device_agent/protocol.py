@@ -107,6 +107,8 @@ class ExitCode(enum.IntEnum):
     RUNTIME_ERROR = 21  # ONNX Runtime failed during training
     DIVERGED = 22  # loss became NaN/inf
     BLOB_MISMATCH = 23  # an uploaded blob's sha256 differs from its name (removed)
+    CRASHED = 24  # the training process died of a signal (its step and batch named); resumed once
+    CRASHED_AGAIN = 25  # ... at the same step as its previous death: deterministic, never retried
     ENVIRONMENT = 30  # generic environment problem
     NO_MEMORY = 31  # free RAM below the job's estimate
     NO_DISK = 32  # not enough free disk under the root
@@ -128,6 +130,10 @@ EXIT_HELP: dict[int, str] = {
     ExitCode.RUNTIME_ERROR: "ONNX Runtime failed while training",
     ExitCode.DIVERGED: "loss became NaN or infinite; last good checkpoint kept",
     ExitCode.BLOB_MISMATCH: "an uploaded blob's sha256 differs from its name; removed: upload it again",
+    ExitCode.CRASHED: "the training process died of a signal (ONNX Runtime crashed, or it was killed); the "
+    "message names the signal, the step and the batch's samples; it resumes from its last checkpoint",
+    ExitCode.CRASHED_AGAIN: "the training process died of the same signal at the same step as the time "
+    "before: that batch kills it every time; never retried: check those samples against the loss",
     ExitCode.ENVIRONMENT: "the board's environment cannot run the job",
     ExitCode.NO_MEMORY: "free RAM is below the job's memory estimate",
     ExitCode.NO_DISK: "free disk under the agent root is too low",
@@ -146,6 +152,7 @@ NEVER_RETRY = frozenset(
         ExitCode.DATA_MISMATCH,
         ExitCode.INVALID_ARGUMENT,
         ExitCode.DIVERGED,
+        ExitCode.CRASHED_AGAIN,
         ExitCode.OUT_OF_MEMORY,
     }
 )

@@ -99,8 +99,8 @@ HOST_EXITS: tuple[HostExitInfo, ...] = (
     HostExitInfo(HostExit.REMOTE_COMMAND, "RemoteCommandFailed", "DeviceError",
                  "a command on the board failed: the message holds its exit code and output"),
     HostExitInfo(HostExit.TRAINING_FAILED, "TrainingFailed", "DeviceError",
-                 "the job failed or was cancelled on the board: its agent exit code is in the message "
-                 "(device_agent/README.md)"),
+                 "the job failed or was cancelled on the board, or kept stopping: the message holds its agent "
+                 "exit code (device_agent/README.md), or says why it has none"),
     HostExitInfo(HostExit.EVALUATION, "EvaluationError", "PipelineError",
                  "host-side evaluation failed: check the test set and the retrieved model"),
     HostExitInfo(HostExit.REGISTRY, "RegistryError", "PipelineError",

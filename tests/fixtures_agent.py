@@ -154,3 +154,35 @@ def digits_job(digits_recipe, prepared_digits):
         return replace(spec, train=replace(spec.train, **train)), files
 
     return make
+
+
+@pytest.fixture(scope="session")
+def crash_job(tmp_path_factory):
+    """A factory: ``crash_job(job_id, **train_overrides) -> (JobSpec, files)`` of the recipe whose loss
+    divides by its integer count of positive labels (tests/prepare/crash_kit.py, autograd runtime, 2
+    epochs of 4 steps), prepared and validated on data whose every batch holds one, sent to train on
+    a board dataset whose 7th step's batch holds none: ONNX Runtime dies there of SIGFPE."""
+    import runpy
+
+    from device_agent.protocol import BlobRef, DataRef, file_sha256
+    from tasks.prepare.board_job import build_job_spec
+    from tasks.prepare.pipeline import prepare
+    from tests.prepare.crash_kit import crash_recipe
+    from tests.prepare.kit import tiny_recipe
+
+    folder = tmp_path_factory.mktemp("counted")
+    recipe = tiny_recipe(folder, crash_recipe(folder, {"training": {"epochs": 2, "runtime": "autograd"}}))
+    prepared = prepare(recipe, folder / "out")
+    (folder / "board").mkdir()
+    runpy.run_path(str(folder / "crashmodels.py"))["make_empty_board_batch"](folder / "board")
+    data = folder / "board" / "train.npz"
+    ref = DataRef("npz", blob=BlobRef(file_sha256(data), data.stat().st_size))
+
+    def make(job_id: str, **train: Any) -> tuple[JobSpec, dict[str, Path]]:
+        spec, files = build_job_spec(recipe, prepared, job_id)
+        return replace(spec, train_data=ref, train=replace(spec.train, **train)), {
+            **files,
+            ref.blob.sha256: data,
+        }
+
+    return make

@@ -2,7 +2,8 @@
 
 Layout of ``JOBDIR``: ``job.json``, ``events.jsonl``, ``checkpoints/``, ``result.json``,
 ``inference.onnx``, ``agent.log``, ``agent.pid``, ``.lock`` (flock held by the training
-process, so a dead process never leaves a stale lock) and ``cancel.request``.
+process, so a dead process never leaves a stale lock), ``cancel.request`` and ``batch`` (the step
+and samples the training process runs now).
 """
 
 from __future__ import annotations
@@ -68,6 +69,11 @@ class JobDir:
     def held_file(self) -> Path:
         """Written by a paused job (the step it paused at), removed when it goes on."""
         return self.path / "held"
+
+    @property
+    def batch_file(self) -> Path:
+        """What the training process runs now (:mod:`device_agent.job.batch_mark`)."""
+        return self.path / "batch"
 
     @property
     def pid_file(self) -> Path:

@@ -25,6 +25,7 @@ from device_agent.data.datasets import ShardDataset, dataset_files, folder_datas
 from device_agent.data.prefix_cache import RAM_SHARE, PrefixCache, open_prefix
 from device_agent.data.readers import ImageFolderDataset, InputSpec, NpzDataset
 from device_agent.errors import AgentError
+from device_agent.job.batch_mark import BatchMarker
 from device_agent.job.checkpoints import Progress, latest_checkpoint, write_state
 from device_agent.job.events import EventLog
 from device_agent.job.jobdir import JobDir, check_resources, read_result, verify_inputs
@@ -57,13 +58,16 @@ def run_job(job: JobDir, spec: JobSpec) -> JobResult:
         return done
     job.result_file.unlink(missing_ok=True)
     events = EventLog(job.events, spec.job_id)
+    marker = BatchMarker(job.batch_file)
+    marker.mark("open", 0, 0)  # a death before the first step is not blamed on an earlier run's batch
     t0 = time.time()
     trainer: Trainer | None = None
     progress = Progress()
     try:
-        trainer, progress, teacher = _prepare(job, spec, events)
+        trainer, progress, teacher = _prepare(job, spec, events, marker)
         _install_sigterm(trainer)
         trainer.train(progress)
+        marker.mark("finish", progress.step, progress.epoch)
         result = dataclasses.replace(_finish(job, spec, trainer, progress, t0), teacher=teacher)
         events.emit("finished", steps=result.steps, metrics=result.metrics, duration_s=result.duration_s)
     except Cancelled as exc:
@@ -80,6 +84,7 @@ def run_job(job: JobDir, spec: JobSpec) -> JobResult:
         events.emit("failed", step=progress.step, exit_code=int(ExitCode.RUNTIME_ERROR), error=result.error)
     finally:
         events.close()
+        marker.close()
     atomic_write(job.result_file, result.to_json())
     return result
 
@@ -180,12 +185,13 @@ def _cached(job: JobDir, spec: JobSpec, sess: Any, names: list[str], train_ds: A
     return train, eval_ds
 
 
-def _prepare(job: JobDir, spec: JobSpec, events: EventLog) -> tuple[Trainer, Progress, dict[str, Any]]:
+def _prepare(job: JobDir, spec: JobSpec, events: EventLog,
+             marker: BatchMarker) -> tuple[Trainer, Progress, dict[str, Any]]:  # fmt: skip
     opened = open_job(job, spec, events)
     if spec.privacy is not None and not opened.resumed:  # local DP: the update is measured from here
         save_arrays(job.path / START_FILE, _trainable_arrays(opened.session.state))
     progress = opened.progress
-    trainer = Trainer(job, spec, opened.session, opened.train_ds, opened.eval_ds, events)
+    trainer = Trainer(job, spec, opened.session, opened.train_ds, opened.eval_ds, events, marker)
     events.emit("started", resumed_from_step=progress.step if opened.resumed else None, total_steps=trainer.total,
                 steps_per_epoch=trainer.spe, train_samples=len(opened.train_ds), pid=os.getpid(),
                 eval_samples=len(opened.eval_ds) if opened.eval_ds is not None else 0,

@@ -10,7 +10,9 @@ learning rate is set only when it changes; one ``take`` gathers the rows of up t
 ``PENDING_STEPS`` steps (at most ``CHUNK_BYTES``), which each step slices; the training accuracy
 of up to ``PENDING_STEPS`` steps is counted at once, at the latest before a checkpoint or the
 end of an epoch. The loss is read and checked at every step, so a divergence still stops the
-step it happens at.
+step it happens at. Before each step (and each eval batch) its step, epoch and dataset indices are
+marked in ``JOBDIR/batch`` with one ``pwrite`` (:mod:`device_agent.job.batch_mark`): a process that
+dies of a signal is then reported with them by its supervisor.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 
 from device_agent.data.readers import InputSpec, epoch_permutation, steps_per_epoch
 from device_agent.errors import AgentError
+from device_agent.job.batch_mark import BatchMarker
 from device_agent.job.checkpoints import Progress, save_checkpoint
 from device_agent.job.events import EventLog
 from device_agent.job.hold import Hold
@@ -67,10 +70,9 @@ class Trainer:
     last steps are kept until their accuracy is counted.
     """
 
-    def __init__(
-        self, job: JobDir, spec: JobSpec, sess: Session, train_ds: Any, eval_ds: Any, events: EventLog
-    ):
-        self.job, self.spec, self.sess, self.events = job, spec, sess, events
+    def __init__(self, job: JobDir, spec: JobSpec, sess: Session, train_ds: Any, eval_ds: Any, events: EventLog,
+                 marker: BatchMarker) -> None:  # fmt: skip
+        self.job, self.spec, self.sess, self.events, self.marker = job, spec, sess, events, marker
         self.train_ds, self.eval_ds = train_ds, eval_ds
         p = self.params = spec.train
         self.spe = steps_per_epoch(len(train_ds), p.batch_size, p.drop_last)
@@ -117,6 +119,9 @@ class Trainer:
             if min(start + bs, stop) > last:
                 first, last = start, min(stop, start + self._chunk_steps * bs)
                 chunk = self._gather(perm[first:last])
+            self.marker.mark(
+                "train", progress.step + 1, progress.epoch + 1, perm[start : min(start + bs, last)]
+            )
             self._step(progress, [a[start - first : start - first + bs] for a in chunk])
             if self._hold.due(progress.step):
                 self._hold.wait(progress.step, self._cancel_requested)
@@ -211,7 +216,7 @@ class Trainer:
         if self._has_accuracy():
             row["train_accuracy"] = progress.correct / max(1, progress.seen)
         if self.eval_ds is not None:
-            row.update(self.evaluate())
+            row.update(self.evaluate(progress))
             self.events.emit("eval", **row)
         progress.history.append(row)
         progress.epoch += 1
@@ -219,13 +224,15 @@ class Trainer:
         self.events.emit("epoch", **row)
         self.checkpoint(progress)
 
-    def evaluate(self) -> dict[str, float]:
-        """Loss (and accuracy) of the eval set, in order, in eval mode."""
+    def evaluate(self, progress: Progress) -> dict[str, float]:
+        """Loss (and accuracy) of the eval set, in order, in eval mode (at the end of ``progress``'s epoch)."""
         module, bs = self.sess.module, self.params.batch_size
         module.eval()
         loss_sum, correct, n = 0.0, 0, len(self.eval_ds)
         for start in range(0, n, bs):
-            batch = self._feed(self.eval_ds.take(np.arange(start, min(n, start + bs))))
+            rows = np.arange(start, min(n, start + bs))
+            self.marker.mark("eval", progress.step, progress.epoch + 1, rows)
+            batch = self._feed(self.eval_ds.take(rows))
             outs = module(*batch)
             loss_sum += _scalar(outs) * len(batch[0])
             correct += self._correct(outs, batch)

@@ -1,5 +1,7 @@
 """Following a job on the board: ``events.jsonl`` read from a byte offset, each event delivered
-once (by ``seq``), reconnecting with backoff when the link drops, resuming a job that stopped."""
+once (by ``seq``), reconnecting with backoff when the link drops, resuming a job that stopped
+without a result or whose process died of a signal for the first time there (agent exit CRASHED; a
+second death at the same step is CRASHED_AGAIN, never retried), at most ``MAX_RESUMES`` times."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from device_agent.protocol import Event, JobResult, SpecError
+from device_agent.protocol import Event, ExitCode, JobResult, SpecError
 from tasks.board.inventory import Board
 from tasks.board.jobs import job_dir, job_status, read_result, start_job
 from tasks.board.transport import Transport, connect
@@ -18,13 +20,15 @@ from tasks.errors import DeviceError, DeviceUnreachable, Straggler, TrainingFail
 log = logging.getLogger(__name__)
 
 TERMINAL = ("finished", "failed", "cancelled")
+MAX_RESUMES = 3  # restarts of one job by its follower
 EventCallback = Callable[[Event], None]
 
 
 @dataclass
 class FollowStats:
     """What following one job took, filled in while it runs: new connections after a dropped link
-    (``reconnects``) and restarts of a job that had stopped without a result (``resumes``)."""
+    (``reconnects``) and restarts of a job that had stopped without a result or died of a signal
+    (``resumes``)."""
 
     reconnects: int = 0
     resumes: int = 0
@@ -103,18 +107,31 @@ class _Follower:
             result = read_result(conn, self.board, self.job_id)
             if result is None and not self.ended:
                 self._revive(conn)
+            elif result is not None and result.exit_code == ExitCode.CRASHED:  # a first death there
+                self._restart(conn, f"died (exit {result.exit_code}): {result.error}")
+                return None
             return result
         return None
 
     def _revive(self, conn: Transport) -> None:
-        """The job shows no progress: resume it when the agent is not running it (crash, reboot)."""
+        """The job shows no progress: resume it when the agent is not running it (reboot, power cut)."""
         state = job_status(conn, self.board, self.job_id).get("state")
         if state in ("interrupted", "pending"):
-            if self.stats.resumes >= 3:
-                raise TrainingFailed(f"job {self.job_id} stopped without a result {self.stats.resumes} times")
-            self.stats.resumes += 1
-            log.warning("job %s is %s on board %s: resuming it", self.job_id, state, self.board.name)
-            start_job(conn, self.board, self.job_id)
+            self._restart(
+                conn,
+                f"stopped without a result, so with no agent exit code (state {state}: its process ended "
+                "with its supervisor: a reboot, a power cut or a kill; see agent.log in the job's folder)",
+            )
+
+    def _restart(self, conn: Transport, why: str) -> None:
+        """Start the job again (from its last checkpoint), or TrainingFailed past ``MAX_RESUMES``."""
+        if self.stats.resumes >= MAX_RESUMES:
+            raise TrainingFailed(
+                f"job {self.job_id} stopped {self.stats.resumes + 1} times without finishing; the last time it {why}"
+            )
+        self.stats.resumes += 1
+        log.warning("job %s on board %s %s: resuming it", self.job_id, self.board.name, why)
+        start_job(conn, self.board, self.job_id)
 
     def _deliver(self, line: str) -> None:
         if not line.strip():

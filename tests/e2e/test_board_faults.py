@@ -108,7 +108,8 @@ def test_agent_killed_mid_training_is_resumed_and_ends_like_an_uninterrupted_run
     spec, files = _created_held_job(faults, virtual_board, digits_job, job_id, HOLD_STEP)
     stats = FollowStats()
 
-    def kill_agent() -> None:  # as a power cut: no checkpoint, no terminal event
+    # as a power cut: no checkpoint, no terminal event, no supervisor left to report the death
+    def kill_agent() -> None:
         assert wait_held(virtual_board, job_id) == HOLD_STEP
         conn = connect(virtual_board)
         try:
@@ -116,7 +117,7 @@ def test_agent_killed_mid_training_is_resumed_and_ends_like_an_uninterrupted_run
         finally:
             conn.close()
         started = [Event.from_json(line) for line in raw.decode().splitlines() if '"started"' in line]
-        os.kill(started[-1].data["pid"], signal.SIGKILL)
+        os.killpg(os.getpgid(started[-1].data["pid"]), signal.SIGKILL)  # the process and its supervisor
         release(virtual_board, job_id)
 
     faults.start(virtual_board, kill_agent)

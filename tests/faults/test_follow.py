@@ -1,4 +1,5 @@
-"""Following a job whose events.jsonl holds an earlier run's terminal line (cancelled, then resumed)."""
+"""Following a job whose events.jsonl holds an earlier run's terminal line (cancelled, then resumed),
+and one whose training process dies of a signal at the same step twice (issue 53)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ import time
 
 import pytest
 
-from device_agent.protocol import Event
+from device_agent.protocol import Event, ExitCode
 from tasks.board import agent, blobs, follow, jobs, run
 from tasks.board.inventory import Board
 from tasks.board.transport import LocalTransport
+from tasks.errors import HostExit, TrainingFailed
 from tests.faults.conftest import board_events, held_at, hold_job, release_job
+from tests.prepare.crash_kit import EMPTY_BOARD_STEP
 
 EPOCHS = 4  # 13 steps per epoch on the digits recipe
 
@@ -63,6 +66,32 @@ def test_drive_job_resumes_a_cancelled_job_instead_of_reporting_it(local_board: 
     report, result = run.drive_job(conn, local_board, spec, files)
     assert report.bytes_sent == 0
     assert result.status == "finished" and result.steps == EPOCHS * 13
+
+
+def test_a_first_death_is_resumed_once_and_a_second_at_the_same_step_fails_in_one_line(
+    local_board: Board, crash_job
+) -> None:
+    """Issue 53: the host restarted a job ONNX Runtime killed (SIGFPE) at the same step three times,
+    then said only 'stopped without a result 3 times'. Now the first death is resumed, the second
+    at that step is the agent's CRASHED_AGAIN, never retried: the line names the exit code, the
+    signal, the step and the batch's samples."""
+    conn = LocalTransport()
+    spec, files = crash_job("sigfpe-host")
+    stats = follow.FollowStats()
+    seen: list[Event] = []
+    with pytest.raises(TrainingFailed) as info:
+        run.drive_job(conn, local_board, spec, files, seen.append, stats=stats)
+    assert stats.resumes == 1 and info.value.exit_code == HostExit.TRAINING_FAILED
+    assert [e.data["exit_code"] for e in seen if e.type == "failed"] == [
+        ExitCode.CRASHED,
+        ExitCode.CRASHED_AGAIN,
+    ]
+    assert str(info.value).startswith(
+        f"job sigfpe-host failed (exit {int(ExitCode.CRASHED_AGAIN)}): the training process died of SIGFPE (an "
+        f"arithmetic fault: an integer division or remainder by zero) at step {EMPTY_BOARD_STEP} of 8 (epoch 2), "
+        "training on samples ["
+    ), info.value
+    assert "\n" not in str(info.value)
 
 
 def _events_path(board: Board, job_id: str) -> str:

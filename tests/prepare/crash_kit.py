@@ -64,6 +64,18 @@ def make_empty_batch(out_dir):
         x, y = npz["x"], npz["y"].copy()
     y[16:32] = 0
     np.savez(out_dir / "train.npz", x=x, y=y)
+
+
+def make_empty_board_batch(out_dir):
+    # the board's 3rd batch of its 2nd epoch (its shuffle of seed 0, 16 samples a batch, the 7th step)
+    # has no object: rows in order, and every batch of its first epoch, hold some
+    from device_agent.data.readers import epoch_permutation
+
+    make(out_dir)
+    with np.load(out_dir / "train.npz") as npz:
+        x, y = npz["x"], npz["y"].copy()
+    y[epoch_permutation(0, 1, len(y))[32:48]] = 0
+    np.savez(out_dir / "train.npz", x=x, y=y)
 """
 
 RECIPE = {
@@ -74,6 +86,10 @@ RECIPE = {
     "loss": {"kind": "embedded"},
     "data": {"make": "crashmodels:make", "feeds": {"x": "x", "labels": "y"}},
 }  # fmt: skip
+
+
+EMPTY_BOARD_BATCH = {"training": {"epochs": 2}, "data": {"make": "crashmodels:make_empty_board_batch"}}
+EMPTY_BOARD_STEP = 7  # the step of the board's batch make_empty_board_batch empties (2nd epoch, 3rd batch)
 
 
 def crash_recipe(folder: Path, changes: dict | None = None) -> dict:

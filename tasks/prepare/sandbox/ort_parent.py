@@ -1,6 +1,6 @@
 """The parent side of :mod:`tasks.prepare.sandbox.ort_child`: one child process that runs preparation's ONNX
 graphs, started on the first request and again after it died, and the words for how it ended
-(:func:`death`). :mod:`tasks.prepare.sandbox.supervise` gives each preparation stage its child;
+(:func:`device_agent.signals.death`, shared with the board's agent). :mod:`tasks.prepare.sandbox.supervise` gives each preparation stage its child;
 :mod:`tasks.prepare.sandbox.crash_site` bisects a graph that kills one.
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import pickle
 import select
-import signal
 import subprocess
 import sys
 import tempfile
@@ -17,19 +16,12 @@ import threading
 import time
 from typing import Any
 
+from device_agent.signals import death
 from tasks.exits import STOP_SIGNALS, Interrupted
 from tasks.paths import PROJECT_ROOT
 from tasks.prepare.sandbox.ort_child import HEADER, write_message
 
 RUN_TIMEOUT_S = 600
-MEANING = {
-    "SIGFPE": "an arithmetic fault: an integer division or remainder by zero",
-    "SIGSEGV": "an invalid memory access",
-    "SIGBUS": "a bus error",
-    "SIGABRT": "an abort: a failed internal check",
-    "SIGILL": "an illegal instruction: a CPU feature this machine lacks",
-    "SIGKILL": "killed, most likely by the kernel's out-of-memory killer",
-}
 
 
 class RunFailed(Exception):
@@ -46,17 +38,6 @@ class Died(Exception):
     def __init__(self, returncode: int, stderr: str = "") -> None:
         self.returncode, self.stderr = returncode, stderr
         super().__init__(death(returncode))
-
-
-def death(returncode: int) -> str:
-    """How a process ended: ``SIGFPE (an arithmetic fault: ...)`` for a signal, ``exit status N``."""
-    if returncode >= 0:
-        return f"exit status {returncode}"
-    try:
-        name = signal.Signals(-returncode).name
-    except ValueError:
-        return f"signal {-returncode}"
-    return f"{name} ({MEANING[name]})" if name in MEANING else name
 
 
 def stop_if_interrupted(returncode: int) -> None:
