@@ -17,13 +17,14 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
+from device_agent.data.readers import epoch_permutation
 from tasks.errors import HostExit, ModelError
 from tasks.exits import Interrupted
 from tasks.prepare.feeds import DataSample, graph_feeds, representative
 from tasks.prepare.graph import observed_shapes
 from tasks.prepare.sandbox.supervise import run_graph, supervised
 from tasks.prepare.staging import staged
-from tests.prepare.crash_kit import counting_div_graph, crash_recipe
+from tests.prepare.crash_kit import EMPTY_BOARD_BATCH, EMPTY_BOARD_STEP, counting_div_graph, crash_recipe
 from tests.prepare.kit import tiny_recipe, write_recipe
 
 SIGFPE_LINE = "ONNX Runtime died of SIGFPE (an arithmetic fault: an integer division or remainder by zero)"
@@ -185,6 +186,33 @@ def test_a_batch_without_positives_stops_odl_prepare_in_one_line_and_leaves_no_f
         "odl: error: validation check 'train_step' failed: the training probe was killed by SIGFPE (an "
         "arithmetic fault: an integer division or remainder by zero) inside ONNX Runtime during the train step "
         "check; run alone on that batch (rows 16-31 of train.npz), the model's own graph dies first at '/Div' (Div)"
+    ), lines[0]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith((".out", "out"))]
+
+
+def test_a_batch_of_the_boards_second_epoch_without_positives_stops_odl_prepare_naming_step_and_samples(
+    tmp_path,
+):
+    """Issue 53: the board died of SIGFPE at a step whose batch has no positive label, though
+    validation had passed. Here neither the probe's batches (rows in order) nor any batch of the
+    board's first epoch lacks one, but the 3rd batch of its second epoch (its shuffle) does:
+    validation runs every batch the board will, in its order, and names that one."""
+    write_recipe(tmp_path, crash_recipe(tmp_path, EMPTY_BOARD_BATCH))
+    proc = _odl(tmp_path, "prepare", "recipe.toml", "--out", "out")
+    with np.load(tmp_path / "data" / "train.npz") as npz:
+        positive = (npz["y"] > 0).any(axis=1)
+    first, second = (epoch_permutation(0, epoch, len(positive)) for epoch in (0, 1))
+    assert all(positive[k : k + 16].any() and positive[first[k : k + 16]].any() for k in range(0, 64, 16))
+    empty = second[(EMPTY_BOARD_STEP - 5) * 16 :][:16]
+    assert not positive[empty].any()
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("odl: ")]
+    assert proc.returncode == HostExit.VALIDATION and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(
+        "odl: error: validation check 'board_batches' failed: the training probe was killed by SIGFPE (an "
+        "arithmetic fault: an integer division or remainder by zero) inside ONNX Runtime during the board batches "
+        f"check; the board would die on its batch at step {EMPTY_BOARD_STEP} (epoch 2): samples "
+        f"[{', '.join(map(str, empty))}] of train.npz (16 in the batch); run alone on it, the model's own graph "
+        "dies first at '/Div' (Div): its integer divisor is 0"
     ), lines[0]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith((".out", "out"))]
 

@@ -5,7 +5,8 @@
 - the probe died on a signal (SIGFPE, SIGSEGV, SIGABRT inside ONNX Runtime), leaving no report: the
   signal's name, the check it was running (it says each one on stderr), ORT's last readable line if
   any, and the first node of the model's own graph that dies on the batch it was running (it says
-  each batch's first row), else what to try; never an empty reason;
+  each batch's first row; in the board batches check it marks each batch's rows, and the line names
+  the board's step, epoch and samples), else what to try; never an empty reason;
 - anything else: ORT's reason without its C++ positions (:func:`tasks.errors.ort_message`).
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from device_agent.job.batch_mark import read_mark
 from tasks.errors import ValidationFailed, ort_message
 from tasks.prepare.feeds import DataSample, graph_feeds
 from tasks.prepare.graph import quiet_session
@@ -149,24 +151,51 @@ def crash_check(returncode: int, stderr: str, where: str = "") -> ValidationFail
 def where_probe_died(
     out_dir: Path, cfg: dict[str, Any], manifest: dict, proc: subprocess.CompletedProcess
 ) -> str:
-    """For a probe killed by a signal: the batch it was running (it says each batch's first row on
-    stderr) run through the exported model's own graph in children, bisected for the first node that
-    dies; "" when it did not die of a signal or that graph runs (its gradient or optimizer died)."""
+    """For a probe killed by a signal: the batch it was running (:func:`_dying_batch`) run through the
+    exported model's own graph in children, bisected for the first node that dies; "" when it did not
+    die of a signal, or that graph runs (its gradient or optimizer died) on a batch of its own steps.
+    A batch of the board's is named whether the bisection finds a node or not: the board would die on it."""
     if proc.returncode >= 0:
         return ""
-    found = _ROWS.findall(proc.stderr)
-    start, batch, data = int(found[-1]) if found else 0, cfg["batch_size"], Path(cfg["data"])
+    data, rows, board = _dying_batch(cfg, proc.stderr)
     with np.load(data, allow_pickle=False) as npz:
         arrays = {k: npz[k] for k in npz.files}
     count = len(arrays[manifest["feeds"][manifest["input_names"][0]]])
-    rows = (start + np.arange(batch)) % count
-    picked = {k: a[rows] for k, a in arrays.items() if a.ndim and len(a) == count}
+    picked = {k: a[rows % count] for k, a in arrays.items() if a.ndim and len(a) == count}
     model = onnx.load(str(out_dir / "model.onnx"))
-    feeds = graph_feeds(model, batch, DataSample(picked, data.name, manifest["feeds"]))
+    feeds = graph_feeds(model, len(rows), DataSample(picked, data.name, manifest["feeds"]))
     node, _ = first_dying_node(model, feeds.arrays)
-    if node is None:
+    dies = (
+        f"the model's own graph dies first at {node_words(node, proc.returncode)}" if node is not None else ""
+    )
+    if board:
+        return f"{board}; " + (f"run alone on it, {dies}" if dies else BOARD_BATCH_HINT)
+    if not dies:
         return ""
+    return f"run alone on that batch (rows {rows[0]}-{rows[-1]} of {data.name}), {dies}"
+
+
+BOARD_BATCH_HINT = "check those samples against what the loss needs (e.g. a count it divides by)"
+
+
+def _dying_batch(cfg: dict[str, Any], stderr: str) -> tuple[Path, np.ndarray, str]:
+    """The data file and rows of the batch a dead probe was running, and, for a batch of the board
+    batches check (which marks each: :func:`read_mark`), the board's step, epoch and samples of it;
+    else the probe's own (it says each one's first row on stderr: consecutive rows)."""
+    plan = cfg.get("board_batches") or {}
+    stages = _STAGE.findall(stderr)
+    mark = read_mark(Path(plan["mark"])) if plan and stages and stages[-1] == "board_batches" else None
+    if mark is None:
+        found = _ROWS.findall(stderr)
+        return Path(cfg["data"]), (int(found[-1]) if found else 0) + np.arange(cfg["batch_size"]), ""
+    data = Path(plan["eval_data"] if mark.phase == "eval" else cfg["data"])
+    when = (
+        f"at step {mark.step} (epoch {mark.epoch})"
+        if mark.phase == "train"
+        else f"to evaluate after step {mark.step}"
+    )
     return (
-        f"run alone on that batch (rows {start}-{start + batch - 1} of {data.name}), the model's own graph "
-        f"dies first at {node_words(node, proc.returncode)}"
+        data,
+        np.array(mark.rows, np.int64),
+        f"the board would die on its batch {when}: {mark.samples(data.name)}",
     )

@@ -3,7 +3,8 @@
 It loads the artifacts like the board does (numpy + onnxruntime's training API, torch blocked),
 first repeats one batch from the base weights to see the loss fall (ORT seeded, so dropout masks
 are the same run to run), then trains a few timed steps at the recipe's batch size, exports the
-inference model, runs an eval step, and prints one JSON line with the losses, the time per step
+inference model, runs an eval step, runs the eval step's forward over every batch the board will
+train on (:func:`board_batches`), and prints one JSON line with the losses, the time per step
 and the process's peak RSS. It imports only the standard library, numpy and onnxruntime.
 """
 
@@ -22,6 +23,8 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from device_agent.data.readers import epoch_permutation, steps_per_epoch  # noqa: E402
+from device_agent.job.batch_mark import BatchMarker  # noqa: E402
 from device_agent.ort import load_onnxruntime, load_training_api, seed_runtime, session_options  # noqa: E402
 from device_agent.runtimes import open_runtime  # noqa: E402
 
@@ -116,10 +119,57 @@ def probe(cfg: dict) -> dict:
         peak_rss_mb=peak_rss_mb(),
         torch_loaded=sys.modules.get("torch") is not None,
     )
+    if cfg.get("board_batches"):  # after the peaks are read: the weights trained above are the board's kind
+        _enter("board_batches")
+        report["board_batches"] = board_batches(module, arrays, cfg)
     if cfg.get("split"):  # after the peaks are read: its sessions are not the job's
         _enter("split_matches_full")
         report["split_check"] = split_check(api, cfg, dict(zip(module.input_names(), first, strict=True)))
     return report
+
+
+def board_batches(module: Any, arrays: list[np.ndarray], cfg: dict) -> dict[str, Any]:
+    """The eval step's forward (the loss included) over every batch the board will train on, in its
+    order: each epoch's shuffle of the training rows (the agent's ``epoch_permutation`` of the seed
+    and epoch) cut at the batch size, the eval set's batches in order (``eval_data``) after the
+    first epoch, each marked before it runs (``mark``: :class:`device_agent.job.batch_mark.BatchMarker`) so that a
+    signal that kills this process names its batch. A batch whose loss's precondition fails (an
+    integer division by a count of positive labels it leaves at 0) dies here, not on the board.
+    Stops after ``budget_s`` seconds; returns what it covered."""
+    plan, bs, n = cfg["board_batches"], cfg["batch_size"], len(arrays[0])
+    spe = steps_per_epoch(n, bs, plan["drop_last"])
+    eval_arrays = []
+    if plan.get("eval_data"):
+        with np.load(plan["eval_data"], allow_pickle=False) as npz:
+            eval_arrays = [npz[cfg["feeds"][name]] for name in module.input_names()]
+    marker = BatchMarker(Path(plan["mark"]), keep=bs)
+    module.eval()
+    t0, done = time.perf_counter(), {"train": 0, "eval": 0}
+    try:
+        for epoch in range(plan["epochs"]):
+            perm = epoch_permutation(plan["seed"], epoch, n)
+            for k in range(spe):
+                if time.perf_counter() - t0 > plan["budget_s"]:
+                    return _covered(done, spe * plan["epochs"], t0, plan["budget_s"])
+                rows = perm[k * bs : (k + 1) * bs]
+                marker.mark("train", epoch * spe + k + 1, epoch + 1, rows)
+                module(*[a[rows] for a in arrays])
+                done["train"] += 1
+            if epoch == 0 and eval_arrays:  # the board evaluates after each epoch: the same batches
+                for start in range(0, len(eval_arrays[0]), bs):
+                    rows = np.arange(start, min(len(eval_arrays[0]), start + bs))
+                    marker.mark("eval", spe, 1, rows)
+                    module(*[a[rows] for a in eval_arrays])
+                    done["eval"] += 1
+    finally:
+        marker.close()
+    return _covered(done, spe * plan["epochs"], t0)
+
+
+def _covered(done: dict[str, int], total: int, t0: float, budget: float | None = None) -> dict[str, Any]:
+    out = {"train_batches": done["train"], "of": total, "eval_batches": done["eval"],
+           "seconds": round(time.perf_counter() - t0, 3)}  # fmt: skip
+    return out | ({"stopped_at_budget_s": budget} if budget is not None else {})
 
 
 def _runtime(cfg: dict) -> tuple[Any, Any, Any]:
