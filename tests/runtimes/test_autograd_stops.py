@@ -168,3 +168,31 @@ def test_a_warning_on_a_passing_prepare_is_a_debug_record_not_a_line(tmp_path, c
     assert not [w for w in shown if "the model's own warning" in str(w.message)]
     assert any(r.levelno == logging.DEBUG and "UserWarning: the model's own warning" in r.getMessage()
                for r in caplog.records if r.name == "tasks.prepare.pipeline")  # fmt: skip
+
+
+def test_a_branch_on_a_random_draw_is_named_with_its_line_and_the_way_out(tmp_path, capfd):
+    """Issue 53: a Hugging Face Wav2Vec2 (LayerDrop: ``if torch.rand([]) < layerdrop``) stopped in
+    torch's GuardOnDataDependentSymNode text after two FX graph dumps on stderr. The line names the
+    branch (file, line, its source) and what to change; nothing else reaches stderr."""
+    import torch
+    from torch import nn
+
+    from tasks.prepare.runtimes.autograd.trace import exported_forward
+
+    class LayerDrop(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 3)
+
+        def forward(self, x):
+            if self.training and torch.rand([]) < 0.5:
+                return x
+            return self.fc(x)
+
+    with pytest.raises(ModelError) as info:
+        exported_forward(LayerDrop(), (torch.zeros(2, 3),), True, "frozen", 1, tmp_path)
+    text = str(info.value)
+    assert "\n" not in text, text
+    assert "decides on a tensor's value at " in text and "test_autograd_stops.py:" in text, text
+    assert "`if self.training and torch.rand([]) < 0.5:`" in text and "set its probability to 0" in text
+    assert "def forward" not in capfd.readouterr().err  # torch.export's partial FX graph stays in the log

@@ -67,13 +67,23 @@ def quiet_output(what: str, fds: tuple[int, ...] = (1, 2)) -> Iterator[Captured]
         stream.flush()
     saved = {fd: os.dup(fd) for fd in fds}
     captured = Captured()
+    names = [name for fd, name in ((1, "stdout"), (2, "stderr")) if fd in fds]
     with tempfile.TemporaryFile(mode="w+b") as tmp, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for fd in fds:
             os.dup2(tmp.fileno(), fd)
+        # Python's own sys.stdout/sys.stderr too: one a host replaced (a test's capture, a worker's
+        # logging) does not write to the file descriptor (torch.export prints its graph on sys.stderr)
+        python_side = open(tmp.fileno(), "w", closefd=False, buffering=1)  # noqa: SIM115 - closed below
+        kept_streams = {name: getattr(sys, name) for name in names}
+        for name in names:
+            setattr(sys, name, python_side)
         try:
             yield captured
         finally:
+            for name, stream in kept_streams.items():
+                setattr(sys, name, stream)
+            python_side.close()
             for stream in streams:
                 stream.flush()
             for fd, kept in saved.items():

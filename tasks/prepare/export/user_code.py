@@ -24,6 +24,7 @@ SHAPE_WORDS = re.compile(
 )
 LIBRARIES = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, *sysconfig.get_paths().values())}
 PIPELINE = [PROJECT_ROOT / d for d in ("tasks", "flows", "device_agent")]
+TORCH = Path(sysconfig.get_paths()["purelib"]).resolve() / "torch"
 
 
 def _inside(filename: str, folders: list[Path] | set[Path]) -> bool:
@@ -56,7 +57,11 @@ def user_code_error(
 ) -> PipelineError | None:
     """``<who> raised <Type> at <file>:<line> (in <function>) <doing>: <first line>`` as ``error``
     (the stage's class: ModelError for the model's code, DataError for ``[data].make``) when the
-    exception comes from the user's code (:func:`user_frame`); None otherwise."""
+    exception comes from the user's code (:func:`user_frame`); None otherwise. A branch on a
+    tensor's value that a trace cannot follow is said as such wherever it is (:func:`value_branch`)."""
+    branch = value_branch(exc, doing)
+    if branch is not None:
+        return error(branch)
     frame = user_frame(exc, base_dir)
     if frame is None:
         return None
@@ -65,6 +70,27 @@ def user_code_error(
     first = (str(exc).strip().splitlines() or [""])[0]
     return error(
         f"{who} raised {type(exc).__name__} at {rel}:{frame.lineno} (in {frame.name}) {doing}: {first}"
+    )
+
+
+def value_branch(exc: BaseException, doing: str) -> str | None:
+    """The line for a trace stopped by Python code deciding on a tensor's value (torch's
+    ``GuardOnDataDependentSymNode``: ``if torch.rand([]) < p``, Hugging Face's LayerDrop), naming
+    the innermost frame outside torch (the model's code, or the library it comes from) and its source
+    line; None for any other exception."""
+    if type(exc).__name__ != "GuardOnDataDependentSymNode":
+        return None
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
+    outside = [f for f in frames if not _inside(f.filename, [TORCH]) and not _inside(f.filename, PIPELINE)]
+    where = ""
+    if outside:
+        frame = outside[-1]
+        name = frame.filename.rpartition("site-packages/")[2]
+        where = f" at {name}:{frame.lineno} (in {frame.name}" + (f": `{frame.line}`)" if frame.line else ")")
+    return (
+        f"the model's code decides on a tensor's value{where} {doing}, which a train step of fixed operators "
+        "cannot hold: if that value is a random draw (a layer dropped at random, as a config's layerdrop), set "
+        "its probability to 0; else make only layers after it trainable, or use training.runtime = 'ort-training'"
     )
 
 

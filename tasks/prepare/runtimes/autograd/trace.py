@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.errors import ModelError
+from tasks.prepare.export.torchscript import quiet_stderr
 from tasks.prepare.export.tracing import has_auxiliary_outputs, model_outputs, restored
 from tasks.prepare.export.user_code import user_code_error
 from tasks.prepare.messages import layer_of
@@ -89,8 +90,9 @@ def exported_forward(model: Any, inputs: tuple[Any, ...], training: bool, batchn
     batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
     shapes = tuple({0: batch} for _ in inputs)
     with step_mode(model, training, batchnorm, inputs, outputs), layer_ops(model), dropout_masks(model):
-        try:
-            return torch.export.export(model, inputs, dynamic_shapes=shapes, strict=False)
+        try:  # a failed export prints its partial FX graph on stderr: kept for the DEBUG log
+            with quiet_stderr("torch.export of the model"):
+                return torch.export.export(model, inputs, dynamic_shapes=shapes, strict=False)
         except Exception as exc:  # torch.export raises many types; all mean "cannot trace"
             named = user_code_error(exc, base_dir, "while torch.export traced it")
             mode = "training" if training else "eval"
