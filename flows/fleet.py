@@ -125,8 +125,7 @@ def odl_fleet(params: FleetParams = DEFAULT_PARAMS) -> FleetOutcome | None:
     check_fleet(recipe, boards)  # bad input stops here, before anything is built or sent
     pt.prepare_data(recipe)
     inp = stages.inputs(recipe)
-    for step in ("export", "artifacts", "validate"):
-        pt.prepare_step(step, inp)
+    pt.prepare_steps(inp)
     prep = stages.prepared(inp)
     warm = pt.warm_start(recipe, prep, p.group) if recipe.training.start_from == "current" else None
     kind = BufferedRun if recipe.fleet.mode == "buffered" else FleetRun

@@ -64,8 +64,7 @@ def odl_fleet_group(params: GroupParams) -> dict[str, Any]:
     boards = [get_board(name) for name in p.boards]
     pt.prepare_data(recipe)
     inp = stages.inputs(recipe)
-    for step in ("export", "artifacts", "validate"):
-        pt.prepare_step(step, inp)
+    pt.prepare_steps(inp)
     prep = stages.prepared(inp)
     tag = "".join(c for c in p.run_id if c.isalnum())[:12]
     folder = state_dir("fleet-groups", f"{recipe.name}-{tag}", f"round-{p.round:03d}-{p.boards[0]}")

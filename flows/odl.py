@@ -112,9 +112,7 @@ def odl(params: OdlParams = DEFAULT_PARAMS) -> Outcome | None:
     board = get_board(p.board)
     _, t["prepare data"] = pt.timed(pt.prepare_data, recipe)
     inp = stages.inputs(recipe)
-    _, t["export"] = pt.timed(pt.prepare_step, "export", inp)
-    _, t["generate artifacts"] = pt.timed(pt.prepare_step, "artifacts", inp)
-    _, t["validate recipe"] = pt.timed(pt.prepare_step, "validate", inp)
+    t |= pt.prepare_steps(inp)  # export, generate artifacts, validate recipe: one model build
     prep = stages.prepared(inp)
     warm = None
     if recipe.training.start_from == "current":

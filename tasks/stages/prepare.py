@@ -15,6 +15,7 @@ from device_agent.protocol import DataRef, JobSpec
 from tasks.prepare import Prepared, pipeline
 from tasks.prepare.board_job import build_job_spec
 from tasks.prepare.datasets import ensure_datasets
+from tasks.prepare.export.torch_model import one_build
 from tasks.prepare.pipeline import (
     STEPS,
     Inputs,
@@ -37,6 +38,7 @@ __all__ = [
     "inputs",
     "job_id",
     "job_spec",
+    "one_build",
     "prepare",
     "prepare_data",
     "prepared",
