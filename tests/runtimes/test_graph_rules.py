@@ -1,4 +1,5 @@
-"""The gradient rules of :mod:`tasks.prepare.runtimes.autograd.onnx_grad_more`, an attention's
+"""The gradient rules of :mod:`tasks.prepare.runtimes.autograd.onnx_grad_more` and
+:mod:`~tasks.prepare.runtimes.autograd.onnx_grad_index` (gathers and scatters), an attention's
 dropout drawn from a noise input, and the float64 judgement of a step beyond the float32 bound:
 each layer's train step from the exported graph gives PyTorch's loss and gradients (a Hypothesis
 test draws the layers and their sizes)."""
@@ -7,12 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnxruntime
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tasks.prepare.runtimes.autograd.graph_step import _judged_in_float64
+from tasks.prepare.runtimes.autograd.graph_step import _judged_in_float64, graph_step
 from tasks.prepare.runtimes.autograd.onnx_grad import Unsupported
 from tasks.prepare.runtimes.autograd.trace import StepInputs
 from tests.runtimes.test_graph_step import _assert_pytorch_s, _ce, _written
@@ -66,6 +68,81 @@ def test_generated_layers_of_the_added_rules_give_pytorch_s_gradients(tmp_path, 
     x = torch.randn(5, 3, size, size)
     path, names, y, _ = _written(tmp_path, model, x, 3)  # Unsupported (no rule) would fail here
     _assert_pytorch_s(path, model, x, y, names)
+
+
+def _rows(x):  # GatherND of [N, C] positions, each an [H, W] row; ScatterND of the rows written back
+    y = x.clone()
+    y[x.mean((2, 3)) > 0] = x[x.mean((2, 3)) > 0].flip(-1) * 2
+    return y
+
+
+def _elements(x):  # GatherND and ScatterND of single elements
+    y = torch.zeros_like(x)
+    y[x > 0] = x[x > 0] * 3
+    return y + x
+
+
+def _flat(x):  # the same over a flattened view
+    f, y = x.reshape(-1), torch.zeros_like(x.reshape(-1))
+    y[f > 0] = torch.sin(f[f > 0])
+    return y.reshape(x.shape) + x
+
+
+def _put(x):  # TopK indices naming samples, ScatterND of the others' values there
+    y, order = x.clone(), x[:, 0, 0, 0].argsort()
+    y[order[:2]] = x[order[-2:]] * 3
+    return y
+
+
+INDEXING = {"rows": _rows, "elements": _elements, "flat": _flat, "put": _put,
+            "gather": lambda x: torch.gather(x, 3, x.argsort(3, descending=True)),
+            "scatter": lambda x: x.scatter(3, x.argsort(3), x * 2) + x,
+            "scatter-add": lambda x: torch.zeros_like(x).scatter_add(3, (x > 0).long(), x) + x,
+            "sort": lambda x: x.sort(3).values, "topk": lambda x: torch.cat([x.topk(2, 3).values, x[..., 2:]], 3),
+            "select": lambda x: x.index_select(0, torch.nonzero(x.flatten(1).sum(1) > 0).squeeze(1)).sum(0) + x,
+            "negative": lambda x: x[:, :, [-1, 0, -2, 1]],
+            "constant": lambda x: x.masked_fill(x < -1, -2.0)}  # fmt: skip
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kinds=st.lists(st.sampled_from(sorted(INDEXING)), min_size=1, max_size=3), seed=st.integers(0, 3))
+@example(kinds=["elements"], seed=0)  # a ScatterND's updates sliced to a count the graph computes
+def test_generated_gathers_and_scatters_give_pytorch_s_gradients(tmp_path, kinds, seed):
+    """Boolean-mask selection and assignment (NonZero, GatherND, ScatterND), ``gather`` and
+    ``scatter`` (GatherElements, ScatterElements), ``sort`` and ``topk`` (TopK, its values and its
+    indices), ``index_select`` of a mask's positions, negative indices: PyTorch's gradients (a
+    wiki-style SSD loss had 'no gradient rule for GatherND' and went to the traced step)."""
+    torch.manual_seed(seed)
+    layers = [_Apply(INDEXING[k]) for k in kinds]
+    model = nn.Sequential(
+        nn.Conv2d(3, 2, 3, padding=1), *layers, nn.Flatten(), nn.Linear(2 * 4 * 4, 3)
+    ).train()
+    x = torch.randn(5, 3, 4, 4)
+    path, names, y, _ = _written(tmp_path, model, x, 3)
+    _assert_pytorch_s(path, model, x, y, names)
+
+
+@pytest.mark.parametrize("reduction", ["sum", "none"])
+def test_a_cross_entropy_summed_or_per_label_gives_pytorch_s_gradients(tmp_path, reduction):
+    """SoftmaxCrossEntropyLoss reduced by ``sum`` (SSD's classification loss) or ``none`` (a loss
+    per sample, weighted after): its rule knew ``mean`` only."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 4 * 4, 3)).train()
+    x, y = torch.randn(5, 3, 6, 6), torch.tensor([0, 1, 2, 0, 1])
+
+    def loss(outs, labels):
+        ce = nn.functional.cross_entropy(outs[0], labels[0], reduction=reduction)
+        return (ce if reduction == "sum" else (ce * (labels[0] + 1)).sum()) / 5, (outs[0],)
+
+    params = dict(model.named_parameters())
+    step = StepInputs([("input", x), ("labels", y)], 1, {n: p.detach() for n, p in params.items()}, {}, loss)
+    path = tmp_path / "train_step.onnx"
+    graph_step(model, step, ["loss", "logits"], [f"{n}_grad" for n in params], path, training=True,
+               batchnorm="frozen")  # fmt: skip
+    feeds = {"input": x.numpy(), "labels": y.numpy(), **{n: p.detach().numpy() for n, p in params.items()}}
+    got = onnxruntime.InferenceSession(str(path)).run(None, feeds)
+    want = torch.autograd.grad(loss((model(x),), (y,))[0], list(params.values()))
+    for g, w in zip(got[2:], want, strict=True):
+        np.testing.assert_allclose(g, w.numpy(), rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("norm_first", [False, True])

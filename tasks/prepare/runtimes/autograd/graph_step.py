@@ -30,6 +30,7 @@ from tasks.prepare.export.tracing import bags_as_embeddings, model_outputs, rest
 from tasks.prepare.onnx_versions import OPSET, check_board_loadable
 from tasks.prepare.prefix import RANDOM_OPS
 from tasks.prepare.runtimes.autograd import (  # noqa: F401 - their rules
+    onnx_grad_index,
     onnx_grad_more,
     onnx_grad_nn,
     onnx_grad_resize,

@@ -17,6 +17,7 @@ from tasks.prepare.runtimes.autograd.onnx_grad import Builder, Unsupported, attr
 from tasks.prepare.runtimes.autograd.onnx_grad_conv import weight_grad
 
 G = list[str | None]
+REDUCTIONS = ("mean", "sum", "none")  # of SoftmaxCrossEntropyLoss
 
 
 def _spatial(
@@ -200,14 +201,13 @@ def _softmax(b: Builder, node: Any, gy: G) -> G:
 
 @rule("SoftmaxCrossEntropyLoss")
 def _cross_entropy(b: Builder, node: Any, gy: G) -> G:
+    """Reduced by ``mean`` (over the labels not ignored), ``sum`` or ``none`` (one loss a label)."""
     scores, labels = node.input[:2]
-    if (
-        len(node.input) > 2
-        and node.input[2]
-        or attr(node, "reduction", "mean") != "mean"
-        or gy[1:] != [None] * (len(gy) - 1)
-    ):
-        raise Unsupported("a SoftmaxCrossEntropyLoss with weights or another reduction")  # fmt: skip
+    reduction = attr(node, "reduction", "mean")
+    if len(node.input) > 2 and node.input[2] or reduction not in REDUCTIONS or any(gy[1:]):
+        raise Unsupported(
+            "a SoftmaxCrossEntropyLoss with weights, its log-probabilities used or another reduction"
+        )
     classes = b.static(scores, [1])[0]
     ignore = attr(node, "ignore_index")
     keep = None
@@ -216,12 +216,14 @@ def _cross_entropy(b: Builder, node: Any, gy: G) -> G:
         labels = b.op("Where", keep, labels, b.const(0, "int64"))
     onehot = b.op("OneHot", labels, b.const(classes, "int64"), b.const([0.0, 1.0]), axis=1)
     diff = b.op("Sub", b.op("Softmax", scores, axis=1), onehot)
-    if keep is None:
-        count = b.op("Cast", b.op("Size", labels), to=1)
-    else:
+    if keep is not None:
         mask = b.op("Cast", keep, to=1)
         diff = b.op("Mul", diff, b.op("Unsqueeze", mask, b.ints([1])))
-        count = b.op("ReduceSum", mask, keepdims=0)
+    if reduction == "none":  # one gradient a label: along the classes' axis
+        return [b.op("Mul", diff, b.op("Unsqueeze", gy[0], b.ints([1]))), None]
+    if reduction == "sum":
+        return [b.op("Mul", diff, gy[0]), None]
+    count = b.op("Cast", b.op("Size", labels), to=1) if keep is None else b.op("ReduceSum", mask, keepdims=0)
     return [b.op("Mul", diff, b.op("Div", gy[0], count)), None]
 
 

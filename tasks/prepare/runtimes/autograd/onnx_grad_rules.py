@@ -159,6 +159,8 @@ def _split(b: Builder, node: Any, gy: G) -> G:
 def _slice(b: Builder, node: Any, gy: G) -> G:
     x = node.input[0]
     rank = len(b.shape(x))
+    if node.input[1] not in b.constants or node.input[2] not in b.constants:
+        return [_computed_slice(b, node, gy[0], rank), None, None, None, None]
     starts, ends = b.constant(node.input[1]), b.constant(node.input[2])
     axes = b.constant(node.input[3]) if len(node.input) > 3 and node.input[3] else np.arange(len(starts))
     steps = b.constant(node.input[4]) if len(node.input) > 4 and node.input[4] else np.ones(len(starts))
@@ -179,6 +181,33 @@ def _slice(b: Builder, node: Any, gy: G) -> G:
         s, e = (int(v) + d if v < 0 else min(int(v), d) for v in (s, e))
         pads[a], pads[rank + a] = max(s, 0), d - max(e, max(s, 0))
     return [b.op("Pad", gy[0], b.ints(pads)), None, None, None, None]
+
+
+def _computed_slice(b: Builder, node: Any, g: str, rank: int) -> str:
+    """The gradient of a Slice whose starts or ends the graph computes (the rows a mask selected, as
+    ``x[mask] = y`` writes its updates), every step 1: the gradient padded by the sizes ONNX Runtime
+    cuts, each bound counted from the end when negative and clamped into the axis."""
+    if len(node.input) > 4 and node.input[4] and np.any(b.constant(node.input[4]) != 1):
+        raise Unsupported("a Slice of computed bounds with steps")
+    if len(node.input) > 3 and node.input[3]:
+        axes = [int(a) % rank for a in b.constant(node.input[3])]
+    else:
+        axes = list(range(b.static(node.input[1])[0]))
+    zero, shape = b.ints([0]), b.op("Shape", node.input[0])
+    sizes = b.op("Gather", shape, b.ints(axes))
+
+    def bound(name: str, low: str) -> str:
+        at = b.op("Cast", name, to=7)  # int64, as the sizes (a Slice's bounds may be int32)
+        wrapped = b.op("Where", b.op("Less", at, b.ints(0)), b.op("Add", at, sizes), at)
+        return b.op("Max", b.op("Min", wrapped, sizes), low)
+
+    start = bound(node.input[1], b.ints(0))
+    end = bound(node.input[2], start)
+    cut = {a: (b.op("Slice", start, b.ints([j]), b.ints([j + 1])),
+               b.op("Slice", b.op("Sub", sizes, end), b.ints([j]), b.ints([j + 1]))) for j, a in enumerate(axes)}  # fmt: skip
+    begins = [cut[a][0] if a in cut else zero for a in range(rank)]
+    ends = [cut[a][1] if a in cut else zero for a in range(rank)]
+    return b.op("Pad", g, b.op("Concat", *begins, *ends, axis=0))
 
 
 @rule("Pad")
