@@ -303,3 +303,20 @@ def test_a_random_draw_written_by_hand_takes_its_values_from_noise_inputs(tmp_pa
     assert [tuple(n.shape) for n in noise] == shapes.get(
         draw, [("batch", 4, 4, 4)] * (2 if "randn" in draw else 1)
     )
+
+
+@pytest.mark.parametrize("pool", [nn.AvgPool2d, nn.MaxPool2d])
+def test_a_zero_pad_then_a_pool_of_one_element_windows_takes_the_graph_path(tmp_path, pool):
+    """Issue 53: a grouped-conv net's shortcut, ZeroPad2d then AvgPool2d(1, stride 2): ONNX Runtime
+    fuses the Pad into the pool's pads and refuses the pool ('Pad should be smaller than kernel'),
+    so the graph step did not load and the model went to the traced step (11 s against 2).
+    Such a pool is the strided Slice it computes."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 4, 3, padding=1, groups=1)
+    grouped = nn.Conv2d(4, 4, 3, padding=1, groups=2)
+    model = nn.Sequential(conv, nn.ReLU(), grouped, nn.ZeroPad2d((0, 1, 0, 1)), pool(1, stride=2), nn.Flatten(),
+                          nn.Linear(4 * 3 * 3, 3)).train()  # fmt: skip
+    x = torch.randn(5, 3, 4, 4)
+    path, names, y, _ = _written(tmp_path, model, x, 3)  # Unsupported (does not load) would fail here
+    _assert_pytorch_s(path, model, x, y, names)
+    assert not {"AveragePool", "MaxPool"} & {n.op_type for n in onnx.load(str(path)).graph.node}

@@ -53,10 +53,13 @@ def run(sess: Any, arrays: list[np.ndarray], what: str) -> list[np.ndarray]:
 
 def lower_batchnorms(graph: Any) -> None:
     """Each training-mode BatchNormalization as the operators computing it; each MaxPool with its
-    indices as a second output."""
+    indices as a second output; a pool of one-element windows as the strided Slice it is."""
     ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in _inferred(graph)}
     out = []
     for node in graph.graph.node:
+        if _unit_window(node):
+            out += _strided_slice(node)
+            continue
         if node.op_type == "MaxPool" and len(node.output) == 1 and not tiling(node):
             node.output.append(f"{node.output[0]}/indices")
         if node.op_type == "BatchNormalization" and attr(node, "training_mode", 0):
@@ -65,6 +68,37 @@ def lower_batchnorms(graph: Any) -> None:
             out.append(node)
     del graph.graph.node[:]
     graph.graph.node.extend(out)
+
+
+def _unit_window(node: Any) -> bool:
+    """An AveragePool or MaxPool (values only) of 1-element windows without padding: ``AvgPool2d(1,
+    stride=2)``, a downsampling shortcut. ONNX Runtime fuses a zero Pad before it into the pool's
+    pads, which its pool then refuses ('Pad should be smaller than kernel'): the step did not load."""
+    if node.op_type not in ("AveragePool", "MaxPool") or len([o for o in node.output if o]) != 1:
+        return False
+    kernel = attr(node, "kernel_shape", [])
+    return bool(kernel) and all(k == 1 for k in kernel) and not any(attr(node, "pads", []))
+
+
+def _strided_slice(node: Any) -> list[Any]:
+    """``node`` (see :func:`_unit_window`) as a Slice taking every ``stride``-th element of each
+    spatial axis: ceil(L / stride) of them, as the pool gives with or without ``ceil_mode``."""
+    spatial = len(attr(node, "kernel_shape", []))
+    strides = list(attr(node, "strides", []) or [1] * spatial)
+    p, make = f"{node.output[0]}/unit", helper.make_node
+
+    def ints(name: str, values: list[int]) -> Any:
+        return make(
+            "Constant",
+            [],
+            [f"{p}/{name}"],
+            value=helper.make_tensor("", TensorProto.INT64, [spatial], values),
+        )
+
+    return [ints("starts", [0] * spatial), ints("ends", [2**62] * spatial), ints("axes", list(range(2, 2 + spatial))),
+            ints("steps", strides),
+            make("Slice", [node.input[0], *(f"{p}/{k}" for k in ("starts", "ends", "axes", "steps"))], [node.output[0]],
+                 name=node.name)]  # fmt: skip
 
 
 def _inferred(graph: Any) -> list[Any]:
