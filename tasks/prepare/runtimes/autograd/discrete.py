@@ -20,11 +20,22 @@ Runtime's order wherever that order also sorts PyTorch's own values up to the ch
 (:func:`run_pinned`), and ONNX Runtime's decision wherever the compared values are that close at
 each element it decides otherwise. An order or decision that is no such near-tie keeps PyTorch's,
 and the check of the results judges. The step file written for the board has no extra outputs.
+
+A graph step (:mod:`.graph_step`) is checked against PyTorch's own eager step instead: its TopK
+indices (:func:`order_outputs`) are fetched from the check's run and PyTorch's sorts, argsorts and
+top-k, call by call, take them at near-ties (:func:`eager_pinned`), as its activations take ONNX
+Runtime's decisions (:mod:`.graph_decisions`). The wiki's SSD-Lite at 96 px (recipes/ssdlite_wiki.py):
+its graph step differed from PyTorch by 3e-3 to 1.2e-2 (6 of 6 initialisations: a few of 2 184
+priors mined otherwise), so each preparation ran PyTorch's step again in float64 to judge it;
+pinned, it differs by 4e-7 to 1.3e-6.
 """
 
 from __future__ import annotations
 
+import contextlib
 import operator
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -80,7 +91,9 @@ def _array(value: Any) -> np.ndarray:
 
 
 def _scale(x: np.ndarray) -> float:
-    return max(1.0, float(np.abs(x).max())) if x.size else 1.0
+    """The largest finite |x|, at least 1 (an order may rank infinities written into its values)."""
+    finite = np.abs(x[np.isfinite(x)])
+    return max(1.0, float(finite.max())) if finite.size else 1.0
 
 
 def slack(node: Any, x: Any, ours: np.ndarray, theirs: np.ndarray) -> float:
@@ -103,8 +116,16 @@ def slack(node: Any, x: Any, ours: np.ndarray, theirs: np.ndarray) -> float:
     source = node.args[0]
     at = ORDERS[_op(source)]
     dim = source.args[at] if len(source.args) > at else source.kwargs.get("dim", -1)
-    picked = np.take_along_axis(x, theirs, dim) - np.take_along_axis(x, ours, dim)
-    return float(np.abs(picked).max()) / _scale(x) if picked.size else 0.0
+    return order_slack(x, ours, theirs, dim)
+
+
+def order_slack(x: np.ndarray, ours: np.ndarray, theirs: np.ndarray, dim: int) -> float:
+    """How far the order ``theirs`` of ``x`` along ``dim`` is from ``ours`` in the values it picks,
+    relative to the largest finite |x|."""
+    a, b = np.take_along_axis(x, theirs, dim), np.take_along_axis(x, ours, dim)
+    with np.errstate(invalid="ignore"):  # equal infinities (-inf written by a mask) are a tie
+        picked = np.where(a == b, 0.0, np.abs(a - b))
+    return float(picked.max()) / _scale(x) if picked.size else 0.0
 
 
 def run_pinned(
@@ -164,3 +185,66 @@ def _widened(value: Any, torch: Any) -> Any:
     if isinstance(value, dict):
         return {k: _widened(v, torch) for k, v in value.items()}
     return value
+
+
+def order_outputs(graph: Any) -> list[str]:
+    """The indices output of each ``TopK`` of an ONNX step ``graph`` (``sort``, ``argsort`` and
+    ``topk`` as the TorchScript exporter writes them), in the graph's order."""
+    return [
+        n.output[1] for n in graph.graph.node if n.op_type == "TopK" and len(n.output) > 1 and n.output[1]
+    ]
+
+
+@dataclass
+class Orders:
+    """ONNX Runtime's indices of each TopK of a graph step (in the graph's order), and which of
+    PyTorch's calls :func:`eager_pinned` gave them to."""
+
+    values: list[np.ndarray]
+    pinned: list[int] = field(default_factory=list)
+
+
+# PyTorch's ordering functions and where each takes its dim: (position, default)
+EAGER_ORDERS = {"sort": (1, -1), "argsort": (1, -1), "topk": (2, -1)}
+
+
+@contextlib.contextmanager
+def eager_pinned(orders: Orders | None, rtol: float) -> Iterator[None]:
+    """In the block, the n-th ``sort``, ``argsort`` or ``topk`` PyTorch computes takes the n-th
+    TopK's indices of ``orders`` (the exporter writes them in the order of the calls) where those
+    differ from PyTorch's only by near-ties of PyTorch's own values (:func:`order_slack` within
+    ``rtol``): its values are then gathered at them, so autograd follows that order. A call whose
+    TopK has another shape keeps PyTorch's order (the check of the results judges); the calls
+    pinned are recorded in ``orders.pinned``."""
+    if orders is None or not orders.values:
+        yield
+        return
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+    from torch.overrides import TorchFunctionMode
+
+    names = {getattr(owner, n): n for owner in (torch, torch.Tensor) for n in EAGER_ORDERS}
+    calls = iter(range(len(orders.values)))
+    orders.pinned = []
+
+    class Pinned(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            result = func(*args, **kwargs)
+            name = names.get(func)
+            at = next(calls, None) if name else None
+            if at is None:
+                return result
+            x, indices = args[0], result if name == "argsort" else result[1]
+            position, default = EAGER_ORDERS[name]
+            dim = args[position] if len(args) > position else kwargs.get("dim", default)
+            theirs, ours = orders.values[at], _array(indices)
+            if theirs.shape != ours.shape or np.array_equal(theirs, ours):
+                return result
+            if not order_slack(_array(x).astype(np.float64), ours, theirs, dim) <= rtol:
+                return result
+            orders.pinned.append(at)
+            chosen = torch.from_numpy(theirs)
+            return chosen if name == "argsort" else type(result)((x.gather(dim, chosen), chosen))
+
+    with Pinned():
+        yield

@@ -37,6 +37,7 @@ from tasks.prepare.runtimes.autograd import (  # noqa: F401 - their rules
     onnx_grad_rnn,
     onnx_grad_rules,
 )
+from tasks.prepare.runtimes.autograd.discrete import Orders, eager_pinned, order_outputs
 from tasks.prepare.runtimes.autograd.graph_decisions import Decisions, decision_inputs, pinned
 from tasks.prepare.runtimes.autograd.graph_dropout import dropout_nodes
 from tasks.prepare.runtimes.autograd.graph_lowering import (
@@ -71,6 +72,7 @@ def graph_step(model: Any, step: StepInputs, outputs: list[str], grads: list[str
         noise = lower_random(graph, shapes, types)
         arrays += noise_arrays(noise, len(arrays[0]), seed=1)
         decided = decision_inputs(graph) if training else []  # the forward's, before the backward's
+        ordered = order_outputs(graph)
         if training:
             for grad, name in zip(
                 differentiate(graph, names, "loss", shapes, types, values), grads, strict=True
@@ -79,27 +81,33 @@ def graph_step(model: Any, step: StepInputs, outputs: list[str], grads: list[str
                 graph.graph.output.append(
                     helper.make_value_info(name, helper.make_tensor_type_proto(TensorProto.FLOAT, None))
                 )
-        got, decisions = _run_deciding(graph, arrays, decided, path.name)
+        got, fetched = _run_fetching(graph, arrays, [n for _, n in decided] + ordered, path.name)
+        decisions = Decisions([k for k, _ in decided], [fetched[n] for _, n in decided]) if decided else None
+        orders = Orders([fetched[n] for n in ordered])
         masks = arrays[len(step.feeds) + len(names) :]
-        want = _eager(model, step, masks, training, decisions)
+        want = _eager(model, step, masks, training, decisions, orders)
         if decisions is not None and decisions.pinned:
             log.info("%s: ONNX Runtime decided %d near-tie(s) of %d activation(s) otherwise than PyTorch (its choice "
                      "kept for the check)", path.name, decisions.pinned, len(decisions.at))  # fmt: skip
+        if orders.pinned:
+            log.info("%s: ONNX Runtime ordered near-ties of %d sort(s) otherwise than PyTorch (its order kept for the "
+                     "check)", path.name, len(orders.pinned))  # fmt: skip
         diffs = {name: relative(g, w) for name, g, w in zip([*outputs, *grads], got, want, strict=True)}
         worst = max(diffs, key=diffs.__getitem__)
         if diffs[worst] > RTOL:
             _judged_in_float64(model, step, masks, training, [*outputs, *grads], got, want, path.name,
-                               decisions=decisions)  # fmt: skip
+                               decisions=decisions, orders=orders)  # fmt: skip
     onnx.save(graph, str(path))
     return noise, diffs[worst]
 
 
-def _run_deciding(graph: Any, arrays: list[np.ndarray], decided: list[tuple[str, str]],
-                  what: str) -> tuple[list[np.ndarray], Decisions | None]:  # fmt: skip
+def _run_fetching(graph: Any, arrays: list[np.ndarray], wanted: list[str],
+                  what: str) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:  # fmt: skip
     """The step ``graph`` (pruned, checked loadable) run once in ONNX Runtime: its results, and the
-    inputs of the ``decided`` activations (:mod:`.graph_decisions`; None without any), fetched as
-    extra outputs of that run, which the graph loses again."""
-    seen, names = len(graph.graph.output), list(dict.fromkeys(name for _, name in decided))
+    values of the tensors ``wanted`` (the inputs of the decided activations, :mod:`.graph_decisions`;
+    the orders, :func:`.discrete.order_outputs`), fetched as extra outputs of that run, which the
+    graph loses again."""
+    seen, names = len(graph.graph.output), list(dict.fromkeys(wanted))
     given = dict(zip([i.name for i in graph.graph.input], arrays, strict=False))  # a feed's own
     known = {o.name for o in graph.graph.output} | set(given)
     extra = [n for n in names if n not in known]
@@ -110,16 +118,15 @@ def _run_deciding(graph: Any, arrays: list[np.ndarray], decided: list[tuple[str,
     del graph.graph.output[seen:]
     pruned(graph)
     fetched = given | dict(zip([o.name for o in graph.graph.output] + extra, results, strict=True))
-    if not decided:
-        return results[:seen], None
-    return results[:seen], Decisions([kind for kind, _ in decided], [fetched[name] for _, name in decided])
+    return results[:seen], fetched
 
 
 def _judged_in_float64(model: Any, step: StepInputs, noise: list[np.ndarray], training: bool, names: list[str],
                        got: list[np.ndarray], want: list[np.ndarray], what: str, *,
-                       decisions: Decisions | None = None) -> None:  # fmt: skip
+                       decisions: Decisions | None = None, orders: Orders | None = None) -> None:  # fmt: skip
     """Unsupported unless each result beyond :data:`RTOL` of PyTorch's float32 is, measured against
-    PyTorch's step in float64 (``decisions``: ONNX Runtime's at near-ties, :mod:`.graph_decisions`),
+    PyTorch's step in float64 (``decisions`` and ``orders``: ONNX Runtime's at near-ties,
+    :mod:`.graph_decisions`, :func:`.discrete.eager_pinned`),
     within :data:`FLOOR` times PyTorch float32's own distance or within :data:`WIDE` (the traced
     steps' bound): float32 rounding a deep or grouped model amplifies, not a wrong gradient."""
     try:
@@ -128,7 +135,7 @@ def _judged_in_float64(model: Any, step: StepInputs, noise: list[np.ndarray], tr
         feeds = [(n, t.double() if t.is_floating_point() else t) for n, t in step.feeds]
         wide_step = StepInputs(feeds, step.model_inputs, {n: params[n].detach() for n in step.trainable}, {},
                                step.loss)  # fmt: skip
-        exact = _eager(wide, wide_step, noise, training, decisions)
+        exact = _eager(wide, wide_step, noise, training, decisions, orders)
     except Exception as exc:  # noqa: BLE001 - a model without float64 kernels: the float32 bound stands
         first = max(zip(names, got, want, strict=True), key=lambda r: relative(r[1], r[2]))
         raise Unsupported(f"{what} differs from PyTorch's autograd by {relative(first[1], first[2]):.3g} at "
@@ -217,19 +224,20 @@ def _rename(graph: Any, old: str, new: str) -> None:
 
 
 def _eager(model: Any, step: StepInputs, noise: list[np.ndarray], training: bool,
-           decisions: Decisions | None = None) -> list[np.ndarray]:  # fmt: skip
+           decisions: Decisions | None = None, orders: Orders | None = None) -> list[np.ndarray]:  # fmt: skip
     """PyTorch's loss, outputs and (``training``) gradients on the step's batch, each dropout
     and random draw taking its value from the step's noise inputs (:func:`.graph_noise.replayed`),
     each activation's near-ties decided as ONNX Runtime did (``decisions``: :func:`.graph_decisions.pinned`;
-    computed again without when its calls do not pair up with the graph's nodes)."""
-    result = _eager_once(model, step, noise, training, decisions)
+    computed again without when its calls do not pair up with the graph's nodes) and each sort's
+    near-ties ordered as ONNX Runtime did (``orders``: :func:`.discrete.eager_pinned`)."""
+    result = _eager_once(model, step, noise, training, decisions, orders)
     if decisions is None or decisions.matched:
         return result
-    return _eager_once(model, step, noise, training, None)
+    return _eager_once(model, step, noise, training, None, orders)
 
 
 def _eager_once(model: Any, step: StepInputs, noise: list[np.ndarray], training: bool,
-                decisions: Decisions | None) -> list[np.ndarray]:  # fmt: skip
+                decisions: Decisions | None, orders: Orders | None) -> list[np.ndarray]:  # fmt: skip
     import torch  # torch (heavy) only when a PyTorch model is built or run
 
     params = dict(model.named_parameters())
@@ -237,7 +245,7 @@ def _eager_once(model: Any, step: StepInputs, noise: list[np.ndarray], training:
     flags = [p.requires_grad for p in chosen]
     try:
         with torch.enable_grad(), replayed(noise) as left, dropout_nodes(model, step.feeds[0][1]), \
-                pinned(decisions, RTOL):  # fmt: skip
+                pinned(decisions, RTOL), eager_pinned(orders, RTOL):  # fmt: skip
             for p in chosen:
                 p.requires_grad_(True)
             loss, *kept = _wrapped(model, step)(*(t for _, t in step.feeds))
