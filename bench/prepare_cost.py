@@ -7,13 +7,15 @@ under autograd and the models one runtime passes and the other does not.
 
 The cases are the corpus benchmarks' own, written by their own writers (generated: the first
 examples of tests/corpus/generator.py and tests/corpus/families.py at seed 1; sequences; tokens;
-segmentation; keypoints; timm: a family's smallest model at the smallest size its forward takes;
+segmentation; keypoints; detection: the SSD-Lite recipes at 96 px, recipes/ssdlite_small.toml and
+the wiki-style loss of recipes/ssdlite_wiki_small.toml; timm: a family's smallest model at the smallest size its forward takes;
 transformers, skipped when ``transformers`` is not installed); the runtime is the override
 ``training.runtime=R`` of ``odl prepare --set``. ``--measure K`` also trains K passing models a few
 steps with the board agent in the board venv (bench/memory.py's way) and records its peak RSS.
 
     .venv/bin/python bench/prepare_cost.py --quick 12 --seed 0     # a seeded sample across corpora
     .venv/bin/python bench/prepare_cost.py --corpora sequences      # one corpus, every case
+    .venv/bin/python bench/prepare_cost.py --corpora detection --models ssdlite-wiki
     .venv/bin/python bench/prepare_cost.py --corpora sequences --models conv1d-bn,gru-mean --measure 1
 """
 
@@ -41,6 +43,10 @@ SLOW_S = 120
 GENERATED_EXAMPLES, GENERATED_SEED = 10, 1
 MEASURE_STEPS = 8
 SHORT = {"ort-training": "ort", "autograd": "ag"}
+# detection: SSD-Lite MobileNetV2 at 96 px with its multibox loss in forward, as recipes/ssdlite.py
+# writes it (argsort ranks, a float mask) and as the STM32 wiki writes it (boolean-mask selection,
+# -inf written by indexing, a sort of the sort: recipes/ssdlite_wiki.py)
+DETECTORS = {"ssdlite": "ssdlite_small.toml", "ssdlite-wiki": "ssdlite_wiki_small.toml"}
 
 
 def _corpus_cases() -> dict[str, Callable[[], list[str]]]:
@@ -56,6 +62,7 @@ def _corpus_cases() -> dict[str, Callable[[], list[str]]]:
         "tokens": names("token_corpus"),
         "segmentation": names("segmentation_corpus"),
         "keypoints": names("keypoints_corpus"),
+        "detection": lambda: list(DETECTORS),
         "timm": lambda: [row[0] for row in importlib.import_module("bench.zoo_timm").families()],
         "transformers": names("hf_zoo", "NAMES"),
     }
@@ -80,6 +87,10 @@ def write_case(corpus: str, name: str, work: Path) -> tuple[Path, int]:
     if corpus in ("segmentation", "keypoints"):
         module = importlib.import_module(f"bench.{corpus}_corpus")
         return module.write_case(name, work), module.CORPUS[name][2]
+    if corpus == "detection":  # the reference recipe itself (its shapes set made beside it once)
+        from tasks.paths import PROJECT_ROOT
+
+        return PROJECT_ROOT / "recipes" / DETECTORS[name], 96
     if corpus == "timm":
         from bench.zoo_timm import _size
         from bench.zoo_timm import write_case as write_timm
@@ -95,18 +106,17 @@ def child(case: str, runtime: str, work: Path, measure_steps: int = 0) -> dict:
     """Prepare ``case`` (``corpus/name``) under ``runtime`` in ``work``; its row. With
     ``measure_steps``, a passing case then trains that many steps with the board agent."""
     corpus, name = case.split("/", 1)
-    size: list[int] = []
+    written: list[tuple[Path, int]] = []
 
     def write() -> Path:
-        recipe, side = write_case(corpus, name, work)
-        size.append(side)
-        return recipe
+        written.append(write_case(corpus, name, work))
+        return written[-1][0]
 
     overrides = {"training.runtime": runtime}
     row = prepared_row(name, 0, write, work / "prepared", overrides)
-    row["size"] = size[0] if size else 0
+    row["size"] = written[0][1] if written else 0
     if measure_steps and row["kind"] == "pass":
-        row.update(agent_measure(work / "recipe.toml", work / "prepared", overrides, measure_steps))
+        row.update(agent_measure(written[0][0], work / "prepared", overrides, measure_steps))
     return row
 
 

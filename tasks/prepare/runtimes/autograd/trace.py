@@ -103,7 +103,23 @@ def exported_forward(model: Any, inputs: tuple[Any, ...], training: bool, batchn
 
 def decomposed(program: Any) -> Any:
     """An exported forward decomposed to core ATen, its recurrent operators differentiable."""
-    return differentiable(program.run_decompositions(forward_table()).module())
+    return differentiable(constants_held(program.run_decompositions(forward_table())))
+
+
+def constants_held(program: Any) -> Any:
+    """``program.module()`` with each tensor constant the export lifted (a tensor the forward makes:
+    ``loss[mask] = -math.inf`` writes ``torch.tensor(-inf)``) held as a buffer, so a step takes it
+    as a frozen tensor. Held as a plain attribute it stays a real tensor, which ``make_fx``'s fake
+    tensors refuse as soon as an operator other than its ``lift_fresh_copy`` reads it (a
+    decomposed forward's ``clone``)."""
+    module = program.module()
+    for name in program.graph_signature.lifted_tensor_constants:
+        path, _, leaf = name.rpartition(".")
+        owner = module.get_submodule(path)
+        value = getattr(owner, leaf)
+        delattr(owner, leaf)
+        owner.register_buffer(leaf, value, persistent=False)
+    return module
 
 
 def same_forward(a: Any, b: Any) -> bool:
