@@ -114,6 +114,30 @@ def test_a_head_s_1x1_convolution_folds_the_samples_into_its_weight_gradient(tmp
     assert len(summed) == 1  # the first convolution's per-sample products only
 
 
+def test_the_check_runs_pytorch_s_step_on_one_thread(tmp_path):
+    """PyTorch's eager step for the check runs on one thread, then the host's setting is back (a pool
+    spinning for a core another process held made the check 70x slower)."""
+    seen = []
+
+    class Counted(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.head = nn.Conv2d(3, 4, 3), nn.Linear(4 * 4 * 4, 3)
+
+        def forward(self, x):
+            seen.append(torch.get_num_threads())
+            return self.head(torch.relu(self.conv(x)).flatten(1))
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _written(tmp_path, Counted().train(), torch.randn(5, 3, 6, 6), 3)
+        assert seen[0] == 2 and seen[-1] == 1  # the export traces it as it stands; the check on one
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 class _Encoder(nn.Module):
     """Token embedding, a transformer encoder layer (attention, LayerNorm, GELU), mean pooling."""
 

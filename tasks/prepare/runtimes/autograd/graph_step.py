@@ -229,11 +229,29 @@ def _eager(model: Any, step: StepInputs, noise: list[np.ndarray], training: bool
     and random draw taking its value from the step's noise inputs (:func:`.graph_noise.replayed`),
     each activation's near-ties decided as ONNX Runtime did (``decisions``: :func:`.graph_decisions.pinned`;
     computed again without when its calls do not pair up with the graph's nodes) and each sort's
-    near-ties ordered as ONNX Runtime did (``orders``: :func:`.discrete.eager_pinned`)."""
-    result = _eager_once(model, step, noise, training, decisions, orders)
-    if decisions is None or decisions.matched:
-        return result
-    return _eager_once(model, step, noise, training, None, orders)
+    near-ties ordered as ONNX Runtime did (``orders``: :func:`.discrete.eager_pinned`). On one
+    thread (:func:`one_thread`)."""
+    with one_thread():
+        result = _eager_once(model, step, noise, training, decisions, orders)
+        if decisions is None or decisions.matched:
+            return result
+        return _eager_once(model, step, noise, training, None, orders)
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """PyTorch on one intra-op thread for the block, as the check's ONNX Runtime sessions: the check
+    is one small batch, and a pool's threads spinning for a core another process holds stall it
+    (the wiki's SSD-Lite at 96 px, its eager step with the host's other core busy: 4.8 s on two
+    threads, 0.07 s on one; a preparation took 40.7 s where it takes 8)."""
+    import torch  # torch (heavy) only when a PyTorch model is built or run
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _eager_once(model: Any, step: StepInputs, noise: list[np.ndarray], training: bool,
