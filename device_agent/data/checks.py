@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,15 +31,17 @@ def np_dtype(ort_type: str) -> np.dtype:
     return np.dtype(ORT_DTYPES.get(ort_type, np.float32))
 
 
-def model_io(eval_model: str, input_names: list[str]) -> tuple[list[InputSpec], int | None]:
-    """The user inputs of the eval graph and the class count of its logits output (None if unknown).
+def model_io(eval_model: str | bytes | Path, input_names: list[str]) -> tuple[list[InputSpec], int | None]:
+    """The user inputs of the eval graph (a file, or a serialised model) and the class count of its
+    logits output (None if unknown).
 
     The logits are the eval graph's second output (the first is the loss) when the artifacts were
     generated with the model outputs kept.
     """
     ort = load_onnxruntime()
     try:
-        sess = ort.InferenceSession(eval_model, providers=["CPUExecutionProvider"])
+        source = eval_model if isinstance(eval_model, bytes) else str(eval_model)
+        sess = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - ORT raises several exception types
         raise AgentError(ExitCode.ARTIFACT_INVALID, f"artifacts.eval_model: does not load: {exc}") from exc
     by_name = {i.name: i for i in sess.get_inputs()}

@@ -31,13 +31,14 @@ GRAPHS = {
 @dataclass
 class Opened:
     """A job's runtime objects: the api, its state, module and optimizer, the eval graph (the
-    inputs' shapes and dtypes are read from it) and the per-step seeder (None: nothing random)."""
+    inputs' shapes and dtypes are read from it: its path, or the bytes of the autograd runtime's
+    eval step with the tensors it leaves out) and the per-step seeder (None: nothing random)."""
 
     api: Any
     state: Any
     module: Any
     optimizer: Any
-    eval_graph: Path
+    eval_graph: Path | bytes
     seeder: Any
 
 
@@ -52,7 +53,7 @@ def open_runtime(runtime: str, paths: dict[str, Path], checkpoint: Path) -> Open
     train, evaluate, optim = GRAPHS[runtime]
     api = None if runtime == "autograd" else training_api()
     try:
-        api = api or AutogradApi(paths["step"], paths["inference_template"])
+        api = api or AutogradApi(paths["step"], paths["inference_template"], paths)
         state = api.CheckpointState.load_checkpoint(str(checkpoint))
         options = {} if runtime == "autograd" else {"session_options": session_options(load_onnxruntime())}
         module = api.Module(str(paths[train]), state, str(paths[evaluate]), **options)
@@ -61,6 +62,8 @@ def open_runtime(runtime: str, paths: dict[str, Path], checkpoint: Path) -> Open
         raise AgentError(ExitCode.ARTIFACT_INVALID, f"artifacts do not load in ONNX Runtime: {exc}") from exc
     if runtime == "autograd":
         seeder = module.seed if module.random else None
+        eval_graph = api.graph(paths[evaluate], evaluate)
     else:
-        seeder = step_seeder(paths[train])
-    return Opened(api, state, module, optimizer, paths[evaluate], seeder)
+        seeder, eval_graph = step_seeder(paths[train]), paths[evaluate]
+    return Opened(api, state, module, optimizer, Path(eval_graph) if isinstance(eval_graph, str) else eval_graph,
+                  seeder)  # fmt: skip

@@ -7,15 +7,16 @@ runner use it: ``CheckpointState`` (load/save, ``parameters``, ``properties``), 
 eval)`` (called on a batch it returns the loss and the model's outputs and keeps the gradients;
 ``train()``/``eval()``, ``input_names()``, ``output_names()``, ``lazy_reset_grad()``,
 ``export_model_for_inferencing(path, outputs)``) and ``Optimizer(step.json, module)``. What the files
-are is in ``step.json`` (``tasks.prepare.runtimes.autograd.build``). A step's random draws are
-inputs: :meth:`Module.seed` makes them a function of the seed the trainer gives each step.
+are is in ``step.json`` (``tasks.prepare.runtimes.autograd.build``); the tensors the eval step and
+the inference template leave out, held once by another artifact or the state, are appended as each
+is loaded (:mod:`device_agent.runtimes.weights`). A step's random draws are inputs:
+:meth:`Module.seed` makes them a function of the seed the trainer gives each step.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import numpy as np
 
 from device_agent.ort import load_onnxruntime, session_options
 from device_agent.runtimes.state import CheckpointState, Optimizer
+from device_agent.runtimes.weights import assembled, graph_source, left_out, shared_files
 
 NAME = "autograd"
 
@@ -31,8 +33,8 @@ class Module:
     """The train and eval step sessions over a :class:`CheckpointState`."""
 
     def __init__(self, train_step: str, state: CheckpointState, eval_step: str, spec: dict[str, Any],
-                 template: str) -> None:  # fmt: skip
-        self.state, self.spec, self.template = state, spec, template
+                 template: str, files: dict[str, Any]) -> None:  # fmt: skip
+        self.state, self.spec, self.template, self.files = state, spec, template, files
         self._paths = {True: train_step, False: eval_step}
         self._sessions: dict[bool, Any] = {}
         self._feeds = [f["name"] for f in spec["feeds"]]
@@ -53,9 +55,11 @@ class Module:
             options = session_options(ort)
             # step.json's choice (tasks.prepare.runtimes.autograd.build.session_settings)
             options.enable_mem_pattern = bool(self.spec.get("session", {}).get("memory_pattern", True))
+            key = "train_step" if training else "eval_step"
             self._sessions[training] = ort.InferenceSession(
-                self._paths[training], options, providers=["CPUExecutionProvider"]
-            )
+                graph_source(self._paths[training], key, self.spec, self.files), options,
+                providers=["CPUExecutionProvider"],
+            )  # fmt: skip
         return self._sessions[training]
 
     @property
@@ -118,22 +122,19 @@ class Module:
         return list(self._outputs)
 
     def export_model_for_inferencing(self, path: str, output_names: list[str]) -> None:
-        """Write the inference model with the state's tensors: the template, copied, its trainable
-        tensors' bytes overwritten in place."""
+        """Write the inference model with the state's tensors: the template with the tensors it
+        leaves out appended (the trainable ones from the state, the frozen ones from the artifacts
+        that hold them)."""
         inference = self.spec["inference"]
         if list(output_names) != list(inference["outputs"]):
             raise ValueError(
                 f"the inference template has outputs {inference['outputs']}, not {list(output_names)}"
             )
+        state = {name: p.data for name, p in self.state.parameters}
         tmp = f"{path}.part"
-        shutil.copyfile(self.template, tmp)
-        with open(tmp, "r+b") as fh:
-            for name, (offset, length) in inference["offsets"].items():
-                raw = np.ascontiguousarray(self.state.parameters[name].data, dtype="<f4").tobytes()
-                if len(raw) != length:
-                    raise ValueError(f"{name}: {len(raw)} bytes where the template holds {length}")
-                fh.seek(offset)
-                fh.write(raw)
+        Path(tmp).write_bytes(
+            assembled(self.template, left_out(self.spec, "inference_template"), self.files, state)
+        )
         os.replace(tmp, path)
 
 
@@ -142,15 +143,24 @@ class AutogradApi:
 
     CheckpointState = CheckpointState
 
-    def __init__(self, step_json: str | Path, template: str | Path) -> None:
+    def __init__(
+        self, step_json: str | Path, template: str | Path, files: dict[str, Any] | None = None
+    ) -> None:
+        """``files``: the job's artifacts by key (the board's blobs), which the tensors a file leaves
+        out are read from; by default the files beside ``step_json`` that it names (a prepared folder)."""
         self.spec = json.loads(Path(step_json).read_text())
         if self.spec.get("runtime") != NAME:
             raise ValueError(f"{step_json} describes runtime {self.spec.get('runtime')!r}, not {NAME!r}")
         self.template = str(template)
+        self.files = dict(files) if files is not None else shared_files(step_json, self.spec)
 
     def Module(self, train_step: str, state: CheckpointState, eval_step: str) -> Module:  # noqa: N802 - ORT's name
         """The step sessions over ``state``."""
-        return Module(train_step, state, eval_step, self.spec, self.template)
+        return Module(train_step, state, eval_step, self.spec, self.template, self.files)
+
+    def graph(self, path: str | Path, key: str) -> str | bytes:
+        """What a session of the step file ``key`` (``train_step``, ``eval_step``) at ``path`` loads."""
+        return graph_source(path, key, self.spec, self.files)
 
     def Optimizer(self, step_json: str, module: Module) -> Optimizer:  # noqa: N802 - ORT's name
         """The optimizer ``step_json`` names, over ``module``'s gradients."""

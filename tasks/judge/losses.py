@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from device_agent.runtimes.weights import whole_model
 from tasks.errors import EvaluationError
 from tasks.hashing import file_sha256
 from tasks.judge.keypoints import keypoint_losses
@@ -219,7 +220,7 @@ def _eval_graph_runner(
     weights, and the number of samples."""
     import onnx  # onnx only for a graph loss
 
-    graph = onnx.load(str(eval_model))
+    graph = onnx.load_from_string(whole_model(eval_model))  # an autograd eval step with what it leaves out
     weights = {t.name: t for t in onnx.load(str(model_onnx)).graph.initializer}
     params = [i for i in graph.graph.input if i.name in weights]
     for inp in params:

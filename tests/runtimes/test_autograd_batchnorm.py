@@ -8,6 +8,7 @@ import numpy as np
 import onnxruntime
 import torch
 
+from device_agent.runtimes.weights import whole_model
 from tasks.prepare.export.torch_model import build_model
 from tasks.prepare.pipeline import prepare
 from tests.prepare.kit import tiny_recipe
@@ -34,7 +35,7 @@ def test_batch_stats_train_on_the_batch_and_evaluate_on_the_running_statistics(t
     for (name, p), grad in zip(model.named_parameters(), train[2:], strict=True):
         assert np.abs(grad - p.grad.numpy()).max() <= 1e-5 * max(1.0, p.grad.abs().max().item()), name
     model.load_state_dict(before, strict=False)  # PyTorch's training step moved them; the runtime's not
-    evaluated = onnxruntime.InferenceSession(str(art / "eval_step.onnx")).run(
+    evaluated = onnxruntime.InferenceSession(whole_model(art / "eval_step.onnx")).run(
         None, {"input": x, "labels": y, **weights}
     )
     with torch.no_grad():

@@ -1,6 +1,6 @@
 """The digits recipe trained on a local board by the agent's autograd runtime (its process unable to
 import ``onnxruntime.training``): the same per-step losses and final weights as the ORT runtime, a
-SIGKILLed job resumed bit for bit, and the byte-patched inference model equal to an onnx rewrite."""
+SIGKILLed job resumed bit for bit, and the inference model it writes the prepared one with the trained weights."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from device_agent.job.events import read_events
 from device_agent.runtimes.state import CheckpointState
 from tasks.prepare.board_job import build_job_spec
 from tasks.prepare.runtimes.autograd.build import optimizer
+from tasks.prepare.runtimes.autograd.template import inference_of
 from tests.runtimes.kit import run_job, step_losses, trained
 
 STEPS = 50  # the issue's equivalence: 50 steps, losses within 1e-4 relative, weights within 1e-4
@@ -54,18 +55,25 @@ def test_fifty_steps_match_the_ort_runtime(agent_board, autograd_job, digits_job
         np.testing.assert_allclose(weights[name], w, rtol=0, atol=1e-4, err_msg=name)
 
 
-def test_the_inference_model_is_the_template_rewritten_with_the_trained_weights(agent_board, autograd_job,
-                                                                               autograd_digits):  # fmt: skip
+def test_the_inference_model_is_the_prepared_one_with_the_trained_weights(agent_board, autograd_job,
+                                                                         autograd_digits):  # fmt: skip
+    """The template with what it leaves out appended on the board: the trained tensors, and the
+    frozen ones the train step holds, each as the exported model has it; the host's own assembly
+    of the board's final checkpoint is the same file."""
     _, prepared = autograd_digits
     jdir, result = run_job(agent_board, *autograd_job("inference", epochs=1))
     board = (jdir / "inference.onnx").read_bytes()
-    model = onnx.load(str(prepared.artifacts_dir / "inference_template.onnx"))
     weights = trained(jdir)
     assert set(weights) == set(prepared.manifest["trainable"])
-    for init in model.graph.initializer:
-        if init.name in weights:
-            init.CopyFrom(numpy_helper.from_array(weights[init.name], init.name))
-    assert board == model.SerializeToString()
+    model = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(prepared.model_onnx)).graph.initializer}
+    got = {i.name: numpy_helper.to_array(i) for i in onnx.load_from_string(board).graph.initializer}
+    assert set(weights) <= set(got) <= set(model)
+    for name, value in got.items():
+        np.testing.assert_array_equal(value, weights.get(name, model[name]), err_msg=name)
+    host = inference_of(
+        prepared.out_dir, prepared.manifest, jdir / "checkpoints" / "final", jdir / "host.onnx"
+    )
+    assert board == host.read_bytes()
     assert result["outputs"]["inference"]["size"] == len(board)
 
 

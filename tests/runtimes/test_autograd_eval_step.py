@@ -13,6 +13,7 @@ import onnxruntime
 import pytest
 import torch
 
+from device_agent.runtimes.weights import whole_model
 from tasks.prepare.export.torch_model import build_model
 from tasks.prepare.runtimes.autograd.trace import exported_forward, same_forward
 from tests.runtimes.kit import prepared_module
@@ -76,7 +77,7 @@ def test_the_eval_step_gives_pytorch_s_eval_loss(tmp_path, request, builder, sam
         weights = dict(ckpt)
     data = np.load(recipe.data.train)
     x, y = data["x"][:5], data["y"][:5].astype(np.int64)
-    session = onnxruntime.InferenceSession(str(art / "eval_step.onnx"))
+    session = onnxruntime.InferenceSession(whole_model(art / "eval_step.onnx"))  # as the board loads it
     assert [o.name for o in session.get_outputs()] == ["loss", *recipe.model.output_names]
     loss, logits = session.run(None, {"input": x, "labels": y, **weights})
     model = build_model(recipe)  # the checkpoint holds every parameter; the statistics are the initial ones

@@ -1,8 +1,8 @@
 """The inference template: every parameter and buffer of the model is an initializer of its own name
 (a fresh BatchNorm's running statistics equal its weight and bias, which the exporter would otherwise
-merge), writing weights at the found offsets is the same file as rewriting the initializers, and a
-template whose export holds If nodes (a shape-computed ``tile``, as SAM2's Hiera window embedding)
-keeps what their branches read from outside."""
+merge), the model with some initializers left out and appended again as the board appends them is
+the model with those values, and a template whose export holds If nodes (a shape-computed ``tile``,
+as SAM2's Hiera window embedding) keeps what their branches read from outside."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import numpy_helper
 
-from tasks.prepare.runtimes.autograd.template import export_inference, locate, patched, write_template
+from device_agent.runtimes.weights import STATE, assembled
+from tasks.prepare.runtimes.autograd.shared import graph_entries, raw_offsets
+from tasks.prepare.runtimes.autograd.template import export_inference, write_template
 
 
 class Fresh(torch.nn.Module):
@@ -57,20 +59,53 @@ def test_each_tensor_of_the_model_is_its_own_initializer(tmp_path):
     assert not [n for n in model.graph.node if n.op_type == "Identity" and n.input[0] in inits]
 
 
+NAMES = ["conv.weight", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var", "fc.weight", "fc.bias"]
+
+
 @settings(max_examples=20, deadline=None)
-@given(st.integers(0, 2**31 - 1))
-def test_patching_the_offsets_is_rewriting_the_initializers(tmp_path_factory, seed):
-    model = _exported(tmp_path_factory.mktemp("template"))
-    names = ["conv.weight", "bn.weight", "bn.bias", "fc.weight", "fc.bias"]
-    data, offsets = locate(model, names, seed=seed)
+@given(left=st.sets(st.sampled_from(NAMES), min_size=1), by_range=st.sets(st.sampled_from(NAMES)),
+       nodes=st.sets(st.integers(0, 20)), seed=st.integers(0, 2**31 - 1))  # fmt: skip
+def test_what_a_file_leaves_out_appended_as_the_board_appends_it_is_the_model(tmp_path_factory, left, by_range,
+                                                                              nodes, seed):  # fmt: skip
+    """Initializers left out (as tensors from the state, or as byte ranges of another file) and
+    nodes left out (ranges) come back: the same tensors, the same outputs."""
+    folder = tmp_path_factory.mktemp("template")
+    model = _exported(folder)
     rng = np.random.default_rng(seed)
-    shapes = {i.name: tuple(i.dims) for i in model.graph.initializer}
-    weights = {n: rng.standard_normal(shapes[n]).astype(np.float32) for n in names}
-    rewritten = onnx.load_from_string(data)
-    for init in rewritten.graph.initializer:
-        if init.name in weights:
-            init.CopyFrom(numpy_helper.from_array(weights[init.name], init.name))
-    assert patched(data, offsets, weights) == rewritten.SerializeToString()
+    weights = {i.name: rng.standard_normal(tuple(i.dims)).astype(np.float32) for i in model.graph.initializer}
+    for init in model.graph.initializer:
+        init.CopyFrom(numpy_helper.from_array(weights[init.name], init.name))
+    data = model.SerializeToString()
+    (folder / "whole.onnx").write_bytes(data)
+    for init, (offset, length) in zip(model.graph.initializer, raw_offsets(data), strict=True):
+        assert data[offset : offset + length] == init.raw_data  # where the board reads a tensor's data
+    entries, inits, count = graph_entries(data), list(model.graph.initializer), len(model.graph.node)
+    spans = [(start, end) for (number, start, _, end), i in zip(entries, _indices(entries), strict=True)
+             if (number == 1 and i in nodes and i < count) or (number == 5 and inits[i].name in left & by_range)]  # fmt: skip
+    table = {"ranges": [["whole", start, end - start] for start, end in spans],
+             "tensors": [[n, onnx.TensorProto.FLOAT, list(weights[n].shape), STATE, 0, weights[n].nbytes]
+                         for n in sorted(left - by_range)]}  # fmt: skip
+    kept = [i for i in model.graph.initializer if i.name not in left]
+    kept_nodes = [n for k, n in enumerate(model.graph.node) if k not in nodes]
+    del model.graph.initializer[:], model.graph.node[:]
+    model.graph.initializer.extend(kept)
+    model.graph.node.extend(kept_nodes)
+    (folder / "part.onnx").write_bytes(model.SerializeToString())
+    joined = assembled(folder / "part.onnx", table, {"whole": folder / "whole.onnx"}, weights)
+    got = {i.name: numpy_helper.to_array(i) for i in onnx.load_from_string(joined).graph.initializer}
+    assert got.keys() == weights.keys() and all(np.array_equal(got[n], w) for n, w in weights.items())
+    x = rng.standard_normal((2, 1, 5, 5)).astype(np.float32)
+    (want,) = onnxruntime.InferenceSession(data).run(None, {"input": x})
+    (out,) = onnxruntime.InferenceSession(joined).run(None, {"input": x})  # its nodes sorted by ONNX Runtime
+    np.testing.assert_array_equal(out, want)
+
+
+def _indices(entries):
+    """Each entry's index among the entries of its kind (nodes, initializers)."""
+    seen = {1: 0, 5: 0}
+    for number, *_ in entries:
+        yield seen[number]
+        seen[number] += 1
 
 
 def test_a_template_with_if_nodes_keeps_what_their_branches_read(tmp_path):

@@ -9,11 +9,11 @@ the PyTorch parameter of that name (one line for one without), or for an ONNX mo
 its PyTorch twin that hold that initializer (:mod:`.from_onnx`), and writes into ``artifacts/``:
 
 * ``train_step.onnx``, ``eval_step.onnx`` (:mod:`.steps`);
-* ``inference_template.onnx`` and the byte offset and length of each trainable tensor in it
-  (:mod:`.template`);
+* ``inference_template.onnx`` (:mod:`.template`);
 * ``checkpoint.npz``, the trainable tensors' initial values;
 * ``step.json``, what the board's runtime (``device_agent.runtimes.autograd``) reads: feeds,
-  trainable tensors, noise inputs, outputs, gradients, the optimizer as the recipe says, offsets;
+  trainable tensors, noise inputs, outputs, gradients, the optimizer as the recipe says, and what
+  each file leaves out of the weights other files hold, each uploaded once (:mod:`.shared`);
 
 and ``manifest.json`` with the ORT path's keys (``runtime`` = ``autograd``); the frozen-prefix
 cache's split steps are :mod:`.prefix_split`'s.
@@ -46,6 +46,7 @@ from tasks.prepare.rewrites.param_chains import split_shared_initializers
 from tasks.prepare.runtimes.autograd.from_onnx import graph_named, torch_twin
 from tasks.prepare.runtimes.autograd.prefix_split import split_steps
 from tasks.prepare.runtimes.autograd.recurrent import covered
+from tasks.prepare.runtimes.autograd.shared import share
 from tasks.prepare.runtimes.autograd.steps import (
     EVAL_FILE,
     TRAIN_FILE,
@@ -197,7 +198,7 @@ def generate(recipe: Recipe, model_onnx: Path, out_dir: Path) -> dict[str, Any]:
         for i in graph.graph.initializer
         if i.name in set(trainable)
     }
-    offsets = write_template(graph, inference, trainable, out_dir / FILES["inference_template"])
+    write_template(graph, inference, trainable, out_dir / FILES["inference_template"])
     np.savez(art / "checkpoint.npz", **{n: params[n] for n in trainable})
     spec = {
         "runtime": RUNTIME,
@@ -208,13 +209,15 @@ def generate(recipe: Recipe, model_onnx: Path, out_dir: Path) -> dict[str, Any]:
         "outputs": steps.outputs,
         "gradients": steps.gradients,
         "optimizer": optimizer(recipe),
-        "inference": {"outputs": inference, "offsets": offsets},
+        "inference": {"outputs": inference},
         "session": session_settings(art / TRAIN_FILE),
     }
     (out_dir / FILES["step"]).write_text(json.dumps(spec, indent=2))
     manifest = _manifest(recipe, out_dir, graph, trainable, frozen, counts, steps, inference)
     manifest["recipe_hash"] = recipe_hash(given)  # the recipe as the stages load it
     manifest["prefix_cache"] = split_steps(recipe, out_dir, spec, manifest["files"], params)
+    split = manifest["prefix_cache"]
+    share(out_dir, [manifest["files"], *([split["files"]] if split["enabled"] else [])], trainable)
     manifest["warnings"] += rnn_dropout(model)
     for line in manifest["warnings"]:
         log.warning("%s", line)

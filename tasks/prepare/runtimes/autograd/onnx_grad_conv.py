@@ -49,10 +49,11 @@ def _by_patches(b: Builder, inp: str, gout: str, unfolded: bool, groups: int, ke
     c_out, c_in_group = weight[:2]
     c_in, taps = c_in_group * groups, int(np.prod(kernel))
     patches = inp
-    if unfolded:
-        onehot = np.zeros([c_in * taps, 1, *kernel], dtype=np.float32)
-        onehot.reshape(c_in, taps, taps)[:, np.arange(taps), np.arange(taps)] = 1.0
-        patches = b.op("Conv", inp, b.const(onehot), group=c_in, strides=strides, dilations=dilations, pads=pads,
+    if unfolded:  # each input channel's taps, one-hot: an identity tiled over the channels in the graph (a
+        # [C_in * taps, 1, *kernel] constant was 311 KB of smp's U-Net step for each depthwise layer)
+        eye = b.const(np.eye(taps, dtype=np.float32).reshape(taps, 1, *kernel))
+        onehot = b.op("Tile", eye, b.ints([c_in, 1, *([1] * len(kernel))]))
+        patches = b.op("Conv", inp, onehot, group=c_in, strides=strides, dilations=dilations, pads=pads,
                        kernel_shape=kernel)  # fmt: skip
     patches = b.op("Reshape", patches, b.ints([-1, groups, c_in_group * taps, length]))
     g = b.op(

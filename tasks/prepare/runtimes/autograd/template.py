@@ -1,12 +1,11 @@
-"""The inference model the board writes its trained weights into, byte for byte, without onnx.
+"""The inference model the board writes its trained weights into, without onnx.
 
 ``inference_template.onnx`` is the model in eval mode (the TorchScript exporter, as the ORT path's
 exports, BatchNorm kept apart from the convolutions so each parameter stays its own initializer)
-with the recipe's inference outputs only. Every trainable initializer is stored as ``raw_data``;
-:func:`locate` finds where: each is first filled with random bytes unique to it, the model is
-serialised, each marker must occur exactly once in the bytes, and its offset is kept; then the real
-values are written at those offsets. The board copies the file and overwrites those bytes with its
-trained values (little-endian, as ONNX stores them).
+with the recipe's inference outputs only, less its trainable tensors and the frozen ones another
+file of the job holds (:mod:`.shared`). The board appends them to a copy, the trainable ones with
+its trained values (:mod:`device_agent.runtimes.weights`); :func:`inference_of` does the same on
+the host.
 """
 
 from __future__ import annotations
@@ -15,11 +14,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from device_agent.runtimes.state import CheckpointState
+from device_agent.runtimes.weights import STATE, assembled, left_out, shared_files
 from tasks.errors import ArtifactError
 from tasks.prepare.export.tracing import bags_as_embeddings, projected_lstms_unrolled, restored
 from tasks.prepare.onnx_versions import OPSET
@@ -29,7 +27,6 @@ from tasks.prepare.runtimes.autograd.onnx_step import Explain, exporting
 # the eval-mode export's opsets: the ORT path's first; the next only for an operator that needs it
 # (aten::col2im, F.fold, needs 18); the board's ONNX Runtime loads up to 21
 OPSETS = (OPSET, 18)
-ATTEMPTS = 8  # fresh markers when one happened to occur twice in the serialised model
 
 
 def export_inference(model: Any, inputs: tuple[Any, ...], input_names: list[str], output_names: list[str],
@@ -107,73 +104,37 @@ def keep_outputs(model: onnx.ModelProto, outputs: list[str], *, inputs: bool = T
         graph.input.extend(kept_inputs)
 
 
-def locate(model: onnx.ModelProto, names: list[str], seed: int = 0) -> tuple[bytes, dict[str, list[int]]]:
-    """The serialised model with the tensors ``names`` as raw_data, and ``{name: [offset, length]}``
-    of each one's bytes in it; ArtifactError when one is not a float initializer of the model."""
-    by_name = {i.name: i for i in model.graph.initializer}
-    missing = [n for n in names if n not in by_name or by_name[n].data_type != onnx.TensorProto.FLOAT]
-    if missing:
-        raise ArtifactError(f"inference template: trainable tensor {missing[0]!r} is no float32 initializer of the "
-                            "exported inference model (the exporter renamed or folded it)")  # fmt: skip
-    values = {n: numpy_helper.to_array(by_name[n]).astype("<f4") for n in names}
-    for attempt in range(ATTEMPTS):
-        rng = np.random.default_rng(seed + attempt)
-        markers = {n: rng.bytes(values[n].nbytes) for n in names}
-        for n in names:
-            by_name[n].CopyFrom(_raw(n, values[n].shape, markers[n]))
-        data = model.SerializeToString()
-        offsets = {n: data.find(m) for n, m in markers.items()}
-        if all(o >= 0 and data.find(markers[n], o + 1) < 0 for n, o in offsets.items()):
-            break
-    else:
-        raise ArtifactError("inference template: no unique byte markers for the trainable tensors")
-    out = bytearray(data)
-    for n, o in offsets.items():
-        out[o : o + values[n].nbytes] = values[n].tobytes()
-        by_name[n].CopyFrom(_raw(n, values[n].shape, values[n].tobytes()))
-    return bytes(out), {n: [o, values[n].nbytes] for n, o in offsets.items()}
-
-
-def _raw(name: str, shape: tuple[int, ...], raw: bytes) -> onnx.TensorProto:
-    tensor = onnx.TensorProto(name=name, data_type=onnx.TensorProto.FLOAT, dims=list(shape))
-    tensor.raw_data = raw
-    return tensor
-
-
-def patched(template: bytes, offsets: dict[str, list[int]], weights: dict[str, np.ndarray]) -> bytes:
-    """``template`` with ``weights`` written at their offsets (the board's export, for the host)."""
-    out = bytearray(template)
-    for name, (offset, length) in offsets.items():
-        raw = np.ascontiguousarray(weights[name], dtype="<f4").tobytes()
-        if len(raw) != length:
-            raise ArtifactError(f"{name}: {len(raw)} bytes where the template holds {length}")
-        out[offset : offset + length] = raw
-    return bytes(out)
-
-
-def write_template(
-    graph: onnx.ModelProto, outputs: list[str], trainable: list[str], path: Path
-) -> dict[str, list[int]]:
-    """Write ``path``, the inference template made of a copy of the eval-mode export ``graph`` with
-    ``outputs`` only, and return ``{name: [offset, length]}`` of each trainable tensor in it."""
+def write_template(graph: onnx.ModelProto, outputs: list[str], trainable: list[str], path: Path) -> None:
+    """Write ``path``, the inference template: a copy of the eval-mode export ``graph`` with
+    ``outputs`` only (the ``trainable`` tensors and those other files hold are left out of it
+    later: :mod:`.shared`); ArtifactError when a trainable tensor is not a float32 initializer of
+    it (the board would write its trained values under a name the model does not read)."""
     proto = onnx.ModelProto()
     proto.CopyFrom(graph)
     keep_outputs(proto, outputs)
-    data, offsets = locate(proto, trainable)
-    path.write_bytes(data)
-    return offsets
+    by_name = {i.name: i for i in proto.graph.initializer}
+    missing = [n for n in trainable if n not in by_name or by_name[n].data_type != onnx.TensorProto.FLOAT]
+    if missing:
+        raise ArtifactError(f"inference template: trainable tensor {missing[0]!r} is no float32 initializer of the "
+                            "exported inference model (the exporter renamed or folded it)")  # fmt: skip
+    onnx.save(proto, str(path))
 
 
 def inference_of(out_dir: Path, manifest: dict, checkpoint: Path, out: Path) -> Path:
     """The inference model of a checkpoint of the prepared folder ``out_dir`` (the prepared one, or
-    a board's), written as the board writes it: the template with the checkpoint's tensors."""
+    a board's), written as the board writes it: the template with the checkpoint's tensors and the
+    frozen ones it leaves out."""
     files = manifest["files"]
-    offsets = json.loads((out_dir / files["step"]["path"]).read_text())["inference"]["offsets"]
+    step = out_dir / files["step"]["path"]
+    spec = json.loads(step.read_text())
     state = CheckpointState.load_checkpoint(checkpoint)
     weights = {name: p.data for name, p in state.parameters}
-    missing = sorted(set(offsets) - set(weights))
+    table = left_out(spec, "inference_template")
+    wanted = [e[0] for e in table.get("tensors", []) if e[3] == STATE]
+    missing = sorted(set(wanted) - set(weights))
     if missing:
         raise ArtifactError(f"{checkpoint}: no tensor {missing[0]!r} for the inference model")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(patched((out_dir / files["inference_template"]["path"]).read_bytes(), offsets, weights))
+    template = out_dir / files["inference_template"]["path"]
+    out.write_bytes(assembled(template, table, shared_files(step, spec), weights))
     return out
