@@ -55,7 +55,7 @@ def _planted(acts: list[str], channels: int, size: int, x: torch.Tensor, at: lis
     return nn.Sequential(*layers, nn.Flatten(), nn.Linear(channels * size * size, 3))
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(acts=st.lists(st.sampled_from(sorted(ACTS)), min_size=1, max_size=3), channels=st.sampled_from([4, 8]),
        size=st.sampled_from([4, 6]), seed=st.integers(0, 7), at=st.lists(st.integers(0, 50), min_size=3, max_size=3))  # fmt: skip
 @example(acts=["relu6"], channels=8, size=4, seed=3, at=[0, 0, 0])  # the shrunk failures before the pinning
