@@ -1,6 +1,9 @@
-"""Gradient rules of the gathers and scatters (:mod:`.onnx_grad`): what boolean masks, sorting and
-``gather``/``scatter`` export as.
+"""Gradient rules of the slices, gathers and scatters (:mod:`.onnx_grad`): what indexing, padding,
+boolean masks, sorting and ``gather``/``scatter`` export as.
 
+``x[a:b:k]`` exports as a ``Slice`` (its gradient padded back, or scattered back per axis with a
+step; a Slice whose bounds the graph computes padded by computed amounts) and ``F.pad`` as a
+``Pad`` (its gradient sliced back); ``x[idx]`` and an embedding as a ``Gather``.
 ``x[mask, :]`` exports as ``NonZero`` (no gradient) and a ``GatherND`` of its positions;
 ``x[mask] = y`` as a ``ScatterND``; ``torch.gather`` and ``scatter`` as ``GatherElements`` and
 ``ScatterElements``; ``sort`` and ``topk`` as ``TopK``. A gather's gradient is added back at the
@@ -15,8 +18,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from tasks.prepare.runtimes.autograd.onnx_grad import Builder, Unsupported, attr, rule
 
+INT_MAX = np.iinfo(np.int64).max
 G = list[str | None]
 
 
@@ -112,3 +118,92 @@ def _top_k(b: Builder, node: Any, gy: G) -> G:
         return [None, None]
     axis = attr(node, "axis", -1) % len(b.shape(x))
     return [b.op("ScatterElements", _zeros(b, x), node.output[1], gy[0], axis=axis, reduction="add"), None]
+
+
+@rule("Slice")
+def _slice(b: Builder, node: Any, gy: G) -> G:
+    x = node.input[0]
+    rank = len(b.shape(x))
+    if node.input[1] not in b.constants or node.input[2] not in b.constants:
+        return [_computed_slice(b, node, gy[0], rank), None, None, None, None]
+    starts, ends = b.constant(node.input[1]), b.constant(node.input[2])
+    axes = b.constant(node.input[3]) if len(node.input) > 3 and node.input[3] else np.arange(len(starts))
+    steps = b.constant(node.input[4]) if len(node.input) > 4 and node.input[4] else np.ones(len(starts))
+    axes = [int(a) % rank for a in axes]
+    dims = b.static(x, axes)
+    if np.any(steps != 1):  # each sliced axis scattered back to its positions (Python's slice is ONNX's)
+        g = gy[0]
+        for a, s, e, k, d in zip(axes, starts, ends, steps, dims, strict=True):
+            hit = np.asarray(range(d)[slice(int(s), int(e), int(k))], dtype=np.int64)
+            shape = b.op("Shape", g)
+            size = b.op("Concat", b.op("Slice", shape, b.ints([0]), b.ints([a])), b.ints([d]),
+                        b.op("Slice", shape, b.ints([a + 1]), b.ints([rank])), axis=0)  # fmt: skip
+            index = b.op("Expand", b.ints(hit.reshape([-1 if i == a else 1 for i in range(rank)])), shape)
+            g = b.op("ScatterElements", b.op("ConstantOfShape", size), index, g, axis=a)
+        return [g, None, None, None, None]
+    pads = [0] * (2 * rank)
+    for a, s, e, d in zip(axes, starts, ends, dims, strict=True):
+        s, e = (int(v) + d if v < 0 else min(int(v), d) for v in (s, e))
+        pads[a], pads[rank + a] = max(s, 0), d - max(e, max(s, 0))
+    return [b.op("Pad", gy[0], b.ints(pads)), None, None, None, None]
+
+
+def _computed_slice(b: Builder, node: Any, g: str, rank: int) -> str:
+    """The gradient of a Slice whose starts or ends the graph computes (the rows a mask selected, as
+    ``x[mask] = y`` writes its updates), every step 1: the gradient padded by the sizes ONNX Runtime
+    cuts, each bound counted from the end when negative and clamped into the axis."""
+    if len(node.input) > 4 and node.input[4] and np.any(b.constant(node.input[4]) != 1):
+        raise Unsupported("a Slice of computed bounds with steps")
+    if len(node.input) > 3 and node.input[3]:
+        axes = [int(a) % rank for a in b.constant(node.input[3])]
+    else:
+        axes = list(range(b.static(node.input[1])[0]))
+    zero, shape = b.ints([0]), b.op("Shape", node.input[0])
+    sizes = b.op("Gather", shape, b.ints(axes))
+
+    def bound(name: str, low: str) -> str:
+        at = b.op("Cast", name, to=7)  # int64, as the sizes (a Slice's bounds may be int32)
+        wrapped = b.op("Where", b.op("Less", at, b.ints(0)), b.op("Add", at, sizes), at)
+        return b.op("Max", b.op("Min", wrapped, sizes), low)
+
+    start = bound(node.input[1], b.ints(0))
+    end = bound(node.input[2], start)
+    cut = {a: (b.op("Slice", start, b.ints([j]), b.ints([j + 1])),
+               b.op("Slice", b.op("Sub", sizes, end), b.ints([j]), b.ints([j + 1]))) for j, a in enumerate(axes)}  # fmt: skip
+    begins = [cut[a][0] if a in cut else zero for a in range(rank)]
+    ends = [cut[a][1] if a in cut else zero for a in range(rank)]
+    return b.op("Pad", g, b.op("Concat", *begins, *ends, axis=0))
+
+
+@rule("Pad")
+def _pad(b: Builder, node: Any, gy: G) -> G:
+    if attr(node, "mode", "constant") != "constant":
+        raise Unsupported(f"a Pad in mode {attr(node, 'mode')}")
+    pads = b.constant(node.input[1]).astype(np.int64)
+    rank = len(pads) // 2
+    if len(node.input) > 3 and node.input[3]:
+        raise Unsupported("a Pad with axes")
+    starts = [int(p) for p in pads[:rank]]
+    ends = [-int(p) if p > 0 else INT_MAX for p in pads[rank:]]
+    if any(p < 0 for p in pads):
+        raise Unsupported("a Pad that crops")
+    return [b.op("Slice", gy[0], b.ints(starts), b.ints(ends), b.ints(list(range(rank)))), None, None]
+
+
+@rule("Gather")
+def _gather(b: Builder, node: Any, gy: G) -> G:
+    """The gradient added back at the gathered positions along the axis (a ScatterElements of the
+    gradient, its index axes merged into one; negative indices counted from the end)."""
+    data, idx = node.input
+    rank, k = len(b.shape(data)), len(b.shape(idx))
+    axis = attr(node, "axis", 0) % rank
+    shape = b.op("Shape", gy[0])
+    merged = b.op("Concat", b.op("Slice", shape, b.ints([0]), b.ints([axis])), b.ints([-1]),
+                  b.op("Slice", shape, b.ints([axis + k]), b.ints([rank + k])), axis=0)  # fmt: skip
+    g = b.op("Reshape", gy[0], merged)  # [..., K, ...]: one position per gathered index
+    flat = b.op("Reshape", idx, b.ints([1] * axis + [-1] + [1] * (rank - axis - 1)))
+    size = b.op("Shape", data, start=axis, end=axis + 1)
+    flat = _wrapped(b, flat, size)
+    zeros = b.op("Mul", data, b.const(0.0))
+    index = b.op("Expand", flat, b.op("Shape", g))
+    return [b.op("ScatterElements", zeros, index, g, axis=axis, reduction="add"), None]
