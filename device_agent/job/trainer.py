@@ -28,13 +28,13 @@ import numpy as np
 
 from device_agent.data.readers import InputSpec, epoch_permutation, steps_per_epoch
 from device_agent.errors import AgentError
+from device_agent.job.accuracy import correct_of, count_correct
 from device_agent.job.batch_mark import BatchMarker
 from device_agent.job.checkpoints import Progress, save_checkpoint
 from device_agent.job.events import EventLog
 from device_agent.job.hold import Hold
 from device_agent.job.jobdir import JobDir
 from device_agent.job.schedule import lr_at
-from device_agent.keypoints import image_pck
 from device_agent.keypoints_spec import KeypointsScoring
 from device_agent.protocol import ExitCode, JobSpec
 
@@ -195,7 +195,7 @@ class Trainer:
     def _count_pending(self, progress: Progress) -> None:
         """Add the correct predictions of the kept steps to ``progress.correct``."""
         if self._pending:
-            progress.correct += _count_correct(
+            progress.correct += count_correct(
                 self.spec.task, self._pending, self.spec.ignore_index, self._input_hw, self._scoring
             )
             self._pending.clear()
@@ -204,7 +204,7 @@ class Trainer:
         if self.spec.task not in ACCURACY_TASKS or not isinstance(outs, tuple) or len(outs) < 2:
             return 0
         spec, hw = self.spec, self._input_hw
-        return _correct_of(spec.task, np.asarray(outs[1]), batch[1], spec.ignore_index, hw, self._scoring)
+        return correct_of(spec.task, np.asarray(outs[1]), batch[1], spec.ignore_index, hw, self._scoring)
 
     def _has_accuracy(self) -> bool:
         return self.spec.task in ACCURACY_TASKS and len(self.sess.module.output_names()) > 1
@@ -264,41 +264,6 @@ class Trainer:
         """A cancel seen now (used while the job is held)."""
         self.cancel_flag = self.cancel_flag or os.path.exists(self._cancel_path)
         return self.cancel_flag
-
-
-def _correct_of(task: str, logits: np.ndarray, labels: np.ndarray, ignore: int | None = None,
-                input_hw: tuple = (), scoring: KeypointsScoring | None = None) -> float:  # fmt: skip
-    """Correct predictions of one batch: argmax = label (classification), sign = label (binary);
-    segmentation: each image's pixel accuracy (argmax over axis 1 = label, ignored pixels left out),
-    keypoints: each image's PCK (``input_hw``: the input's pixels; ``scoring``: the recipe's
-    threshold and decoding), summed, so that ``correct / seen`` is their mean over the images."""
-    if task == "keypoints":
-        scoring = scoring or KeypointsScoring()
-        return float(image_pck(logits, labels, input_hw, scoring.pck_threshold, scoring.subpixel).sum())
-    if task == "segmentation":
-        kept = labels != ignore if ignore is not None else np.ones(labels.shape, bool)
-        hits = ((logits.argmax(axis=1) == labels) & kept).reshape(len(labels), -1).sum(axis=1)
-        return float((hits / np.maximum(kept.reshape(len(labels), -1).sum(axis=1), 1)).sum())
-    if task == "classification":
-        top = labels.argmax(axis=-1) if labels.ndim == logits.ndim == 2 else labels  # soft labels: top class
-        return int((logits.argmax(axis=-1) == top.reshape(-1)).sum())
-    return int(((logits.reshape(-1) > 0) == (labels.reshape(-1) > 0.5)).sum())
-
-
-def _count_correct(task: str, pending: list[tuple[np.ndarray, np.ndarray]], ignore: int | None = None,
-                   input_hw: tuple = (), scoring: KeypointsScoring | None = None) -> float:  # fmt: skip
-    """``_correct_of`` summed over several batches, in a few numpy calls when their shapes allow."""
-    if task in ("segmentation", "keypoints"):
-        return sum(_correct_of(task, lg, lb, ignore, input_hw, scoring) for lg, lb in pending)
-    logits = [lg for lg, _ in pending]
-    if task == "classification" and all(lb.ndim == 2 for _, lb in pending):  # soft labels: their top class
-        pending = [(lg, lb.argmax(axis=-1)) for lg, lb in pending]
-    labels = np.concatenate([lb for _, lb in pending], axis=None)
-    if task == "binary":
-        return int(((np.concatenate(logits, axis=None) > 0) == (labels > 0.5)).sum())
-    if all(lg.ndim == 2 for lg in logits):
-        return int((np.concatenate(logits).argmax(axis=-1) == labels).sum())
-    return sum(_correct_of(task, lg, lb) for lg, lb in pending)
 
 
 def _scalar(outs: Any) -> float:

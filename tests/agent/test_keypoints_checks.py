@@ -10,7 +10,7 @@ import pytest
 from device_agent.data.checks import check_dataset
 from device_agent.data.readers import InputSpec
 from device_agent.errors import AgentError
-from device_agent.job.trainer import _correct_of, _count_correct
+from device_agent.job.accuracy import correct_of, count_correct
 from device_agent.keypoints import decode, image_pck
 from device_agent.protocol import TASKS, ExitCode
 
@@ -65,8 +65,8 @@ def test_the_boards_accuracy_of_keypoints_is_each_images_pck():
     coords[1, 0, 0] += 0.5  # within 0.1 * 6 of its label
     coords[2, :2] += 3.0  # two of five off
     assert image_pck(coords, y, (8, 8)).tolist() == [1.0, 1.0, 0.6, 1.0]
-    assert _correct_of("keypoints", coords, y, None, (8, 8)) == pytest.approx(3.6)
-    assert _count_correct(
+    assert correct_of("keypoints", coords, y, None, (8, 8)) == pytest.approx(3.6)
+    assert count_correct(
         "keypoints", [(coords[:2], y[:2]), (coords[2:], y[2:])], None, (8, 8)
     ) == pytest.approx(3.6)
     heat = np.zeros((1, 1, 4, 4), np.float32)

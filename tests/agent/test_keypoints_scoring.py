@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from device_agent.job.trainer import _correct_of, _count_correct
+from device_agent.job.accuracy import correct_of, count_correct
 from device_agent.protocol import (
     RUNTIME_ARTIFACTS,
     BlobRef,
@@ -39,11 +39,11 @@ def _labels_and_guesses() -> tuple[np.ndarray, np.ndarray]:
 
 def test_the_trainers_pck_uses_the_jobs_threshold():
     y, guess = _labels_and_guesses()
-    assert _correct_of("keypoints", guess, y, None, (8, 8)) == 0.0  # 0.1 of 6: none within
+    assert correct_of("keypoints", guess, y, None, (8, 8)) == 0.0  # 0.1 of 6: none within
     wide = KeypointsScoring(pck_threshold=0.2)
-    assert _correct_of("keypoints", guess, y, None, (8, 8), wide) == pytest.approx(1.0 + 0.4)
+    assert correct_of("keypoints", guess, y, None, (8, 8), wide) == pytest.approx(1.0 + 0.4)
     pending = [(guess[:1], y[:1]), (guess[1:], y[1:])]
-    assert _count_correct("keypoints", pending, None, (8, 8), KeypointsScoring(0.6)) == pytest.approx(2.0)
+    assert count_correct("keypoints", pending, None, (8, 8), KeypointsScoring(0.6)) == pytest.approx(2.0)
 
 
 def test_a_keypoints_job_carries_the_recipes_scoring():

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from device_agent.data.checks import check_dataset
 from device_agent.data.readers import InputSpec
 from device_agent.errors import AgentError
-from device_agent.job.trainer import _correct_of, _count_correct
+from device_agent.job.accuracy import correct_of, count_correct
 from device_agent.protocol import ExitCode
 
 INPUTS = [InputSpec("input", (None, 3, 4, 4), np.dtype(np.float32)),
@@ -71,8 +71,8 @@ def test_training_accuracy_is_the_images_pixel_accuracy(seed, n, ignored):
     for i in range(n):
         kept = y[i] != 255
         want += float((logits[i].argmax(0) == y[i])[kept].mean()) if kept.any() else 0.0
-    assert _correct_of("segmentation", logits, y, 255) == pytest.approx(want)
-    assert _count_correct("segmentation", [(logits, y), (logits, y)], 255) == pytest.approx(2 * want)
+    assert correct_of("segmentation", logits, y, 255) == pytest.approx(want)
+    assert count_correct("segmentation", [(logits, y), (logits, y)], 255) == pytest.approx(2 * want)
 
 
 @settings(max_examples=30, deadline=None)
@@ -80,5 +80,5 @@ def test_training_accuracy_is_the_images_pixel_accuracy(seed, n, ignored):
 def test_a_classifiers_count_is_its_correct_samples(seed, n):
     rng = np.random.default_rng(seed)
     logits, y = rng.normal(size=(n, 4)), rng.integers(0, 4, n)
-    assert _count_correct("classification", [(logits, y)]) == int((logits.argmax(1) == y).sum())
-    assert isinstance(_count_correct("classification", [(logits, y)]), int)
+    assert count_correct("classification", [(logits, y)]) == int((logits.argmax(1) == y).sum())
+    assert isinstance(count_correct("classification", [(logits, y)]), int)

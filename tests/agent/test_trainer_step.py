@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import numpy as np
 
+from device_agent.job.accuracy import correct_of, count_correct
 from device_agent.job.events import EventLog, read_events
-from device_agent.job.trainer import _correct_of, _count_correct
 from device_agent.ort import load_training_api
 from device_agent.runtimes.ort_training import has_random_ops
 
@@ -25,7 +25,7 @@ def test_accuracy_counted_over_several_steps_equals_the_per_step_count():
     binary = [(rng.standard_normal((n, 1)).astype(np.float32), rng.integers(0, 2, (n, 1)).astype(np.float32))
               for n in sizes]  # fmt: skip
     for task, pending in (("classification", classes), ("classification", column), ("binary", binary)):
-        assert _count_correct(task, pending) == sum(_correct_of(task, lg, lb) for lg, lb in pending)
+        assert count_correct(task, pending) == sum(correct_of(task, lg, lb) for lg, lb in pending)
 
 
 def test_random_ops_are_found_in_the_graph_file(tmp_path):
