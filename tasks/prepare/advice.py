@@ -6,8 +6,9 @@ gets past that stop; when it ends in the same stop (or the recipe already has th
 override is taken out of the line, which says instead that it would not help, and keeps its other
 options. A ``key = 'value'`` the recipe already holds (given or by default) that the line does not
 offer as an option describes the recipe ("with trainable.batchnorm = 'frozen' the statistics ...",
-"not supported by training.runtime = 'autograd'"): it is neither rehearsed nor taken out. A stop whose cause lies outside what the override changes (a node after the classifier, a
-frozen front the override does not touch) no longer sends the user round the same loop."""
+"not supported by training.runtime = 'autograd'"): it is neither rehearsed nor taken out. A stop
+whose cause lies outside what the override changes (a node after the classifier, a frozen front the
+override does not touch) no longer sends the user round the same loop."""
 
 from __future__ import annotations
 
