@@ -1,0 +1,197 @@
+"""The host endpoint pull-mode boards dial: the routes of :mod:`device_agent.pull.contract` over
+the :class:`~tasks.board.pull.mailbox.Mailbox`, as a Starlette app (an ASGI framework, maintained,
+already installed with Prefect's server) that uvicorn serves over TLS (:mod:`tasks.stack.endpoint`).
+
+Every route but ``enrol`` takes a request signed by an accepted board (:func:`trust.verify`) and
+concerns that board's own jobs only. A refusal is its status and ``{"error": "one line"}``; the
+board logs the line. More than ``max_inflight`` requests at once are answered 429 with
+``Retry-After`` (the board backs off with jitter), before anything is read or verified; a body
+larger than a contract chunk is refused (413) before it is read whole.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool as off_loop
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from device_agent.protocol import SpecError, valid_blob_name, valid_job_id
+from device_agent.pull.contract import CHUNK, H_BOARD, PREFIX, SLEEP_BOUNDS_S
+from tasks.board.pull import trust
+from tasks.board.pull.mailbox import Mailbox, Refused
+
+log = logging.getLogger(__name__)
+
+MAX_BODY = CHUNK + 64 * 1024  # a chunk of an output, or a result / events that large at most
+MAX_INFLIGHT = 64  # requests served at once before the endpoint answers 429
+RETRY_AFTER_S = 5
+
+
+def _error(status: int, line: str, **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": line, **extra}, status_code=status)
+
+
+async def _body(request: Request) -> bytes:
+    declared = int(request.headers.get("content-length") or 0)
+    if declared > MAX_BODY:
+        raise Refused(413, f"request body of {declared} bytes: at most {MAX_BODY}")
+    body = b""
+    async for part in request.stream():
+        body += part
+        if len(body) > MAX_BODY:
+            raise Refused(413, f"request body over {MAX_BODY} bytes")
+    return body
+
+
+def _json(body: bytes, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(body or b"{}")
+    except ValueError as exc:
+        raise Refused(400, f"{what}: expected a JSON object ({exc})") from exc
+    if not isinstance(value, dict):
+        raise Refused(400, f"{what}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _int(request: Request, name: str) -> int:
+    raw = request.query_params.get(name, "")
+    if not raw.isdigit():
+        raise Refused(400, f"query {name}: expected a non-negative integer, got {raw!r}")
+    return int(raw)
+
+
+def build_app(mailbox: Mailbox, max_inflight: int = MAX_INFLIGHT) -> ASGIApp:
+    """The endpoint's ASGI app over ``mailbox``."""
+
+    async def signed(request: Request) -> tuple[str, bytes]:
+        body = await _body(request)
+        path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        board = await off_loop(trust.verify, mailbox, request.method, path, request.headers, body)
+        return board, body
+
+    async def enrol(request: Request) -> Response:
+        body = await _body(request)
+        msg = _json(body, "enrol")
+        name, pem, code = msg.get("name"), msg.get("public_key"), msg.get("code")
+        if not isinstance(pem, str) or name != request.headers.get(H_BOARD):
+            raise Refused(400, f"enrol: expected name (equal to {H_BOARD}) and public_key (PEM)")
+        path = request.url.path
+        trust.signed_fields(request.headers, time.time())
+        trust.check_signature(pem, request.method, path, request.headers, body)  # it holds the key it sends
+        if code is not None and not isinstance(code, str):
+            raise Refused(400, "enrol: code must be a string")
+        info = msg.get("info") if isinstance(msg.get("info"), dict) else None
+        state = await off_loop(mailbox.enrol, str(name), pem, code, info)
+        log.info("board %s enrolled: %s", name, state)
+        if state == "pending":
+            return JSONResponse({"state": state, "sleep_s": 30.0}, status_code=202)
+        return JSONResponse({"state": state})
+
+    async def poll(request: Request) -> Response:
+        board, body = await signed(request)
+        msg = _json(body, "poll")
+        info = msg.get("info") if isinstance(msg.get("info"), dict) else None
+        await off_loop(mailbox.checked_in, board, info)
+        work, sleep_s = await off_loop(mailbox.work_for, board)
+        low, high = SLEEP_BOUNDS_S
+        return JSONResponse({"sleep_s": min(high, max(low, sleep_s)), "work": work})
+
+    async def blob(request: Request) -> Response:
+        board, _ = await signed(request)
+        sha = _name(valid_blob_name, request.path_params["sha"])
+        return FileResponse(await off_loop(mailbox.may_fetch, board, sha))  # answers Range: bytes=N- with 206
+
+    async def events(request: Request) -> Response:
+        board, body = await signed(request)
+        job_id = _name(valid_job_id, request.path_params["job"])
+        offset = await off_loop(mailbox.append_events, board, job_id, _int(request, "offset"), body)
+        return JSONResponse({"offset": offset})
+
+    async def files(request: Request) -> Response:
+        board, body = await signed(request)
+        job_id = _name(valid_job_id, request.path_params["job"])
+        sha = _name(valid_blob_name, request.path_params["sha"])
+        if request.method == "GET":
+            return JSONResponse({"offset": await off_loop(mailbox.upload_offset, board, job_id, sha)})
+        size, offset = _int(request, "size"), _int(request, "offset")
+        return JSONResponse(await off_loop(mailbox.put_chunk, board, job_id, sha, offset, size, body))
+
+    async def result(request: Request) -> Response:
+        board, body = await signed(request)
+        job_id = _name(valid_job_id, request.path_params["job"])
+        job = await off_loop(mailbox.finish, board, job_id, body.decode(errors="replace"))
+        log.info("board %s: job %s %s", board, job.id, job.state)
+        return JSONResponse({"state": job.state})
+
+    async def work(request: Request) -> Response:
+        board, body = await signed(request)
+        work_id = _name(valid_job_id, request.path_params["id"])
+        job = await off_loop(mailbox.answer, board, work_id, _json(body, "answer"))
+        return JSONResponse({"state": job.state})
+
+    routes = [
+        Route(PREFIX + "enrol", enrol, methods=["POST"]),
+        Route(PREFIX + "poll", poll, methods=["POST"]),
+        Route(PREFIX + "blobs/{sha}", blob, methods=["GET"]),
+        Route(PREFIX + "jobs/{job}/events", events, methods=["POST"]),
+        Route(PREFIX + "jobs/{job}/files/{sha}", files, methods=["GET", "PUT"]),
+        Route(PREFIX + "jobs/{job}/result", result, methods=["POST"]),
+        Route(PREFIX + "work/{id}", work, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={Refused: _refused, SpecError: _malformed})
+    return Throttle(app, max_inflight)
+
+
+def _name(check: Any, value: str) -> str:
+    try:
+        return check(value)
+    except SpecError as exc:
+        raise Refused(400, str(exc)) from exc
+
+
+async def _refused(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, Refused)
+    log.info("refused %s %s (%s): %s", request.method, request.url.path, exc.status, exc)
+    return _error(exc.status, str(exc), **exc.extra)
+
+
+async def _malformed(request: Request, exc: Exception) -> Response:
+    return _error(400, str(exc))
+
+
+class Throttle:
+    """ASGI middleware: 429 with ``Retry-After`` once ``limit`` requests are in flight."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit, self.inflight = app, limit, 0
+        self.lock = threading.Lock()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        with self.lock:
+            busy = self.inflight >= self.limit
+            if not busy:
+                self.inflight += 1
+        if busy:
+            wait = RETRY_AFTER_S + random.randint(0, RETRY_AFTER_S)
+            reply = _error(429, f"the endpoint is busy ({self.limit} requests at once): retry later")
+            reply.headers["Retry-After"] = str(wait)
+            await reply(scope, receive, send)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            with self.lock:
+                self.inflight -= 1

@@ -1,0 +1,112 @@
+"""Jobs handed to pull-mode boards, as the host's runs see them: submit, read, stop, expire."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from device_agent.protocol import file_sha256, valid_blob_name, valid_job_id
+from tasks.board.pull.records import JOB_COLUMNS, OPEN, JobRecord, Refused, Store, job_from_row
+from tasks.errors import BoardError
+
+
+class Jobs(Store):
+    """The jobs' part of the mailbox (the host's side of it)."""
+
+    def submit(self, board: str, item: dict[str, Any], files: dict[str, Path], deadline: float) -> JobRecord:
+        """Hand ``item`` (a contract work item: ``kind``, ``id`` ...) to ``board`` with the blobs it
+        names, copied into the mailbox by sha256. Idempotent on the item's id: the same item again
+        returns its record as it is; another item under that id is refused."""
+        job_id = valid_job_id(item["id"])
+        for sha, path in files.items():
+            self.add_blob(valid_blob_name(sha), path)
+        text = json.dumps(item, sort_keys=True)
+        with self.tx() as db:
+            row = db.execute("SELECT item, board FROM jobs WHERE id=?", (job_id,)).fetchone()
+            if row is not None:
+                if row[0] != text or row[1] != board:
+                    raise BoardError(f"job {job_id} was handed to {row[1]} already with another spec")
+            else:
+                db.execute(
+                    "INSERT INTO jobs (id, board, kind, state, item, created, deadline)"
+                    " VALUES (?, ?, ?, 'pending', ?, ?, ?)",
+                    (job_id, board, item["kind"], text, time.time(), deadline),
+                )
+                db.executemany("INSERT INTO job_blobs VALUES (?, ?)", [(job_id, s) for s in files])
+        return self.job(job_id)  # type: ignore[return-value]
+
+    def add_blob(self, sha: str, path: Path) -> Path:
+        """``blobs/<sha>``: a hard link to ``path`` (a copy across filesystems), verified first."""
+        dest = self.blobs / sha
+        if dest.exists():
+            return dest
+        tmp = self.blobs / f".tmp-{sha}-{secrets.token_hex(4)}"
+        try:
+            os.link(path, tmp)
+        except OSError:
+            tmp.write_bytes(Path(path).read_bytes())
+        if file_sha256(tmp) != sha:
+            tmp.unlink()
+            raise BoardError(f"{path}: its sha256 is not {sha}")
+        os.replace(tmp, dest)
+        return dest
+
+    def job(self, job_id: str) -> JobRecord | None:
+        """The job's record (its deadline applied first), None when unknown."""
+        self.expire_overdue()
+        with self.tx() as db:
+            row = db.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id=?", (job_id,)).fetchone()
+        return job_from_row(row) if row else None
+
+    def jobs(self, board: str, states: tuple[str, ...] = OPEN) -> list[JobRecord]:
+        """The board's jobs in ``states``, oldest first."""
+        marks = ",".join("?" * len(states))
+        with self.tx() as db:
+            rows = db.execute(
+                f"SELECT {JOB_COLUMNS} FROM jobs WHERE board=? AND state IN ({marks}) ORDER BY created",
+                (board, *states),
+            ).fetchall()
+        return [job_from_row(r) for r in rows]
+
+    def expire_overdue(self, now: float | None = None) -> int:
+        """Every open job past its deadline becomes ``expired``; how many did."""
+        now = time.time() if now is None else now
+        with self.tx() as db:
+            cur = db.execute(
+                f"UPDATE jobs SET state='expired', ended=?, verdict='the board reported no final state "
+                f"before the deadline' WHERE state IN {OPEN} AND deadline < ?",
+                (now, now),
+            )
+        return cur.rowcount
+
+    def stop(self, job_id: str) -> JobRecord | None:
+        """Ask the board to stop the job at its next check-in (a job it never fetched is cancelled)."""
+        with self.tx() as db:
+            db.execute(
+                "UPDATE jobs SET state='cancelled', ended=?, verdict='stopped before the board fetched it'"
+                " WHERE id=? AND state='pending'",
+                (time.time(), job_id),
+            )
+            db.execute(
+                "UPDATE jobs SET state='stopping' WHERE id=? AND state IN ('offered', 'running')", (job_id,)
+            )
+        return self.job(job_id)
+
+    def may_fetch(self, board: str, sha: str) -> Path:
+        """The blob ``sha`` when one of ``board``'s open jobs names it, else Refused (403/404)."""
+        with self.tx() as db:
+            row = db.execute(
+                f"SELECT 1 FROM job_blobs b JOIN jobs j ON j.id=b.job_id WHERE b.sha=? AND j.board=?"
+                f" AND j.state IN {OPEN}",
+                (sha, board),
+            ).fetchone()
+        if row is None:
+            raise Refused(403, f"blob {sha[:12]} is not one of board {board}'s jobs")
+        path = self.blobs / sha
+        if not path.exists():
+            raise Refused(404, f"blob {sha[:12]} is missing from the mailbox")
+        return path

@@ -1,0 +1,181 @@
+"""The pull-mode endpoint as boards meet it, through a real uvicorn TLS server: enrolment with a
+one-time code or an operator's accept, signed requests (replays, stale times, another board's
+name, a revoked board refused in one line), a board fetching only its own blobs with Range, events
+from an offset, resumable verified outputs, a result applied once, and 429 under overload."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from device_agent.protocol import JobResult
+from tests.board.pull_kit import Signer, running_endpoint
+
+
+@pytest.fixture(scope="module")
+def endpoint(tmp_path_factory: pytest.TempPathFactory):
+    with running_endpoint(tmp_path_factory.mktemp("pull")) as ep:
+        yield ep
+
+
+def _enrolled(endpoint, name: str) -> Signer:
+    board = Signer(name, endpoint)
+    reply = board.enrol(endpoint.mailbox.invite(name))
+    assert reply.status_code == 200 and reply.json() == {"state": "accepted"}, reply.text
+    return board
+
+
+def _blob(tmp_path: Path, data: bytes) -> tuple[str, Path]:
+    path = tmp_path / hashlib.sha256(data).hexdigest()[:8]
+    path.write_bytes(data)
+    return hashlib.sha256(data).hexdigest(), path
+
+
+def _job(endpoint, board: str, job_id: str, blobs: dict[str, Path], upload=("inference",), deadline_s=600):
+    item = {"kind": "train", "id": job_id, "spec": {"job_id": job_id},
+            "blobs": {sha: p.stat().st_size for sha, p in blobs.items()}, "upload": list(upload)}  # fmt: skip
+    return endpoint.mailbox.submit(board, item, blobs, time.time() + deadline_s)
+
+
+def test_enrolment_by_code_or_accept_and_what_a_refused_request_reads(endpoint):
+    wrong = Signer("b-wrong", endpoint)
+    endpoint.mailbox.invite("b-wrong")
+    assert wrong.enrol("not-the-code").status_code == 403
+    pending = Signer("b-pending", endpoint)
+    assert pending.enrol(None).status_code == 202
+    poll = pending.request("POST", "poll", {"info": {}, "jobs": {}})
+    assert poll.status_code == 403 and "odl board accept b-pending" in poll.json()["error"]
+    endpoint.mailbox.accept("b-pending")
+    assert pending.request("POST", "poll", {"info": {}, "jobs": {}}).status_code == 200
+    stranger = Signer("b-stranger", endpoint)
+    assert stranger.request("POST", "poll", {}).json()["error"] == "board b-stranger has not enrolled"
+
+
+def test_signed_requests_refuse_replays_stale_times_and_another_boards_name(endpoint):
+    a, b = _enrolled(endpoint, "b-a"), _enrolled(endpoint, "b-b")
+    body = json.dumps({"info": {}, "jobs": {}}).encode()
+    headers = a.headers("POST", "/odl/v1/poll", body)
+    with httpx.Client(verify=str(endpoint.cert)) as client:
+        first = client.post(endpoint.url + "/odl/v1/poll", content=body, headers=headers)
+        again = client.post(endpoint.url + "/odl/v1/poll", content=body, headers=headers)
+        tampered = client.post(
+            endpoint.url + "/odl/v1/poll",
+            content=body + b" ",
+            headers=a.headers("POST", "/odl/v1/poll", body),
+        )
+    assert first.status_code == 200
+    assert again.status_code == 401 and "replay" in again.json()["error"]
+    assert tampered.status_code == 401 and "does not verify" in tampered.json()["error"]
+    stale = a.request("POST", "poll", body, ts=int(time.time()) - 3600)
+    assert stale.status_code == 401 and "3600 s behind" in stale.json()["error"]
+    posing = a.request("POST", "poll", body, as_board="b-b")  # a's key, b's name
+    assert posing.status_code == 401 and "board b-b's key" in posing.json()["error"]
+    assert b.request("POST", "poll", body).status_code == 200
+
+
+def test_a_board_fetches_its_own_blobs_only_and_resumes_with_range(endpoint, tmp_path):
+    a, b = _enrolled(endpoint, "b-fetch"), _enrolled(endpoint, "b-other")
+    data = bytes(range(256)) * 40
+    sha, path = _blob(tmp_path, data)
+    _job(endpoint, "b-fetch", "job-fetch", {sha: path})
+    work = a.request("POST", "poll", {"info": {}, "jobs": {}}).json()
+    assert [w["id"] for w in work["work"]] == ["job-fetch"] and work["sleep_s"] == 2.0
+    assert endpoint.mailbox.job("job-fetch").state == "offered"
+    whole = a.request("GET", f"blobs/{sha}")
+    assert whole.status_code == 200 and whole.content == data
+    rest = a.request("GET", f"blobs/{sha}", extra={"Range": "bytes=5000-"})
+    assert rest.status_code == 206 and rest.content == data[5000:]
+    other = b.request("GET", f"blobs/{sha}")
+    assert other.status_code == 403 and "not one of board b-other's jobs" in other.json()["error"]
+    assert b.request("POST", "jobs/job-fetch/events?offset=0", b"{}\n").status_code == 403
+
+
+def test_events_outputs_and_a_result_that_is_applied_once(endpoint, tmp_path):
+    a = _enrolled(endpoint, "b-run")
+    sha_in, path = _blob(tmp_path, b"model bytes")
+    _job(endpoint, "b-run", "job-run", {sha_in: path})
+    a.request("POST", "poll", {})
+    assert a.request("POST", "jobs/job-run/events?offset=0", b'{"type":"started"}\n').json() == {"offset": 19}
+    gap = a.request("POST", "jobs/job-run/events?offset=5", b"x")
+    assert gap.status_code == 409 and gap.json()["offset"] == 19
+    assert endpoint.mailbox.job("job-run").state == "running"
+    out = b"trained model" * 1000
+    sha = hashlib.sha256(out).hexdigest()
+    route = f"jobs/job-run/files/{sha}"
+    assert a.request("PUT", f"{route}?offset=0&size={len(out)}", out[:5000]).json() == {
+        "offset": 5000,
+        "complete": False,
+    }
+    assert a.request("GET", route).json() == {"offset": 5000}  # a cut upload asks where to go on
+    done = a.request("PUT", f"{route}?offset=5000&size={len(out)}", out[5000:])
+    assert done.json() == {"offset": len(out), "complete": True}
+    result = JobResult("job-run", "finished", 0, 3, 1, 1.0, 0.5, 10.0, {}, [], {})
+    text = result.to_dict() | {
+        "outputs": {"inference": {"path": "inference.onnx", "sha256": sha, "size": len(out)}}
+    }
+    assert a.request("POST", "jobs/job-run/result", text).json() == {"state": "finished"}
+    assert a.request("POST", "jobs/job-run/result", text).json() == {
+        "state": "finished"
+    }  # the same: as before
+    other = a.request("POST", "jobs/job-run/result", text | {"steps": 99})
+    assert other.status_code == 409 and "not applied" in other.json()["error"]
+    assert endpoint.mailbox.job("job-run").result["steps"] == 3
+    assert endpoint.mailbox.events("job-run") == b'{"type":"started"}\n'
+
+
+def test_a_tampered_output_is_dropped_and_a_result_without_its_outputs_refused(endpoint, tmp_path):
+    a = _enrolled(endpoint, "b-tamper")
+    sha_in, path = _blob(tmp_path, b"in")
+    _job(endpoint, "b-tamper", "job-tamper", {sha_in: path})
+    a.request("POST", "poll", {})
+    claimed = hashlib.sha256(b"the real model").hexdigest()
+    bad = a.request("PUT", f"jobs/job-tamper/files/{claimed}?offset=0&size=14", b"the fake model")
+    assert bad.status_code == 422 and "do not hash" in bad.json()["error"]
+    assert a.request("GET", f"jobs/job-tamper/files/{claimed}").json() == {"offset": 0}
+    result = JobResult("job-tamper", "finished", 0, 1, 1, 1.0, 0.5, 10.0, {}, [], {}).to_dict()
+    result["outputs"] = {"inference": {"path": "inference.onnx", "sha256": claimed, "size": 14}}
+    refused = a.request("POST", "jobs/job-tamper/result", result)
+    assert refused.status_code == 409 and "inference are not uploaded" in refused.json()["error"]
+    assert endpoint.mailbox.job("job-tamper").state == "offered"
+
+
+def test_revocation_deadline_and_malformed_requests(endpoint, tmp_path):
+    a = _enrolled(endpoint, "b-revoke")
+    sha_in, path = _blob(tmp_path, b"in2")
+    _job(endpoint, "b-revoke", "job-late", {sha_in: path}, deadline_s=-1)
+    assert a.request("POST", "poll", {}).json()["work"] == []
+    late = endpoint.mailbox.job("job-late")
+    assert late.state == "expired" and "before the deadline" in late.verdict
+    assert a.request("POST", "jobs/job-late/events?offset=x", b"").status_code == 400
+    assert a.request("POST", "poll", b"[1, 2").json()["error"].startswith("poll: expected a JSON object")
+    endpoint.mailbox.revoke("b-revoke")
+    refused = a.request("POST", "poll", {})
+    assert refused.status_code == 403 and refused.json() == {"error": "board b-revoke is revoked"}
+
+
+def test_an_overloaded_endpoint_answers_429_with_retry_after(tmp_path):
+    with running_endpoint(tmp_path, max_inflight=1) as ep:
+        slow = Signer("b-slow", ep)
+        gate = threading.Event()
+        original = ep.mailbox.checked_in
+
+        def held(*args):
+            gate.wait(10)
+            return original(*args)
+
+        slow.enrol(None)
+        ep.mailbox.accept("b-slow")
+        ep.mailbox.checked_in = held
+        first = threading.Thread(target=lambda: slow.request("POST", "poll", {}))
+        first.start()
+        time.sleep(0.5)
+        busy = slow.request("POST", "poll", {})
+        gate.set()
+        first.join(10)
+    assert busy.status_code == 429 and int(busy.headers["Retry-After"]) >= 5
