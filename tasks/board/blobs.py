@@ -14,6 +14,7 @@ import posixpath
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from device_agent.protocol import BLOBS_DIR, BlobListing, ExitCode, SpecError, blob_tmp_name, valid_blob_name
 from tasks.board.agent import agent_argv, last_json_line
@@ -41,6 +42,17 @@ class UploadReport:
     bytes_sent: int = 0
     skipped: list[str] = field(default_factory=list)
     uploaded: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Delivered:
+    """What delivering a job's files did: the agent's ``info`` and the blobs sent or already there
+    (for a pull-mode board: queued in the host's mailbox for it to fetch)."""
+
+    info: Any
+    uploaded: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    bytes_sent: int = 0
 
 
 def upload_blobs(

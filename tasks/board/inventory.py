@@ -57,11 +57,12 @@ BOARD_NAME = NAME.narrowed(
     BOARD_NAME_PATTERN, 20, "1-20 characters of a-z 0-9 -, starting with a letter or digit "
     "(it also names a virtual board's Unix user and network namespace)",
 )  # fmt: skip
-TRANSPORTS = ("ssh", "local")
+TRANSPORTS = ("ssh", "local", "pull")
 __all__ = ["BOARD_NAME", "BOARD_NAME_PATTERN", "RUNTIMES", "TRANSPORTS", "Board", "get_board", "get_group",
            "inventory_path", "load_groups", "load_inventory", "remove_board", "save_board", "save_group",
            "valid_board_name"]  # fmt: skip
-REQUIRED = {"ssh": ("host", "user", "key", "root"), "local": ("root",)}
+REQUIRED = {"ssh": ("host", "user", "key", "root"), "local": ("root",), "pull": ()}
+PULL_ROOT = "~/odl"  # a pull-mode board's agent root when its entry does not say (the board decides)
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class Board:
     connect_timeout: float = 10.0
     arch: str = ""  # "" when not stated
     runtimes: tuple[str, ...] = ()  # () when not stated: judged from the agent's info answer
+    pull_deadline_h: float = 24.0  # pull mode: a job the board has not ended by then expires
 
     def to_toml(self) -> str:
         """The board's ``[boards.NAME]`` table as TOML text."""
@@ -88,6 +90,8 @@ class Board:
         for f in dataclasses.fields(self):
             val = getattr(self, f.name)
             if f.name == "name" or val is None or val == "" or val == ():
+                continue
+            if f.name == "pull_deadline_h" and self.transport != "pull":
                 continue
             lines.append(f"{f.name} = {toml_value(val)}")
         return "\n".join(lines) + "\n"
@@ -257,7 +261,7 @@ def _parse_board(name: str, entry: Any, path: Path) -> Board:
     missing = [k for k in REQUIRED[transport] if k not in entry]
     if missing:
         raise BoardError(f"{where}: missing key '{missing[0]}'")
-    vals: dict[str, Any] = {"name": name}
+    vals: dict[str, Any] = {"name": name, **({"root": PULL_ROOT} if transport == "pull" else {})}
     for key, val in entry.items():
         vals[key] = convert(where, key, val)
     return Board(**vals)

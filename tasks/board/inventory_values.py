@@ -18,9 +18,10 @@ def convert(where: str, key: str, val: Any) -> Any:
         if isinstance(val, bool) or not isinstance(val, int) or not 0 < val < 65536:
             raise BoardError(f"{where}: key 'port': expected an integer in 1..65535 (got {val!r})")
         return val
-    if key == "connect_timeout":
+    if key in ("connect_timeout", "pull_deadline_h"):
         if isinstance(val, bool) or not isinstance(val, int | float) or val <= 0:
-            raise BoardError(f"{where}: key 'connect_timeout': expected seconds > 0 (got {val!r})")
+            unit = "hours" if key == "pull_deadline_h" else "seconds"
+            raise BoardError(f"{where}: key '{key}': expected {unit} > 0 (got {val!r})")
         return float(val)
     if key == "runtimes":
         if not isinstance(val, list) or not val or any(v not in RUNTIMES for v in val):

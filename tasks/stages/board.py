@@ -1,7 +1,8 @@
 """Board stages: deploy (agent + blobs), train (run or reattach, follow events), retrieve.
 
-Each takes the board's inventory entry and opens its own connection through the transport seam
-(``ssh`` or ``local``, from the entry), unless the caller passes an open one to share.
+Each takes the board's inventory entry and opens its own link through the job contract's seam
+(:func:`tasks.board.joblink.job_link`: ``ssh``, ``local`` or ``pull``, from the entry), unless the
+caller passes an open transport to share.
 """
 
 from __future__ import annotations
@@ -13,14 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from device_agent.protocol import Event, JobResult, JobSpec
-from tasks.board.agent import install_agent
-from tasks.board.blobs import upload_blobs
 from tasks.board.follow import FollowStats
 from tasks.board.inventory import Board
+from tasks.board.joblink import job_link
 from tasks.board.jobs import job_dir
-from tasks.board.retrieve import retrieve as download
-from tasks.board.run import drive_job
-from tasks.board.transport import ByteProgress, Transport, connection
+from tasks.board.transport import ByteProgress, Transport
 from tasks.errors import TransferError
 from tasks.prepare.prefix import stitch
 
@@ -79,10 +77,9 @@ def deploy(
     conn: Transport | None = None,
 ) -> Deployment:
     """Install/check the agent (refusing a board that cannot run ``spec``), upload missing blobs."""
-    with connection(board, conn) as link:
-        info = install_agent(link, board, spec.memory_estimate_mb, spec.runtime)
-        report = upload_blobs(link, board, files, progress)
-    return Deployment(board.name, info, tuple(report.uploaded), tuple(report.skipped), report.bytes_sent)
+    with job_link(board, conn) as link:
+        done = link.deliver(spec, files, progress)
+    return Deployment(board.name, done.info, tuple(done.uploaded), tuple(done.skipped), done.bytes_sent)
 
 
 def train(
@@ -112,11 +109,8 @@ def train(
             on_event(event)
 
     stats = FollowStats()
-    with connection(board, conn) as link:
-        _, result = drive_job(
-            link, board, spec, files, record, deployed=True, end_orphans=end_orphans, deadline=deadline,
-            stats=stats,
-        )  # fmt: skip
+    with job_link(board, conn) as link:
+        result = link.run(spec, files, record, end_orphans=end_orphans, deadline=deadline, stats=stats)
     # the prefix retrieval joins to the board's suffix (the autograd runtime's board writes the whole model)
     prefix = (
         files.get(spec.prefix.model.sha256)
@@ -138,8 +132,8 @@ def retrieve(
     """Download the job's outputs into ``out_dir`` (or the ``only`` ones), each checked against its
     sha256. When the board trained the suffix of a split model, its inference model is joined to
     the prefix here: ``inference`` is the whole model, ``inference_suffix`` what the board wrote."""
-    with connection(board, conn) as link:
-        files = download(link, training.job_id, training.result, Path(out_dir), board, progress, only)
+    with job_link(board, conn) as link:
+        files = link.fetch(training.job_id, training.result, Path(out_dir), progress, only)
     if training.prefix_model is not None and "inference" in files:
         suffix = files["inference"].replace(files["inference"].with_name("inference_suffix.onnx"))
         files["inference_suffix"] = suffix

@@ -1,0 +1,159 @@
+"""The job contract with a board that can only dial out: :class:`PullLink`.
+
+``deliver`` checks the board (enrolled, accepted, and able to run the job by the ``info`` of its
+last check-in) and puts the job and its blobs in the mailbox; ``run`` waits for the board to take
+it, saying so in the run's log ("waiting for NAME to check in: last seen 3 min ago"), delivers its
+events once each (by ``seq``) as they arrive, and ends when the job reaches a final state: a
+finished result, TrainingFailed for a failed, cancelled or expired job (the verdict names the
+deadline and when the board was last seen), Straggler past a fleet round's deadline. ``fetch``
+copies the outputs the board sent, each verified again by its sha256.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from device_agent.protocol import BoardInfo, Event, JobResult, JobSpec, SpecError
+from tasks.board.agent import check_info
+from tasks.board.blobs import Delivered
+from tasks.board.inventory import Board
+from tasks.board.pull.mailbox import Mailbox
+from tasks.board.transport import ByteProgress
+from tasks.errors import BoardError, Straggler, TrainingFailed, TransferError
+from tasks.hashing import file_sha256
+
+log = logging.getLogger(__name__)
+
+WAIT_LOG_S = 60.0  # how often a run waiting for its board says so
+READ_S = 0.5  # how often a run reads the mailbox for news of its job
+UPLOAD = ("inference",)  # the outputs a board sends back unless a run asks for others
+
+
+def ago(seconds: float | None) -> str:
+    """``3 min ago`` and the like; ``never`` for None."""
+    if seconds is None:
+        return "never"
+    for unit, size in (("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit} ago"
+    return f"{seconds:.0f} s ago"
+
+
+class PullLink:
+    """The job contract over the host's mailbox (see the module's docstring)."""
+
+    def __init__(
+        self, board: Board, mailbox: Mailbox | None = None, upload: tuple[str, ...] = UPLOAD
+    ) -> None:
+        self.board, self.mailbox, self.upload = board, mailbox or Mailbox(), upload
+
+    def accepted(self) -> Any:
+        """The board's record; BoardError unless it enrolled and was accepted."""
+        record = self.mailbox.board(self.board.name)
+        name = self.board.name
+        if record is None or record.state == "invited":
+            raise BoardError(f"board {name} has not enrolled: on the board, `python3 -m device_agent enrol` "
+                             f"with the code `odl board enrol {name}` printed")  # fmt: skip
+        if record.state != "accepted":
+            raise BoardError(f"board {name} is {record.state}" + (
+                f": `odl board accept {name}` once its key fingerprint is checked" if record.state == "pending" else ""))  # fmt: skip
+        return record
+
+    def deliver(self, spec: JobSpec, files: dict[str, Path], progress: ByteProgress | None) -> Delivered:
+        """Check the board as its last check-in describes it, then queue the job and its blobs."""
+        record = self.accepted()
+        info = BoardInfo.from_dict(record.info) if record.info else None
+        if info is not None:
+            check_info(self.board, info, spec.memory_estimate_mb, spec.runtime)
+        had = {sha for sha in files if (self.mailbox.blobs / sha).exists()}
+        deadline = time.time() + self.board.pull_deadline_h * 3600
+        item = {"kind": "train", "id": spec.job_id, "spec": spec.to_dict(), "upload": list(self.upload),
+                "blobs": {sha: Path(p).stat().st_size for sha, p in files.items()}}  # fmt: skip
+        self.mailbox.submit(self.board.name, item, files, deadline)
+        new = sorted(set(files) - had)
+        return Delivered(info, new, sorted(had), sum(Path(files[s]).stat().st_size for s in new))
+
+    def run(self, spec: JobSpec, files: dict[str, Path], on_event: Any, *, end_orphans: bool = False,
+            deadline: float | None = None, stats: Any = None) -> JobResult:  # fmt: skip
+        """Follow the job in the mailbox until its final state (queued first when it is not there)."""
+        if self.mailbox.job(spec.job_id) is None:
+            self.deliver(spec, files, None)
+        offset, last_seq, said = 0, -1, 0.0
+        while True:
+            job = self.mailbox.job(spec.job_id)
+            assert job is not None
+            data = self.mailbox.events(spec.job_id, offset)
+            end = data.rfind(b"\n") + 1
+            offset += end
+            for line in data[:end].decode(errors="replace").splitlines():
+                last_seq = self._deliver(line, last_seq, on_event)
+            if job.final:
+                return self._final(job)
+            if job.state in ("pending", "offered") and time.monotonic() - said >= WAIT_LOG_S:
+                said = time.monotonic()
+                self._say_waiting(job.state)
+            if deadline is not None and time.monotonic() > deadline:
+                raise Straggler(
+                    f"board {self.board.name}: job {spec.job_id} was {job.state} at the round's deadline"
+                )
+            time.sleep(READ_S)
+
+    def _say_waiting(self, state: str) -> None:
+        record = self.mailbox.board(self.board.name)
+        seen = None if record is None or record.last_seen is None else time.time() - record.last_seen
+        what = "check in" if state == "pending" else "fetch the job and start it"
+        log.info("waiting for %s to %s: last seen %s", self.board.name, what, ago(seen))
+
+    def _deliver(self, line: str, last_seq: int, on_event: Any) -> int:
+        if not line.strip():
+            return last_seq
+        try:
+            event = Event.from_json(line)
+        except SpecError as exc:
+            log.warning("board %s: unreadable event line skipped (%s)", self.board.name, exc)
+            return last_seq
+        if event.seq <= last_seq:
+            return last_seq
+        if on_event is not None:
+            on_event(event)
+        return event.seq
+
+    def _final(self, job: Any) -> JobResult:
+        if job.state == "expired":
+            record = self.mailbox.board(self.board.name)
+            seen = None if record is None or record.last_seen is None else time.time() - record.last_seen
+            raise TrainingFailed(f"job {job.id} expired on board {self.board.name}: {job.verdict} "
+                                 f"({self.board.pull_deadline_h:g} h; the board was last seen {ago(seen)})")  # fmt: skip
+        result = JobResult.from_dict(job.result)
+        if result.status != "finished":
+            raise TrainingFailed(f"job {job.id} {result.status} (exit {result.exit_code}): {result.error}")
+        return result
+
+    def fetch(self, job_id: str, result: JobResult, out_dir: Path, progress: ByteProgress | None,
+              only: tuple[str, ...] | None) -> dict[str, Path]:  # fmt: skip
+        """Copy the outputs the board sent into ``out_dir``, each verified against ``result.json``."""
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        wanted = only or tuple(result.outputs)
+        got = {}
+        for name in wanted:
+            ref = result.outputs.get(name)
+            src = self.mailbox.blobs / ref.sha256 if ref else None
+            if ref is None or src is None or not src.exists():
+                raise TransferError(f"job {job_id}: board {self.board.name} did not send its {name!r} output "
+                                    f"(a pull-mode board sends {', '.join(self.upload)})")  # fmt: skip
+            dest = out_dir / Path(ref.path).name
+            shutil.copyfile(src, dest)
+            if file_sha256(dest) != ref.sha256:
+                dest.unlink()
+                raise TransferError(f"job {job_id}: {name} does not hash to {ref.sha256[:12]} (removed)")
+            if progress is not None:
+                progress(ref.size, ref.size)
+            got[name] = dest
+        (out_dir / "result.json").write_text(result.to_json())
+        (out_dir / "events.jsonl").write_bytes(self.mailbox.events(job_id))
+        return got
