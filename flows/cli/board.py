@@ -7,6 +7,7 @@ import json
 import os
 import time
 
+from flows.cli.pull import pull_state
 from tasks.board.agent import install_agent
 from tasks.board.check import check_board, exit_code, report
 from tasks.board.check_items import FAIL, SKIPPED
@@ -76,7 +77,13 @@ def cmd_list(args: argparse.Namespace) -> int:
         vb = odl_home() / "boards" / b.name / "state.json"  # a virtual board: its profile and link
         state = json.loads(vb.read_text()) if vb.is_file() else {}
         extra = "".join(f"  {k}={state[k]}" for k in ("profile", "link") if state.get(k))
-        print(f"{b.name:16s} {b.user}@{b.host}:{b.port}  root={b.root}  ort={b.ort_version}{extra}")
+        if b.transport == "pull":  # it dials the host's endpoint: its enrolment and last check-in
+            seen = pull_state(b.name)
+            print(f"{b.name:16s} pull ({seen['state']}, last seen {seen['last_seen']})  ort={b.ort_version}")
+            continue
+        print(
+            f"{b.name:16s} {b.transport} {b.user}@{b.host}:{b.port}  root={b.root}  ort={b.ort_version}{extra}"
+        )
     for name, members in load_groups().items():
         print(f"group {name:10s} {', '.join(members)}")
     return 0

@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 Sub = argparse._SubParsersAction
+PULL_ROOT = "~/odl"  # tasks.board.inventory.PULL_ROOT (not imported: odl --help imports no pipeline)
 
 STACK_ACTIONS = """The local Prefect stack of this ODL_HOME, one action at a time:
 
@@ -44,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-v", "--verbose", action="store_true", help="debug logging, library messages and tracebacks"
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (add_prepare, add_flow, add_hosts, add_board, add_run, add_nightly, add_recipe):
+    for add in (add_prepare, add_flow, add_hosts, add_board, add_endpoint, add_run, add_nightly, add_recipe):
         add(sub)
     _verbose_everywhere(sub)
     return parser
@@ -214,6 +215,32 @@ def add_board(sub: Sub) -> None:
     check.add_argument("name", nargs="?", default=None, help="board name (default vboard)")
     check.add_argument("--all", action="store_true", help="every board of the inventory")
     check.add_argument("--json", action="store_true", help="print the items as a JSON list")
+    enrol = _command(bsub, "enrol", "pull", "cmd_enrol",
+                     help="add a board that can only dial out (pull mode) and print its one-time enrolment code")  # fmt: skip
+    enrol.add_argument("name")
+    enrol.add_argument("--root", default=PULL_ROOT, help="the agent root on the board (default %(default)s)")
+    enrol.add_argument("--deadline-h", type=float, default=24.0,
+                       help="hours a job may wait for the board before it expires (default %(default)s)")  # fmt: skip
+    accept = _command(
+        bsub, "accept", "pull", "cmd_accept", help="accept a board that enrolled without a code"
+    )
+    accept.add_argument("name")
+    accept.add_argument(
+        "--fingerprint", help="the key fingerprint the board printed (sha256:...): checked first"
+    )
+    revoke = _command(
+        bsub, "revoke", "pull", "cmd_revoke", help="refuse a pull-mode board's every request from now on"
+    )
+    revoke.add_argument("name")
+
+
+def add_endpoint(sub: Sub) -> None:
+    """``odl endpoint up | down | status``."""
+    p = _command(sub, "endpoint", "pull", "cmd_endpoint",
+                 help="the HTTPS endpoint that boards which can only dial out (pull mode) check in with")  # fmt: skip
+    p.add_argument("action", choices=("up", "down", "status"))
+    p.add_argument("--listen", default="127.0.0.1:8443", help="HOST:PORT to listen on (default %(default)s)")
+    p.add_argument("--url", help="the https:// address the boards are given (default: https://LISTEN)")
 
 
 def add_run(sub: Sub) -> None:

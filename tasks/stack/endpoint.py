@@ -19,6 +19,10 @@ import ipaddress
 import json
 import logging
 import os
+import socket
+import ssl
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -31,6 +35,7 @@ from cryptography.x509.oid import NameOID
 from device_agent.pull.contract import cert_pin
 from tasks.board.pull.mailbox import Mailbox, pull_home
 from tasks.stack import StackError
+from tasks.stack.processes import running_pid, spawn, stop_service
 
 SERVICE = "endpoint"
 DEFAULT_PORT = 8443
@@ -121,6 +126,38 @@ def serve(cfg: EndpointConfig, home: Path | None = None) -> None:
     host, port = cfg.host_port
     uvicorn.run(build_app(Mailbox(home)), host=host, port=port, ssl_certfile=str(crt), ssl_keyfile=str(key),
                 log_level="info", access_log=False, timeout_keep_alive=30)  # fmt: skip
+
+
+def start(listen: str, url: str | None, home: Path, timeout: float = 30.0) -> EndpointConfig:
+    """Start the endpoint as a service of the stack (``$ODL_HOME/run/endpoint.pid``, its log in
+    ``logs/endpoint.log``) unless it runs; its configuration once it answers TLS handshakes."""
+    cfg = configure(url or f"https://{listen}", listen, home / "pull")
+    if running_pid(home, SERVICE) is None:
+        env = {**os.environ, "ODL_HOME": str(home)}
+        argv = [sys.executable, "-m", "tasks.stack.endpoint", "--listen", listen, "--url", cfg.url]
+        spawn(env, SERVICE, argv)
+    host, port = cfg.host_port
+    ctx = ssl.create_default_context(cafile=str(tls_paths(home / "pull")[0]))
+    ctx.check_hostname = False
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection(
+                (host if host not in ("0.0.0.0", "::") else "127.0.0.1", port), 2
+            ) as raw:
+                with ctx.wrap_socket(raw):
+                    return cfg
+        except OSError as exc:
+            if running_pid(home, SERVICE) is None or time.monotonic() > deadline:
+                raise StackError(
+                    f"the endpoint did not answer on {listen} ({exc}): see {home}/logs/endpoint.log"
+                ) from exc
+            time.sleep(0.2)
+
+
+def stop(home: Path, timeout: float = 10.0) -> bool:
+    """Stop the endpoint service; whether it was running."""
+    return stop_service(home, SERVICE, timeout)
 
 
 def main(argv: list[str] | None = None) -> int:

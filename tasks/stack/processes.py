@@ -16,6 +16,9 @@ from tasks.paths import PROJECT_ROOT
 
 log = logging.getLogger(__name__)
 
+# what a service's command line holds (the others are Prefect's): a pid reused by another program is not it
+MARKERS = {"postgres": b"postgres", "endpoint": b"tasks.stack.endpoint"}
+
 
 def pidfile(home: Path, service: str) -> Path:
     """The file that records the pid of ``service`` (``$ODL_HOME/run/<service>.pid``; folder created)."""
@@ -38,7 +41,7 @@ def running_pid(home: Path, service: str) -> int | None:
     if state in ("Z", "X"):
         return None
     # an empty cmdline is a child still between fork and exec; any other command is a reused pid
-    marker = b"postgres" if service == "postgres" else b"prefect"
+    marker = MARKERS.get(service, b"prefect")
     return pid if not cmdline or marker in cmdline else None
 
 
