@@ -7,7 +7,7 @@ import json
 import os
 import time
 
-from flows.cli.pull import pull_state
+from flows.cli.pull import lab_endpoint, pull_state
 from tasks.board.agent import install_agent
 from tasks.board.check import check_board, exit_code, report
 from tasks.board.check_items import FAIL, SKIPPED
@@ -39,8 +39,14 @@ def cmd_up(args: argparse.Namespace) -> int:
         link=args.link,
         arch=args.arch,
         ort=args.ort,
+        pull=lab_endpoint() if args.pull else None,
     )
     what = f"{b.arch}, onnxruntime {b.ort_version}, runtimes {', '.join(b.runtimes)}"
+    if b.transport == "pull":
+        print(
+            f"board {b.name} up behind NAT ({what}): it dials the endpoint; `odl board list` shows its check-ins"
+        )
+        return 0
     print(
         f"board {b.name} up ({what}): ssh -i {b.key} -o UserKnownHostsFile={b.known_hosts} -p {b.port} {b.user}@{b.host}"
     )

@@ -195,6 +195,8 @@ def add_board(sub: Sub) -> None:
     up.add_argument(
         "--arch", help="x86_64 (default) or arm64: aarch64 code under qemu user mode, as a Cortex-A35"
     )
+    up.add_argument("--pull", action="store_true",
+                    help="a board that can only dial out: behind a NAT router, enrolled with the endpoint (started at the lab gateway)")  # fmt: skip
     up.add_argument("--ort", metavar="BUILD", help="onnxruntime of the board: training (x86_64's default), "
                     "plain or plain==VERSION (arm64's default; deploy/board-requirements-plain.txt)")  # fmt: skip
     down = _command(bsub, "down", "board", "cmd_down", help="stop a virtual board (keeps its user and data)")

@@ -20,8 +20,9 @@ from tasks.board.pull.trust import key_fingerprint
 from tasks.errors import BoardError
 from tasks.paths import odl_home
 from tasks.stack import StackError
-from tasks.stack.endpoint import endpoint_config, start, stop
+from tasks.stack.endpoint import DEFAULT_PORT, endpoint_config, start, stop
 from tasks.stack.processes import running_pid
+from tasks.vboard.natnet import ensure_gateway
 
 
 def cmd_endpoint(args: argparse.Namespace) -> int:
@@ -90,6 +91,21 @@ def cmd_revoke(args: argparse.Namespace) -> int:
     print(f"board {args.name} revoked: its next request is refused (its open jobs expired) at "
           f"{time.strftime('%H:%M:%S', time.localtime(record.since))}")  # fmt: skip
     return 0
+
+
+def lab_endpoint() -> tuple[str, str]:
+    """The url and pin of the endpoint at this home's lab gateway (the address virtual pull boards
+    dial), started there when it does not run; BoardError when it runs elsewhere."""
+    gateway = ensure_gateway()
+    cfg, home = endpoint_config(), odl_home()
+    if cfg is not None and running_pid(home, "endpoint") is not None:
+        if cfg.host_port[0] not in (gateway, "0.0.0.0"):
+            raise BoardError(f"the endpoint listens on {cfg.listen}, which virtual pull boards cannot reach: "
+                             f"`odl endpoint down`, then `odl board up --pull` starts it at {gateway}")  # fmt: skip
+        return cfg.url, cfg.pin
+    listen = f"{gateway}:{cfg.host_port[1] if cfg is not None else DEFAULT_PORT}"
+    cfg = start(listen, f"https://{listen}", home)
+    return cfg.url, cfg.pin
 
 
 def pull_state(name: str) -> dict[str, object]:

@@ -27,7 +27,7 @@ from typing import Any
 from tasks.board.inventory import Board, remove_board, save_board, valid_board_name
 from tasks.errors import BoardError
 from tasks.paths import state_dir
-from tasks.vboard import cgroup
+from tasks.vboard import cgroup, natnet, pullboard
 from tasks.vboard import link as shaped
 from tasks.vboard.boardenv import BoardEnv, choose, ensure_env
 from tasks.vboard.owner import open_to_board_user, unix_user
@@ -68,6 +68,7 @@ def board_up(
     arch: str | None = None,
     ort: str | None = None,
     envs: Path | None = None,
+    pull: tuple[str, str] | None = None,
 ) -> Board:
     """Bring up (or confirm) virtual board ``name``; returns its inventory entry.
 
@@ -80,7 +81,9 @@ def board_up(
     (e.g. ``{"ODL_AGENT_STEP_DELAY_S": "0.2"}`` for a slow board), ``venv`` shares an existing
     training venv (default: ``~odl-NAME/venv``). ``arch`` (``x86_64``, ``arm64``) and ``ort``
     (``training``, ``plain``, ``plain==VERSION``) choose the board's Python environment, built once
-    and cached under ``envs`` (:mod:`tasks.vboard.boardenv`).
+    and cached under ``envs`` (:mod:`tasks.vboard.boardenv`). ``pull`` (the endpoint's url and
+    certificate pin) makes a board that can only dial out: behind a NAT router, no sshd, enrolled and
+    running the agent's pull service (:mod:`tasks.vboard.pullboard`).
     """
     limits = resolve(profile, mem_mb=mem_mb, cpus=cpus, cpu_quota=cpu_quota, link=link, arch=arch, ort=ort)
     choice = choose(limits.pop("arch") or "x86_64", limits.pop("ort"))
@@ -93,6 +96,10 @@ def board_up(
     state = load_state(bdir)
     wanted = {**limits, "link": str(spec) if spec else None, "profile": profile, "env": dict(env or {}),
               "board_env": choice.label}  # fmt: skip
+    if pull:
+        if spec:
+            raise BoardError("--link shapes an SSH board's link; a pull board's is its NAT router's")
+        return _pull_board_up(name, bdir, state, wanted, choice, venv, envs, pull)
     alive = sshd_alive(bdir) and (not (spec and spec.delay_ms) or shaped.proxy_alive(state))
     alive = alive and state.get("user") == unix_user(name)  # a board of before per-home names: renewed
     if alive and all((state.get(k) or ({} if k == "env" else None)) == v for k, v in wanted.items()):
@@ -123,12 +130,44 @@ def board_up(
     return board
 
 
+def _pull_board_up(name: str, bdir: Path, state: dict[str, Any], wanted: dict[str, Any], choice: Any,
+                   venv: Path | None, envs: Path | None, pull: tuple[str, str]) -> Board:  # fmt: skip
+    """The pull-mode half of :func:`board_up` (see :mod:`tasks.vboard.pullboard`)."""
+    url, pin = pull
+    if pullboard.service_alive(bdir) and all(
+        state.get(k) == v for k, v in (wanted | {"endpoint": url}).items()
+    ):
+        log.info("virtual pull board %s already up", name)
+        return pullboard.entry(name, state)
+    board_down(name)
+    user = unix_user(name)
+    home = _ensure_user(user)
+    built = ensure_env(choice, venv or home / "venv", envs)
+    state = (
+        natnet.make_natnet(name)
+        | wanted
+        | {"user": user, "home": str(home), "endpoint": url}
+        | _env_state(built)
+    )
+    (bdir / "state.json").write_text(json.dumps(state, indent=2))  # board_down can undo a failure below
+    pullboard.install_agent_copy(state)
+    pullboard.enrol(name, state, url, pin)
+    pid = pullboard.start_service(bdir, state)
+    if state.get("cpu_quota") or state.get("mem_mb"):
+        cgroup.join(name, state, pid)
+    log.info("virtual pull board %s up behind NAT (router %s), dialing %s", name, state["router_ip"], url)
+    return pullboard.entry(name, state)
+
+
 def board_down(name: str, *, purge: bool = False) -> dict[str, Any]:
-    """Stop the board's sshd and remove its namespace; ``purge`` also removes user, data and entry."""
+    """Stop the board's sshd (a pull board's service) and remove its namespace(s); ``purge`` also
+    removes user, data and entry."""
     bdir = board_dir(name)
     state = load_state(bdir)
-    stopped = stop_pidfile(bdir / "sshd.pid")
-    if state.get("netns"):
+    stopped = stop_pidfile(bdir / "sshd.pid") or pullboard.stop_service(bdir)
+    if state.get("router_ns"):
+        natnet.remove_natnet(state)
+    elif state.get("netns"):
         subprocess.run(["ip", "netns", "del", state["netns"]], capture_output=True, check=False)
         subprocess.run(["ip", "link", "del", state["veth_host"]], capture_output=True, check=False)
     if state.get("proxy"):

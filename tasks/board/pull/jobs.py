@@ -27,8 +27,8 @@ class Jobs(Store):
         text = json.dumps(item, sort_keys=True)
         with self.tx() as db:
             row = db.execute("SELECT item, board FROM jobs WHERE id=?", (job_id,)).fetchone()
-            if row is not None:
-                if row[0] != text or row[1] != board:
+            if row is not None:  # the same job again (a run retried or resumed): as it is
+                if json.loads(row[0]).get("spec") != item.get("spec") or row[1] != board:
                     raise BoardError(f"job {job_id} was handed to {row[1]} already with another spec")
             else:
                 db.execute(

@@ -30,7 +30,9 @@ log = logging.getLogger(__name__)
 
 WAIT_LOG_S = 60.0  # how often a run waiting for its board says so
 READ_S = 0.5  # how often a run reads the mailbox for news of its job
-UPLOAD = ("inference",)  # the outputs a board sends back unless a run asks for others
+# the outputs a board sends back: the trained model, and the trained tensors a fleet round averages;
+# the final checkpoint (the optimizer's state too: 3x the weights) stays on the board, as with SSH
+UPLOAD = ("inference", "trainable")
 
 
 def ago(seconds: float | None) -> str:
@@ -138,7 +140,7 @@ class PullLink:
         """Copy the outputs the board sent into ``out_dir``, each verified against ``result.json``."""
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        wanted = only or tuple(result.outputs)
+        wanted = only or tuple(n for n in result.outputs if n in self.upload)
         got = {}
         for name in wanted:
             ref = result.outputs.get(name)

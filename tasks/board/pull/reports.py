@@ -117,8 +117,8 @@ class Reports(Store):
         return self.root / "uploads" / job_id / sha
 
     def finish(self, board: str, job_id: str, text: str) -> JobRecord:
-        """The job's ``result.json``: its final state, once every output the job's ``upload`` names is
-        here and verified. The same result twice is answered as before; another one is refused."""
+        """The job's ``result.json``: its final state, once every output it lists that the job's
+        ``upload`` names is here and verified. The same result twice is answered as before; another one is refused."""
         job = self.own_job(board, job_id)
         try:
             result = JobResult.from_json(text)
@@ -132,7 +132,7 @@ class Reports(Store):
             raise Refused(409, f"job {job_id} is {job.state} already: another result is not applied")
         missing = [
             name for name in job.item.get("upload", [])
-            if name not in result.outputs or not (self.blobs / result.outputs[name].sha256).exists()
+            if name in result.outputs and not (self.blobs / result.outputs[name].sha256).exists()
         ]  # fmt: skip
         if missing:
             raise Refused(409, f"job {job_id}: outputs {', '.join(missing)} are not uploaded and verified")
