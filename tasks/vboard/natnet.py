@@ -22,7 +22,7 @@ from typing import Any
 
 from tasks.errors import BoardError
 from tasks.vboard.owner import home_tag, machine_name
-from tasks.vboard.sshd import sh
+from tasks.vboard.sshd import free_subnet, sh
 
 UPLINK = "10.232"  # host <-> router, one /24 per board
 GATEWAY = "10.233"  # the lab gateway: one /32 per project home on lo, where the endpoint listens
@@ -67,21 +67,11 @@ def remove_gateway() -> None:
     )
 
 
-def _free_uplink(name: str) -> int:
-    used = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True, check=False).stdout
-    start = zlib.crc32(name.encode()) % 250
-    for i in range(250):
-        k = (start + i) % 250 + 1
-        if f" {UPLINK}.{k}." not in used:
-            return k
-    raise BoardError(f"no free {UPLINK}.k.0/24 subnet for a NAT'd virtual board")
-
-
 def make_natnet(name: str) -> dict[str, Any]:
     """The board's namespace behind its NAT router; the state ``remove_natnet`` undoes."""
     machine = machine_name(name)
     board_ns, router_ns = f"odl-{machine}", f"odlr-{machine}"
-    k = _free_uplink(machine)
+    k = free_subnet(machine, UPLINK)
     uplink_host, uplink_router = f"{UPLINK}.{k}.1", f"{UPLINK}.{k}.2"
     veth = f"odl{k}n"
     state = {"netns": board_ns, "router_ns": router_ns, "veth_host": veth, "uplink_host": uplink_host,

@@ -86,14 +86,15 @@ def make_netns(name: str) -> dict[str, Any]:
             "host_ip": host_ip}  # fmt: skip
 
 
-def free_subnet(name: str) -> int:
+def free_subnet(name: str, prefix: str = SUBNET) -> int:
+    """A ``k`` whose ``PREFIX.k.0/24`` no interface of the host uses, first tried from ``name``'s hash."""
     used = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True, check=False).stdout
     start = zlib.crc32(name.encode()) % 250
     for i in range(250):
         k = (start + i) % 250 + 1
-        if f" {SUBNET}.{k}." not in used:
+        if f" {prefix}.{k}." not in used:
             return k
-    raise BoardError(f"no free {SUBNET}.k.0/24 subnet for a virtual board")
+    raise BoardError(f"no free {prefix}.k.0/24 subnet for a virtual board")
 
 
 def free_port() -> int:
