@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -20,25 +19,15 @@ from pathlib import Path
 from device_agent import board_cmds
 from device_agent.data.blobstore import list_blobs, put_blob
 from device_agent.errors import AgentError
-from device_agent.job.jobdir import (
-    BOARD_LOCK_FD_ENV,
-    LOCK_FD_ENV,
-    JobDir,
-    load_spec,
-    lock_is_held,
-    open_board_lock,
-    open_jobdir,
-    open_lock,
-    read_result,
-)
-from device_agent.job.jobstate import job_status, read_pid
+from device_agent.job.jobdir import JobDir, open_jobdir
+from device_agent.job.jobstate import job_status
+from device_agent.job.launch import cancel_job, start_job
 from device_agent.job.supervise import cmd_supervise
 from device_agent.output import emit
-from device_agent.protocol import EXIT_HELP, NEVER_RETRY, ExitCode
+from device_agent.protocol import EXIT_HELP, ExitCode
 from device_agent.sysinfo import board_info
 
 log = logging.getLogger("device_agent")
-PACKAGE_PARENT = Path(__file__).resolve().parent.parent
 
 
 def default_root() -> Path:
@@ -73,38 +62,8 @@ def cmd_put_blob(args: argparse.Namespace) -> int:
 
 def cmd_start(args: argparse.Namespace) -> int:
     """Start the job detached (``supervise`` running ``run``; new session, stdio redirected); returns at once."""
-    job = _job(args)
-    spec = load_spec(job)
-    done = read_result(job)
-    if done is not None and done.status == "finished":
-        emit({"job_id": spec.job_id, "pid": None, "state": "finished"})
-        return ExitCode.OK
-    fd = open_lock(job)  # BUSY if running; handed to the child so there is no race
-    try:
-        board_fd = open_board_lock(job)  # BOARD_BUSY while another job trains
-    except AgentError:
-        os.close(fd)
-        raise
-    job.cancel_file.unlink(missing_ok=True)
-    if done is not None and not (done.status == "failed" and done.exit_code in NEVER_RETRY):
-        job.result_file.unlink(missing_ok=True)  # the run being resumed replaces this stale outcome
-    env = dict(
-        os.environ, **{LOCK_FD_ENV: str(fd), BOARD_LOCK_FD_ENV: str(board_fd), "PYTHONPATH": _pythonpath()}
-    )
-    argv = [sys.executable, "-m", "device_agent", "--root", str(args.root), "supervise", str(job.path)]
-    with open(os.devnull, "rb") as devnull, open(job.path / "agent.stderr", "ab") as err:
-        child = subprocess.Popen(argv, stdin=devnull, stdout=subprocess.DEVNULL, stderr=err, env=env,
-                                 pass_fds=(fd, board_fd), start_new_session=True, cwd=str(job.path))  # fmt: skip
-    os.close(fd)
-    os.close(board_fd)
-    job.pid_file.write_text(f"{child.pid}\n")
-    emit({"job_id": spec.job_id, "pid": child.pid, "state": "running"})
+    emit(start_job(_job(args)))
     return ExitCode.OK
-
-
-def _pythonpath() -> str:
-    rest = os.environ.get("PYTHONPATH", "")
-    return f"{PACKAGE_PARENT}{os.pathsep}{rest}" if rest else str(PACKAGE_PARENT)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -115,12 +74,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     """Ask a running job to stop at the next step boundary (it saves a checkpoint)."""
-    job = _job(args)
-    if not lock_is_held(job):
-        emit({"job_id": job.path.name, "state": job_status(job)["state"], "cancel": "not running"})
-        return ExitCode.OK
-    job.cancel_file.write_text("cancel\n")
-    emit({"job_id": job.path.name, "state": "cancelling", "pid": read_pid(job)})
+    emit(cancel_job(_job(args)))
     return ExitCode.OK
 
 
