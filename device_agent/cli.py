@@ -1,6 +1,7 @@
 """``python3 -m device_agent [--root ROOT] info|blobs|put-blob|validate|run|start|status|cancel|
-jobs|dataset|install-model|models|add-file``: ``jobs``, ``install-model``, ``models`` and
-``add-file`` are in :mod:`device_agent.board_cmds`; ``validate``, ``run`` and ``dataset``, which
+jobs|dataset|install-model|models|add-file|enrol|pull``: ``jobs``, ``install-model``, ``models`` and
+``add-file`` are in :mod:`device_agent.board_cmds`; ``enrol`` and ``pull`` (pull mode: the board
+dials the host) in :mod:`device_agent.pull.commands`; ``validate``, ``run`` and ``dataset``, which
 read data and so load numpy, in :mod:`device_agent.data_cmds`, imported only to run one of them.
 
 Stdout carries JSON lines only; human logs go to stderr and ``JOBDIR/agent.log``. The process
@@ -25,6 +26,7 @@ from device_agent.job.launch import cancel_job, start_job
 from device_agent.job.supervise import cmd_supervise
 from device_agent.output import emit
 from device_agent.protocol import EXIT_HELP, ExitCode
+from device_agent.pull import commands as pull_cmds
 from device_agent.sysinfo import board_info
 
 log = logging.getLogger("device_agent")
@@ -80,7 +82,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 COMMANDS = {"info": cmd_info, "blobs": cmd_blobs, "put-blob": cmd_put_blob, "start": cmd_start,
             "status": cmd_status, "cancel": cmd_cancel, "supervise": cmd_supervise,
-            **board_cmds.COMMANDS}  # fmt: skip
+            **board_cmds.COMMANDS, **pull_cmds.COMMANDS}  # fmt: skip
 # The commands that read data (device_agent.data_cmds) and their help: the first line of each docstring.
 DATA_COMMANDS = {
     "validate": "Check spec, blobs, RAM/disk, that the artifacts load and the data fit; no training step.",
@@ -121,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
         text = DATA_COMMANDS.get(name) or (COMMANDS[name].__doc__ or "").split("\n")[0]
         sub.add_parser(name, help=text).add_argument("jobdir")
     board_cmds.add_parsers(sub)
+    pull_cmds.add_parsers(sub)
     return parser
 
 

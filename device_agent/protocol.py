@@ -116,6 +116,7 @@ class ExitCode(enum.IntEnum):
     BUSY = 34  # the job is already running in another process
     BOARD_BUSY = 35  # another job is training on this board (one at a time)
     OUT_OF_MEMORY = 36  # the kernel killed the job for memory (its peak exceeded the RAM it may use)
+    UNTRUSTED = 37  # pull mode: the endpoint refused the board's key, or its certificate is not the pinned one
 
 
 EXIT_HELP: dict[int, str] = {
@@ -141,6 +142,8 @@ EXIT_HELP: dict[int, str] = {
     ExitCode.BUSY: "the job is already running",
     ExitCode.BOARD_BUSY: "another job is training on this board: wait for it, or cancel it",
     ExitCode.OUT_OF_MEMORY: "the kernel killed the job for memory; last checkpoint kept; never retried as is",
+    ExitCode.UNTRUSTED: "pull mode: the endpoint refused the board's key (unknown, revoked, not accepted yet) or "
+    "presented a certificate other than the pinned one; the service stops: enrol the board again",
 }
 
 # Causes that running again cannot fix: a job that failed so keeps its result (the agent's
