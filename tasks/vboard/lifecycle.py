@@ -174,7 +174,7 @@ def board_down(name: str, *, purge: bool = False) -> dict[str, Any]:
         shaped.stop(bdir, state)
     if purge:
         user = state.get("user") or unix_user(name)
-        _kill_user_processes(user)
+        kill_user_processes(user)
         subprocess.run(["userdel", "-r", user], capture_output=True, check=False)
         unpin_host_key(state.get("host"), state.get("port"))
         if state.get("proxy"):
@@ -259,7 +259,8 @@ def _authorize(user: str, home: Path, pub: Path) -> None:
     ssh.chmod(0o700)
 
 
-def _kill_user_processes(user: str) -> None:
+def kill_user_processes(user: str) -> None:
+    """SIGKILL every process of Unix user ``user`` (a power cut of its virtual board)."""
     try:
         uid = pwd.getpwnam(user).pw_uid
     except KeyError:

@@ -33,8 +33,9 @@ AGENT_SRC = Path(device_agent.__file__).resolve().parent
 def as_board(state: dict[str, Any], *argv: str) -> list[str]:
     """``argv`` run on the board: in its namespace, as its own Unix user, with its agent on the path."""
     agent = Path(state["home"]) / "odl" / "agent"
+    extra = [f"{k}={v}" for k, v in (state.get("env") or {}).items()]  # board_up(env=...): its sessions'
     return ["nsenter", f"--net=/run/netns/{state['netns']}", "runuser", "-u", state["user"], "--",
-            "env", f"HOME={state['home']}", f"PYTHONPATH={agent}", "PYTHONUNBUFFERED=1", *argv]  # fmt: skip
+            "env", f"HOME={state['home']}", f"PYTHONPATH={agent}", "PYTHONUNBUFFERED=1", *extra, *argv]  # fmt: skip
 
 
 def install_agent_copy(state: dict[str, Any]) -> None:

@@ -1,0 +1,156 @@
+"""A board that can only dial out, end to end: a virtual pull board in its namespace behind a NAT
+router (inbound dropped), enrolled with a one-time code, promoted by ``odl/full`` through the real
+Prefect stack; then the ways such a link fails: a board rebooted mid-training, a board offline
+past its job's deadline, a revoked board. One NAT'd lab for the module (as the hosts tests share
+theirs), in the session's board home, so the session's Prefect stack runs its flows."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tasks.paths import PROJECT_ROOT
+from tests.e2e.prefect_api import post as api
+from tests.fixtures_board import BOARD_VENV, odl_home_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.board]
+NAME = "pullb"
+
+
+@pytest.fixture(scope="module")
+def pull_board(virtual_board_home: Path):
+    """The NAT'd pull board of the session's home (its endpoint at the lab gateway); all gone after."""
+    from flows.cli.pull import lab_endpoint
+    from tasks.stack.endpoint import stop
+    from tasks.vboard.lifecycle import board_down, board_up
+    from tasks.vboard.natnet import remove_gateway
+
+    if os.geteuid() != 0:
+        pytest.skip("a NAT'd virtual board needs root (ip netns, nftables, useradd)")
+    with odl_home_env(virtual_board_home):
+        try:
+            yield board_up(NAME, venv=BOARD_VENV, pull=lab_endpoint())
+        finally:
+            board_down(NAME, purge=True)
+            stop(virtual_board_home)
+            remove_gateway()
+
+
+def _odl(env: dict[str, str], *args: str, timeout: float = 420) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(Path(sys.executable).parent / "odl"), *args], env=env, cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def _state(home: Path) -> dict:
+    return json.loads((home / "boards" / NAME / "state.json").read_text())
+
+
+def test_nothing_reaches_the_board_from_outside(pull_board, virtual_board_home):
+    """The board has a private address behind its router; a connection to the router is dropped."""
+    state = _state(virtual_board_home)
+    started = time.monotonic()
+    with pytest.raises(OSError):
+        socket.create_connection((state["router_ip"], 22), timeout=2)
+    assert time.monotonic() - started >= 1.9  # dropped (a timeout), not refused
+    assert state["host"] == "192.168.7.2" and "sshd.pid" not in os.listdir(
+        virtual_board_home / "boards" / NAME
+    )
+
+
+def test_odl_full_promotes_through_pull_mode(prefect_stack, pull_board, virtual_board_home):
+    """`odl watch odl/full` (prefect deployment run odl/full) on the NAT'd board: the run completes
+    with a verdict, the board's events reach the run, and its boards overview says how it is reached."""
+    params = json.dumps({"board": NAME, "epochs": 3})
+    done = _odl(prefect_stack, "watch", "odl/full", "--params", params, "--timeout", "360")
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert any(line.startswith("Promoted: v") for line in out.splitlines()), out[-2000:]
+    assert re.search(r"training: step \d+/\d+", out), out[-2000:]
+    run_id = re.search(r"/runs/flow-run/([0-9a-f-]{36})", out).group(1)
+    run = api(prefect_stack, "/flow_runs/filter", {"flow_runs": {"id": {"any_": [run_id]}}})[0]
+    assert run["state"]["type"] == "COMPLETED"
+    listed = _odl(prefect_stack, "board", "list").stdout
+    assert re.search(rf"{NAME}\s+pull \(accepted, last seen \d+ s ago\)", listed), listed
+
+
+def test_a_board_rebooted_mid_training_resumes_its_job(pull_board, virtual_board_home):
+    """The board's service and its job killed mid-training (a power cut); the service started again
+    picks the job up from its last checkpoint and the run ends finished, nothing applied twice."""
+    from tasks.vboard import pullboard
+    from tasks.vboard.lifecycle import kill_user_processes
+
+    env = {**os.environ, "ODL_HOME": str(virtual_board_home)}
+    bdir = virtual_board_home / "boards" / NAME
+    state = _state(virtual_board_home)
+    slow = state | {"env": {"ODL_AGENT_STEP_DELAY_S": "0.05"}}  # 156 steps: about 8 s of training
+    pullboard.stop_service(bdir)
+    pullboard.start_service(bdir, slow)
+    run = subprocess.Popen([str(Path(sys.executable).parent / "odl"), "run", "recipes/digits.toml", "--board",
+                            NAME, "--set", "training.epochs=12", "--set", "training.checkpoint_every=10",
+                            "--job-id", "reboot-1"], env=env, cwd=PROJECT_ROOT, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    jobs = Path(state["home"]) / "odl" / "jobs" / "reboot-1"
+    deadline = time.monotonic() + 180
+    while not (jobs / "checkpoints").is_dir() or not any((jobs / "checkpoints").iterdir()):
+        assert time.monotonic() < deadline and run.poll() is None, "the job never checkpointed"
+        time.sleep(0.2)
+    kill_user_processes(state["user"])  # the power cut: the service and the job's processes
+    pullboard.stop_service(bdir)
+    pullboard.start_service(bdir, slow)
+    out, _ = run.communicate(timeout=300)
+    pullboard.stop_service(bdir)
+    pullboard.start_service(bdir, state)
+    assert run.returncode == 0, out[-3000:]
+    assert "job reboot-1 on pullb: finished, 156 steps" in out, out[-2000:]
+    events = [json.loads(line) for line in (jobs / "events.jsonl").read_text().splitlines()]
+    assert sum(e["type"] == "started" for e in events) == 2  # resumed once, from its checkpoint
+    assert ([e for e in events if e["type"] == "started"][1]["data"].get("resumed_from_step") or 0) > 0
+
+
+def test_a_board_offline_past_its_deadline_ends_the_run_in_one_line(pull_board, virtual_board_home):
+    from tasks.board.inventory import get_board, save_board
+    from tasks.vboard import pullboard
+
+    bdir = virtual_board_home / "boards" / NAME
+    with odl_home_env(virtual_board_home):
+        pullboard.stop_service(bdir)
+        board = get_board(NAME)
+        save_board(board.__class__(**{**board.__dict__, "pull_deadline_h": 0.002}))  # 7.2 s
+        try:
+            env = {**os.environ, "ODL_HOME": str(virtual_board_home)}
+            done = _odl(
+                env, "run", "recipes/digits.toml", "--board", NAME, "--job-id", "offline-1", timeout=180
+            )
+        finally:
+            save_board(board)
+            pullboard.start_service(bdir, _state(virtual_board_home))
+    errors = [line for line in done.stderr.splitlines() if line.startswith("odl: error")]
+    assert done.returncode != 0 and len(errors) == 1, done.stdout[-1500:] + done.stderr[-1500:]
+    assert "expired on board pullb" in errors[0] and "before the deadline" in errors[0], errors
+
+
+def test_a_revoked_board_is_refused_on_both_sides_in_one_line(pull_board, virtual_board_home):
+    """Revoked: the board's next check-in is refused and its service stops with one line; a run on
+    it is refused before anything is queued. (Last: the board stays revoked.)"""
+    from tasks.vboard import pullboard
+
+    env = {**os.environ, "ODL_HOME": str(virtual_board_home)}
+    revoked = _odl(env, "board", "revoke", NAME)
+    assert revoked.returncode == 0 and "revoked" in revoked.stdout, revoked.stderr
+    bdir = virtual_board_home / "boards" / NAME
+    deadline = time.monotonic() + 90
+    while pullboard.service_alive(bdir):
+        assert time.monotonic() < deadline, "the board's service did not stop once revoked"
+        time.sleep(0.5)
+    log = (bdir / "pull.log").read_text()
+    assert "board pullb is revoked" in log, log[-1500:]
+    done = _odl(env, "run", "recipes/digits.toml", "--board", NAME, timeout=180)
+    assert done.returncode != 0 and "board pullb is revoked" in done.stderr, done.stderr[-1500:]
