@@ -26,7 +26,9 @@ Routes under :data:`PREFIX` (``POST`` bodies are JSON unless said otherwise):
   (train the job, send back the outputs named, e.g. ``["inference"]``); ``{"kind": "stop", "id":
   job_id}`` (cancel it); ``{"kind": "install-model", "id", "recipe", "version", "files": {name:
   sha256}, "blobs": {sha256: size}}`` (the agent's ``install-model``; its answer goes to ``POST
-  work/<id>``). The host sets ``sleep_s`` within :data:`SLEEP_BOUNDS_S`, shorter while a job runs.
+  work/<id>``); ``{"kind": "list-dataset", "id", "path", "format"}`` (the agent's ``dataset``
+  listing of a folder under its root, answered the same way). The host sets ``sleep_s`` within
+  :data:`SLEEP_BOUNDS_S`, shorter while a job runs.
 - ``GET blobs/<sha256>``: a blob of one of the board's own jobs; ``Range: bytes=N-`` resumes (206).
 - ``POST jobs/<job_id>/events?offset=N``: the raw bytes of ``events.jsonl`` from byte N. Answers
   ``{"offset"}``, the host's length after the append; 409 ``{"offset"}`` when N is not it.
@@ -56,7 +58,7 @@ H_SIGNATURE = "X-ODL-Signature"
 MAX_SKEW_S = 300  # a request's time may differ from the host's clock by this much
 NONCE_RE = re.compile(r"^[0-9a-f]{32}$")
 SLEEP_BOUNDS_S = (1.0, 3600.0)  # what the host may tell a board to sleep between check-ins
-WORK_KINDS = ("train", "stop", "install-model")
+WORK_KINDS = ("train", "stop", "install-model", "list-dataset")
 CHUNK = 1 << 20  # bytes a board sends or asks for in one request
 PIN_RE = re.compile(r"^sha256:[0-9a-f]{64}$")  # the endpoint certificate's pin, as operators type it
 

@@ -129,6 +129,8 @@ def do_work(client: Client, root: Path, jobs: PullJobs, item: object) -> None:
             jobs.stop(item)
         elif kind == "install-model":
             install_model(client, root, item)
+        elif kind == "list-dataset":
+            answer_listing(client, root, item)
         else:
             log.warning("work item %s: kind %r is not one this agent knows: skipped", item.get("id"), kind)
     except AgentError as exc:
@@ -153,6 +155,25 @@ def install_model(client: Client, root: Path, item: dict[str, Any]) -> None:
             work_id,
             answer.get("error") or f"{item.get('recipe')} {item.get('version')} in service",
         )
+    posted = client.call("POST", f"work/{work_id}", answer)
+    if posted.status != 200:
+        raise AgentError(
+            ExitCode.ENVIRONMENT, f"work/{work_id}: the endpoint answered {posted.status}: {posted.error}"
+        )
+
+
+def answer_listing(client: Client, root: Path, item: dict[str, Any]) -> None:
+    """``list-dataset``: the agent's ``dataset`` answer for a folder under the root (read only)."""
+    from device_agent.data.datasets import list_dataset  # numpy: loaded when a listing is asked for
+
+    work_id = item_id(item)
+    path, fmt = item.get("path"), item.get("format", "npz-shards")
+    try:
+        if not isinstance(path, str) or not isinstance(fmt, str):
+            raise AgentError(ExitCode.INVALID_SPEC, "list-dataset: expected path and format strings")
+        answer = list_dataset(root, path, fmt)
+    except AgentError as exc:
+        answer = {"error": str(exc)}
     posted = client.call("POST", f"work/{work_id}", answer)
     if posted.status != 200:
         raise AgentError(

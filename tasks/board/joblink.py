@@ -24,8 +24,12 @@ from typing import Any, Protocol
 from device_agent.protocol import Event, JobResult, JobSpec
 from tasks.board.agent import install_agent
 from tasks.board.blobs import Delivered, upload_blobs
+from tasks.board.control import agent_json, list_dataset
 from tasks.board.inventory import Board
+from tasks.board.jobs import job_dir
+from tasks.board.orphans import running_job
 from tasks.board.pull.link import PullLink
+from tasks.board.releases import install_version
 from tasks.board.retrieve import retrieve
 from tasks.board.run import drive_job
 from tasks.board.transport import ByteProgress, Transport, connection
@@ -41,6 +45,10 @@ class JobLink(Protocol):
             deadline: float | None, stats: Any) -> JobResult: ...  # fmt: skip
     def fetch(self, job_id: str, result: JobResult, out_dir: Path, progress: ByteProgress | None,
               only: tuple[str, ...] | None) -> dict[str, Path]: ...  # fmt: skip
+    def install(self, recipe: str, version: Any) -> dict[str, Any]: ...
+    def list_dataset(self, path: str, fmt: str) -> dict[str, Any]: ...
+    def running_job(self) -> str | None: ...
+    def cancel(self, job_id: str) -> None: ...
 
 
 class CommandLink:
@@ -66,6 +74,24 @@ class CommandLink:
               only: tuple[str, ...] | None) -> dict[str, Path]:  # fmt: skip
         """Download the job's outputs, each verified (:func:`tasks.board.retrieve.retrieve`)."""
         return retrieve(self.conn, job_id, result, out_dir, self.board, progress, only)
+
+    def install(self, recipe: str, version: Any) -> dict[str, Any]:
+        """Install a registry version as the board's current release, verified there."""
+        install_agent(self.conn, self.board)
+        return install_version(self.conn, self.board, recipe, version)
+
+    def list_dataset(self, path: str, fmt: str) -> dict[str, Any]:
+        """The board's listing of its dataset folder ``path`` (files, sizes, sha256, samples)."""
+        install_agent(self.conn, self.board)
+        return list_dataset(self.conn, self.board, path, fmt)
+
+    def running_job(self) -> str | None:
+        """The id of the job training on the board, None when none is."""
+        return running_job(self.conn, self.board)
+
+    def cancel(self, job_id: str) -> None:
+        """Cancel the job on the board (its last checkpoint kept)."""
+        agent_json(self.conn, self.board, "cancel", job_dir(self.board, job_id))
 
 
 @contextlib.contextmanager

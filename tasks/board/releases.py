@@ -26,15 +26,19 @@ def install_version(conn: Transport, board: Board, recipe: str, version: Any) ->
     upload_blobs(conn, board, {sha: path for path, sha in files.values()})
     args = [f"{name}={sha}" for name, sha in hashes.items()]
     answer = agent_json(conn, board, "install-model", recipe, version.name, *args)
+    return checked_install(board, recipe, version.name, hashes, answer)
+
+
+def checked_install(
+    board: Board, recipe: str, version: str, hashes: dict[str, str], answer: dict[str, Any]
+) -> dict[str, Any]:
+    """The agent's ``install-model`` answer once it shows ``version`` current with ``hashes``
+    verified on the board; TransferError otherwise (a hook that failed is only logged)."""
     current = answer.get("current") or {}
-    if (
-        current.get("version") != version.name
-        or current.get("files") != hashes
-        or not current.get("verified")
-    ):
+    if current.get("version") != version or current.get("files") != hashes or not current.get("verified"):
         raise TransferError(
             f"board {board.name}: models/{recipe}/current is {current.get('version')!r} with files "
-            f"{current.get('files')} after installing {version.name} {hashes}"
+            f"{current.get('files')} after installing {version} {hashes}"
         )
     hook = answer.get("hook")
     if hook and hook.get("exit_code") != 0:

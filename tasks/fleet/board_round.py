@@ -16,10 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from tasks import stages
-from tasks.board.control import agent_json
 from tasks.board.inventory import Board
-from tasks.board.jobs import job_dir
-from tasks.board.transport import connect
+from tasks.board.joblink import job_link
 from tasks.errors import RecipeError, Straggler
 from tasks.fleet.privacy import check_budget, local_privacy
 from tasks.fleet.strategies import check_group
@@ -116,5 +114,5 @@ def board_round(
 def _cancel(board: Board, job_id: str) -> None:
     """Ask the board to stop a straggler's job (best effort: the board may be unreachable; the
     next round's job ends it anyway, as an orphan)."""
-    with contextlib.suppress(Exception), connect(board) as conn:
-        agent_json(conn, board, "cancel", job_dir(board, job_id))
+    with contextlib.suppress(Exception), job_link(board) as link:
+        link.cancel(job_id)

@@ -17,11 +17,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait
 
 from tasks import stages
-from tasks.board.control import agent_json
 from tasks.board.inventory import Board
-from tasks.board.jobs import job_dir
-from tasks.board.orphans import running_job
-from tasks.board.transport import connect
+from tasks.board.joblink import job_link
 from tasks.errors import FleetError
 from tasks.fleet.buffered import BufferedRun
 from tasks.prefect import fleet as ft
@@ -112,7 +109,7 @@ def stop_jobs(
 
 def _cancel_run_job(board: Board, tag: str) -> None:
     """Cancel the job training on ``board`` if it is this run's (best effort)."""
-    with contextlib.suppress(Exception), connect(board) as conn:
-        job = running_job(conn, board)
+    with contextlib.suppress(Exception), job_link(board) as link:
+        job = link.running_job()
         if job is not None and job.endswith(f"-{tag}"):
-            agent_json(conn, board, "cancel", job_dir(board, job))
+            link.cancel(job)

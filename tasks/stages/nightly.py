@@ -14,11 +14,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.board.agent import install_agent
-from tasks.board.control import list_dataset
 from tasks.board.inventory import Board
-from tasks.board.releases import install_version
-from tasks.board.transport import connect
+from tasks.board.joblink import job_link
 from tasks.judge.registry import ModelRegistry
 from tasks.nightly.board_data import BoardData
 from tasks.nightly.board_data import board_data as choose
@@ -33,9 +30,8 @@ def board_data(recipe: Recipe, board: Board, reg: ModelRegistry | None = None) -
     listed and hashed on the board and chosen by ``board_select``; None for other recipes."""
     if recipe.data.board_dataset is None:
         return None
-    with connect(board) as conn:
-        install_agent(conn, board)
-        listing = list_dataset(conn, board, recipe.data.board_dataset, recipe.data.board_format)
+    with job_link(board) as link:
+        listing = link.list_dataset(recipe.data.board_dataset, recipe.data.board_format)
     data = choose(recipe, board.name, listing, reg or registry())
     rec = data.record
     log.info("board %s: training on %d of %d files of %s (%d new, %d replayed, %d samples)", board.name,
@@ -62,9 +58,8 @@ def rollout(
     """Install registry ``version`` as the board's ``models/<recipe>/current`` (hash-verified);
     ``registry_key`` names the registry entry when it is not the board's (a fleet's group)."""
     chosen = (reg or registry()).version(recipe, registry_key or board.name, version)
-    with connect(board) as conn:
-        install_agent(conn, board)
-        answer = install_version(conn, board, recipe, chosen)
+    with job_link(board) as link:
+        answer = link.install(recipe, chosen)
     current, previous = answer["current"], answer.get("previous") or {}
     log.info("board %s: models/%s/current is %s (previous %s)", board.name, recipe, version,
              previous.get("version"))  # fmt: skip

@@ -12,6 +12,7 @@ copies the outputs the board sent, each verified again by its sha256.
 from __future__ import annotations
 
 import logging
+import secrets
 import shutil
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from tasks.board.agent import check_info
 from tasks.board.blobs import Delivered
 from tasks.board.inventory import Board
 from tasks.board.pull.mailbox import Mailbox
+from tasks.board.releases import RELEASE_FILES, checked_install
 from tasks.board.transport import ByteProgress
 from tasks.errors import BoardError, Straggler, TrainingFailed, TransferError
 from tasks.hashing import file_sha256
@@ -107,7 +109,7 @@ class PullLink:
     def _say_waiting(self, state: str) -> None:
         record = self.mailbox.board(self.board.name)
         seen = None if record is None or record.last_seen is None else time.time() - record.last_seen
-        what = "check in" if state == "pending" else "fetch the job and start it"
+        what = {"pending": "check in", "offered": "fetch the job and start it"}.get(state, state)
         log.info("waiting for %s to %s: last seen %s", self.board.name, what, ago(seen))
 
     def _deliver(self, line: str, last_seq: int, on_event: Any) -> int:
@@ -134,6 +136,50 @@ class PullLink:
         if result.status != "finished":
             raise TrainingFailed(f"job {job.id} {result.status} (exit {result.exit_code}): {result.error}")
         return result
+
+    def install(self, recipe: str, version: Any) -> dict[str, Any]:
+        """Hand the board a registry version to install as its current release and wait for its
+        answer (the same checks as over SSH: every file's sha256 verified on the board)."""
+        files = version.verified_files(RELEASE_FILES)  # name -> (path, sha256 as recorded)
+        hashes = {name: sha for name, (_, sha) in files.items()}
+        item = {"kind": "install-model", "id": f"install-{version.name}-{secrets.token_hex(6)}", "recipe": recipe,
+                "version": version.name, "files": hashes,
+                "blobs": {sha: Path(p).stat().st_size for p, sha in files.values()}}  # fmt: skip
+        answer = self._ask(
+            item, {sha: Path(p) for p, sha in files.values()}, f"installing {recipe} {version.name}"
+        )
+        return checked_install(self.board, recipe, version.name, hashes, answer)
+
+    def list_dataset(self, path: str, fmt: str) -> dict[str, Any]:
+        """The board's listing of its dataset folder ``path`` (files, sizes, sha256, samples)."""
+        item = {"kind": "list-dataset", "id": f"list-{secrets.token_hex(8)}", "path": path, "format": fmt}
+        return self._ask(item, {}, f"listing {path}")
+
+    def _ask(self, item: dict[str, Any], files: dict[str, Path], what: str) -> dict[str, Any]:
+        """Queue a work item that is not a job and wait for the board's answer at a check-in."""
+        self.accepted()
+        self.mailbox.submit(self.board.name, item, files, time.time() + self.board.pull_deadline_h * 3600)
+        said = 0.0
+        while not (job := self.mailbox.job(item["id"])).final:  # type: ignore[union-attr]
+            if job.state in ("pending", "offered") and time.monotonic() - said >= WAIT_LOG_S:
+                said = time.monotonic()
+                self._say_waiting("check in" if job.state == "pending" else "answer")
+            time.sleep(READ_S)
+        answer = job.result or {}
+        if job.state != "finished":
+            raise TransferError(
+                f"board {self.board.name}: {what}: {answer.get('error') or job.verdict or job.state}"
+            )
+        return answer
+
+    def running_job(self) -> str | None:
+        """The board's open training job in the mailbox (it trains one at a time), None when none is."""
+        jobs = [j for j in self.mailbox.jobs(self.board.name) if j.kind == "train"]
+        return jobs[-1].id if jobs else None
+
+    def cancel(self, job_id: str) -> None:
+        """Ask the board to stop the job at its next check-in (one it never took is cancelled now)."""
+        self.mailbox.stop(job_id)
 
     def fetch(self, job_id: str, result: JobResult, out_dir: Path, progress: ByteProgress | None,
               only: tuple[str, ...] | None) -> dict[str, Path]:  # fmt: skip

@@ -13,6 +13,7 @@ import contextlib
 from tasks.board.inventory import Board
 from tasks.board.transport.base import ByteProgress, Result, Transport, quote_argv
 from tasks.board.transport.local import LocalTransport
+from tasks.errors import BoardError
 
 __all__ = [
     "Board",
@@ -30,6 +31,9 @@ def connect(board: Board) -> Transport:
     """Open the transport ``board``'s inventory entry asks for (``ssh`` or ``local``)."""
     if board.transport == "local":
         return LocalTransport(board.name)
+    if board.transport == "pull":
+        raise BoardError(f"board {board.name} can only dial out (transport pull): the host cannot run a "
+                         "command on it; it takes jobs, releases and dataset listings at its check-ins")  # fmt: skip
     from tasks.board.transport.ssh import SSHTransport  # paramiko only when a board needs it
 
     return SSHTransport(board)
