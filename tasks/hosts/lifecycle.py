@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 STORE_URL, STORE_PASSWORD = "ODL_STORE_URL", "ODL_STORE_PASSWORD_FILE"
 HEARTBEAT_S = "30"  # a host's flow runs beat this often (Prefect's least): a silent one is lost
-DROPPED = ("ODL_INVENTORY", "PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_SERVER_DATABASE_CONNECTION_URL")
+DROPPED = ("ODL_INVENTORY", "PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_SERVER_DATABASE_CONNECTION_URL",
+           "PREFECT_SERVER_API_AUTH_STRING")  # a host worker is a client: the server's settings stay home
 
 
 def state_path(first: Path | None = None) -> Path:

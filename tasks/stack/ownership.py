@@ -8,8 +8,10 @@ free port. ``stack.json`` also keeps the alert setting (:mod:`tasks.stack.alerts
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import secrets
 import socket
 import time
 import urllib.error
@@ -36,6 +38,30 @@ def update_stack_config(home: Path, **values: object) -> dict:
     tmp.write_text(json.dumps(config) + "\n")
     os.replace(tmp, path)
     return config
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+AUTH_FILE = "api-auth"  # under PREFECT_HOME: the API's basic-auth credential, 0600
+
+
+def api_credential(home: Path, host: str) -> str | None:
+    """The Prefect API's credential (``user:password``) when the server listens beyond loopback:
+    made once under ``$ODL_HOME/prefect/api-auth`` (0600), never printed or logged; None on loopback."""
+    if host in LOOPBACK or host.startswith("127."):
+        return None
+    path = Path(home) / "prefect" / AUTH_FILE
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"odl:{secrets.token_urlsafe(24)}\n")
+    return path.read_text().strip()
+
+
+def auth_headers(env: dict[str, str]) -> dict[str, str]:
+    """The header that carries ``PREFECT_API_AUTH_STRING`` (Prefect's basic auth), when it is set."""
+    cred = env.get("PREFECT_API_AUTH_STRING")
+    return {"Authorization": "Basic " + base64.b64encode(cred.encode()).decode()} if cred else {}
 
 
 def api_healthy(env: dict[str, str]) -> bool:
@@ -65,7 +91,7 @@ def api(env: dict[str, str], method: str, path: str, body: dict | None = None) -
             env["PREFECT_API_URL"] + path,
             data=data,
             method=method,
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **auth_headers(env)},
         )
         try:
             with urllib.request.urlopen(req, timeout=5) as resp:

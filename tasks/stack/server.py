@@ -26,6 +26,7 @@ from tasks.stack import StackError, postgres
 from tasks.stack.automations import install_automations
 from tasks.stack.ownership import (
     DEFAULT_PORT,
+    api_credential,
     api_healthy,
     claim,
     foreign_server,
@@ -92,6 +93,11 @@ def stack_env(
         PYTHONUNBUFFERED="1",
     )
     env.pop("PREFECT_PROFILES_PATH", None)
+    env.pop("PREFECT_SERVER_API_AUTH_STRING", None)
+    env.pop("PREFECT_API_AUTH_STRING", None)
+    credential = api_credential(home, host)  # a server reachable beyond loopback takes basic auth
+    if credential:
+        env.update(PREFECT_SERVER_API_AUTH_STRING=credential, PREFECT_API_AUTH_STRING=credential)
     if db == "postgres":
         env["ODL_PG_PORT"] = str(pg_port or config.get("pg_port") or postgres.DEFAULT_PORT)
         env.pop("PREFECT_SERVER_DATABASE_CONNECTION_URL", None)  # it would win over the one below

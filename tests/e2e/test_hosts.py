@@ -197,3 +197,32 @@ def _aggregate_both_ways(home: Path, record: dict, originals: dict[str, Path]) -
         one.close_round(1, results)
         fanned = checkpoint_weights(fleet_dir / "round-001" / "aggregate.ckpt", trainable_only=True)
     return fanned, one.weights, start
+
+
+def test_a_server_beyond_loopback_refuses_a_request_without_its_credential(hosts_lab):
+    """The lab's server listens on 0.0.0.0: the API takes Prefect's basic auth (the credential made
+    once, 0600, in the first home), a request without it is refused 401, one with it answered; a
+    host's worker gets the client's credential, never the server's setting."""
+    import base64
+    import stat
+    import urllib.error
+    import urllib.request
+
+    api = hosts_lab["PREFECT_API_URL"]
+    cred_file = Path(hosts_lab["ODL_HOME"]) / "prefect" / "api-auth"
+    assert stat.S_IMODE(cred_file.stat().st_mode) == 0o600
+    assert hosts_lab["PREFECT_API_AUTH_STRING"] == cred_file.read_text().strip()
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(
+            urllib.request.Request(api + "/flows/filter", data=b"{}", method="POST"), timeout=5
+        )
+    assert refused.value.code == 401
+    good = base64.b64encode(hosts_lab["PREFECT_API_AUTH_STRING"].encode()).decode()
+    req = urllib.request.Request(api + "/flows/filter", data=b"{}", method="POST",
+                                 headers={"Authorization": f"Basic {good}", "Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        assert resp.status == 200
+    from tasks.hosts.lifecycle import host_env
+
+    worker = host_env(hosts_lab, Path(hosts_lab["ODL_HOME"]) / "hosts" / "x", api)
+    assert worker["PREFECT_API_AUTH_STRING"] and "PREFECT_SERVER_API_AUTH_STRING" not in worker
