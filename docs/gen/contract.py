@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 
 from device_agent import cli as agent_cli
 from device_agent import protocol
+from device_agent.pull import contract as pull_contract
 from docs.gen.cli import _subcommands
 from docs.gen.markdown import cell, code, table
 from tasks.exits import EXIT_INFO, HOST_EXITS, error_tree, exit_table
@@ -134,5 +136,40 @@ def protocol_page() -> str:
     for cls in (protocol.JobSpec, protocol.DataRef, protocol.DataFile, protocol.TrainParams, protocol.Event,
                 protocol.JobResult, protocol.FileRef, protocol.BoardInfo, protocol.BlobListing):  # fmt: skip
         out += _wire_type(cls)
-    out += ["", "## Exit codes", "", _agent_codes()]
+    out += ["", *_pull_section(), "", "## Exit codes", "", _agent_codes()]
     return "\n".join(out)
+
+
+def _pull_section() -> list[str]:
+    """Pull mode: the endpoint's routes and headers from ``device_agent/pull/contract.py``, the
+    credentials and where each side keeps them."""
+    doc = inspect.cleandoc(pull_contract.__doc__ or "")
+    text = re.sub(r":(?:data|func|class|mod):`~?(?:[\w.]+\.)?(\w+)`", r"`\1`", doc.replace("``", "`"))
+    return [
+        "## Pull mode",
+        "",
+        f"Contract `{pull_contract.CONTRACT}`, routes under `{pull_contract.PREFIX}`, a request's time within "
+        f"{pull_contract.MAX_SKEW_S} s of the host's, check-ins every {pull_contract.SLEEP_BOUNDS_S[0]:g} to "
+        f"{pull_contract.SLEEP_BOUNDS_S[1]:g} s as the host says, transfers in pieces of "
+        f"{pull_contract.CHUNK // 2**20} MiB. How a user sets a board up: [A board that can only dial out]"
+        "(../tutorials/pull-board.md).",
+        "",
+        text,
+        "",
+        "**Credentials.** The board: `ROOT/pull/board.key` (its private key, 0600, made by `openssl` on the "
+        "board, never sent), `ROOT/pull/endpoint.pem` (the pinned endpoint certificate), "
+        "`ROOT/pull/config.json` (endpoint, pin, name; 0600). The host: `$ODL_HOME/pull/tls/` (the "
+        "endpoint's certificate and its key, 0600, made once by `odl endpoint up` and kept: every board "
+        "pinned it), `$ODL_HOME/pull/mailbox.sqlite3` (each board's public key and state; one-time codes "
+        "stored as their sha256 only, valid once for a day), `$ODL_HOME/pull/endpoint.json` (url, listen "
+        "address, pin). No secret is a flow parameter or a log line.",
+        "",
+        "| command | what it does |",
+        "|---|---|",
+        "| `odl endpoint up --listen HOST:PORT --url https://NAME:PORT` | start the endpoint (a service of the stack) |",
+        '| `odl board enrol NAME` | the inventory entry (`transport = "pull"`) and a one-time code |',
+        "| `odl board accept NAME --fingerprint sha256:...` | accept a board that enrolled without a code |",
+        "| `odl board revoke NAME` | refuse the board's every request from the next one on |",
+        "| `python3 -m device_agent --root ROOT enrol --endpoint URL --pin PIN --name NAME [--code CODE]` | on the board: key, pin, enrolment |",
+        "| `python3 -m device_agent --root ROOT pull [--once]` | on the board: the service (`deploy/board/odl-pull.service`) |",
+    ]

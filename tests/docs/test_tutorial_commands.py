@@ -31,6 +31,13 @@ ALLOWED = {
         "tests/flow/test_nightly.py::test_nightly_cycles_promote_reject_rollout_and_rollback",
     "make nightly": "tests/flow/test_nightly.py::test_nightly_cycles_promote_reject_rollout_and_rollback",
     "make teacher": "tests/flow/teacher_nights.py::test_a_teacher_labels_two_nights_of_unlabeled_board_data",
+    "odl board up --name nat1 --pull": "tests/e2e/test_pull_board.py::test_nothing_reaches_the_board_from_outside",
+    "odl board list": "tests/e2e/test_pull_board.py::test_odl_full_promotes_through_pull_mode",
+    "cd ~/odl/agent": "tests/e2e/test_pull_board.py::test_the_tutorials_board_commands_enrol_a_board_and_check_in",
+    "python3 -m device_agent --root ~/odl enrol --endpoint <ENDPOINT> --pin <PIN> --name <NAME> --code <CODE>":
+        "tests/e2e/test_pull_board.py::test_the_tutorials_board_commands_enrol_a_board_and_check_in",
+    "python3 -m device_agent --root ~/odl pull --once":
+        "tests/e2e/test_pull_board.py::test_the_tutorials_board_commands_enrol_a_board_and_check_in",
     "make fleet":
         "tests/fleet/test_fleet_flow.py::test_rounds_average_what_the_boards_sent_and_go_on_without_a_failed_board",
 }  # fmt: skip

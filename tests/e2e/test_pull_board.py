@@ -19,26 +19,30 @@ import pytest
 
 from tasks.paths import PROJECT_ROOT
 from tests.e2e.prefect_api import post as api
-from tests.fixtures_board import BOARD_VENV, odl_home_env
+from tests.fixtures_board import odl_home_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.board]
-NAME = "pullb"
+NAME = "nat1"  # the tutorial's name (docs/tutorials/pull-board.md)
 
 
 @pytest.fixture(scope="module")
 def pull_board(virtual_board_home: Path):
-    """The NAT'd pull board of the session's home (its endpoint at the lab gateway); all gone after."""
-    from flows.cli.pull import lab_endpoint
+    """The NAT'd pull board of the session's home, made as the tutorial makes it (``odl board up
+    --name nat1 --pull``: its endpoint at the lab gateway); board, endpoint and gateway gone after."""
     from tasks.stack.endpoint import stop
-    from tasks.vboard.lifecycle import board_down, board_up
+    from tasks.vboard.lifecycle import board_down
     from tasks.vboard.natnet import remove_gateway
 
     if os.geteuid() != 0:
         pytest.skip("a NAT'd virtual board needs root (ip netns, nftables, useradd)")
-    with odl_home_env(virtual_board_home):
-        try:
-            yield board_up(NAME, venv=BOARD_VENV, pull=lab_endpoint())
-        finally:
+    env = {**os.environ, "ODL_HOME": str(virtual_board_home)}
+    try:
+        up = _odl(env, "board", "up", "--name", NAME, "--pull", timeout=600)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert f"board {NAME} up behind NAT" in up.stdout, up.stdout
+        yield NAME
+    finally:
+        with odl_home_env(virtual_board_home):
             board_down(NAME, purge=True)
             stop(virtual_board_home)
             remove_gateway()
@@ -109,7 +113,7 @@ def test_a_board_rebooted_mid_training_resumes_its_job(pull_board, virtual_board
     pullboard.stop_service(bdir)
     pullboard.start_service(bdir, state)
     assert run.returncode == 0, out[-3000:]
-    assert "job reboot-1 on pullb: finished, 156 steps" in out, out[-2000:]
+    assert f"job reboot-1 on {NAME}: finished, 156 steps" in out, out[-2000:]
     events = [json.loads(line) for line in (jobs / "events.jsonl").read_text().splitlines()]
     assert sum(e["type"] == "started" for e in events) == 2  # resumed once, from its checkpoint
     assert ([e for e in events if e["type"] == "started"][1]["data"].get("resumed_from_step") or 0) > 0
@@ -134,7 +138,57 @@ def test_a_board_offline_past_its_deadline_ends_the_run_in_one_line(pull_board, 
             pullboard.start_service(bdir, _state(virtual_board_home))
     errors = [line for line in done.stderr.splitlines() if line.startswith("odl: error")]
     assert done.returncode != 0 and len(errors) == 1, done.stdout[-1500:] + done.stderr[-1500:]
-    assert "expired on board pullb" in errors[0] and "before the deadline" in errors[0], errors
+    assert f"expired on board {NAME}" in errors[0] and "before the deadline" in errors[0], errors
+
+
+TUTORIAL = PROJECT_ROOT / "docs" / "tutorials" / "pull-board.md"
+
+
+def tutorial_block(after: str) -> list[str]:
+    """The command lines of the tutorial's first ```bash block after the text ``after``."""
+    text = TUTORIAL.read_text()
+    block = re.search(r"^```bash\n(.*?)^```", text[text.index(after) :], re.S | re.M).group(1)
+    return [line for line in block.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_the_tutorials_board_commands_enrol_a_board_and_check_in(pull_board, virtual_board_home, tmp_path):
+    """The tutorial's real-board steps, as typed: `odl board enrol`, then on the board (the NAT'd
+    namespace, the board's own user, a fresh home holding a copy of device_agent/) the printed
+    values in the tutorial's board commands: the board enrols with the one-time code and checks in.
+    The systemd unit it installs is verified with systemd-analyze where that exists."""
+    import shutil
+
+    env = {**os.environ, "ODL_HOME": str(virtual_board_home)}
+    enrol = _odl(env, "board", "enrol", "nat2")
+    assert enrol.returncode == 0, enrol.stderr
+    printed = dict(re.findall(r"--(endpoint|pin|name|code) (\S+)", enrol.stdout))
+    assert set(printed) == {"endpoint", "pin", "name", "code"}, enrol.stdout
+    state = _state(virtual_board_home)
+    home = tmp_path / "board-home"
+    shutil.copytree(PROJECT_ROOT / "device_agent", home / "odl" / "agent" / "device_agent",
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    subprocess.run(["chown", "-R", f"{state['user']}:{state['user']}", str(tmp_path)], check=True)
+    tmp_path.chmod(0o755)
+    path = f"{Path(state['python']).parent}:/usr/bin:/bin"  # python3: the board's own
+    for line in tutorial_block("run what `odl board enrol` printed"):
+        for key, value in printed.items():
+            line = line.replace(f"<{key.upper()}>", value)
+        assert "<" not in line, line
+        done = subprocess.run(["nsenter", f"--net=/run/netns/{state['netns']}", "runuser", "-u", state["user"],
+                               "--", "env", f"HOME={home}", f"PATH={path}", "sh", "-c", line],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0, (line, done.stdout, done.stderr)
+    listed = _odl(env, "board", "list").stdout
+    assert re.search(r"nat2\s+pull \(accepted, last seen \d+ s ago\)", listed), listed
+    unit = PROJECT_ROOT / "deploy" / "board" / "odl-pull.service"
+    assert tutorial_block("install the service")[0].startswith("install -m 644 odl-pull.service")
+    if shutil.which("systemd-analyze"):
+        checked = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
+        assert checked.returncode == 0 and "odl-pull" not in checked.stderr, checked.stderr
+    with odl_home_env(virtual_board_home):
+        from tasks.board.inventory import remove_board
+
+        remove_board("nat2")
 
 
 def test_a_revoked_board_is_refused_on_both_sides_in_one_line(pull_board, virtual_board_home):
@@ -151,6 +205,6 @@ def test_a_revoked_board_is_refused_on_both_sides_in_one_line(pull_board, virtua
         assert time.monotonic() < deadline, "the board's service did not stop once revoked"
         time.sleep(0.5)
     log = (bdir / "pull.log").read_text()
-    assert "board pullb is revoked" in log, log[-1500:]
+    assert f"board {NAME} is revoked" in log, log[-1500:]
     done = _odl(env, "run", "recipes/digits.toml", "--board", NAME, timeout=180)
-    assert done.returncode != 0 and "board pullb is revoked" in done.stderr, done.stderr[-1500:]
+    assert done.returncode != 0 and f"board {NAME} is revoked" in done.stderr, done.stderr[-1500:]
