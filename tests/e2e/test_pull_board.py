@@ -151,7 +151,7 @@ def tutorial_block(after: str) -> list[str]:
     return [line for line in block.splitlines() if line.strip() and not line.startswith("#")]
 
 
-def test_the_tutorials_board_commands_enrol_a_board_and_check_in(pull_board, virtual_board_home, tmp_path):
+def test_the_tutorials_board_commands_enrol_a_board_and_check_in(pull_board, virtual_board_home):
     """The tutorial's real-board steps, as typed: `odl board enrol`, then on the board (the NAT'd
     namespace, the board's own user, a fresh home holding a copy of device_agent/) the printed
     values in the tutorial's board commands: the board enrols with the one-time code and checks in.
@@ -164,20 +164,21 @@ def test_the_tutorials_board_commands_enrol_a_board_and_check_in(pull_board, vir
     printed = dict(re.findall(r"--(endpoint|pin|name|code) (\S+)", enrol.stdout))
     assert set(printed) == {"endpoint", "pin", "name", "code"}, enrol.stdout
     state = _state(virtual_board_home)
-    home = tmp_path / "board-home"
+    home = Path(state["home"]) / "tutorial"  # a fresh home of the board's user: a board new to ODL
+    shutil.rmtree(home, ignore_errors=True)
     shutil.copytree(PROJECT_ROOT / "device_agent", home / "odl" / "agent" / "device_agent",
                     ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
-    subprocess.run(["chown", "-R", f"{state['user']}:{state['user']}", str(tmp_path)], check=True)
-    tmp_path.chmod(0o755)
+    subprocess.run(["chown", "-R", f"{state['user']}:{state['user']}", str(home)], check=True)
     path = f"{Path(state['python']).parent}:/usr/bin:/bin"  # python3: the board's own
-    for line in tutorial_block("run what `odl board enrol` printed"):
-        for key, value in printed.items():
-            line = line.replace(f"<{key.upper()}>", value)
-        assert "<" not in line, line
-        done = subprocess.run(["nsenter", f"--net=/run/netns/{state['netns']}", "runuser", "-u", state["user"],
-                               "--", "env", f"HOME={home}", f"PATH={path}", "sh", "-c", line],
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
-        assert done.returncode == 0, (line, done.stdout, done.stderr)
+    script = "\n".join(["set -e", *tutorial_block("run what `odl board enrol` printed")])
+    for key, value in printed.items():
+        script = script.replace(f"<{key.upper()}>", value)
+    assert "<" not in script, script
+    done = subprocess.run(["nsenter", f"--net=/run/netns/{state['netns']}", "runuser", "-u", state["user"],
+                           "--", "env", f"HOME={home}", f"PATH={path}", "sh", "-c", script],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    shutil.rmtree(home, ignore_errors=True)
+    assert done.returncode == 0, (script, done.stdout, done.stderr)
     listed = _odl(env, "board", "list").stdout
     assert re.search(r"nat2\s+pull \(accepted, last seen \d+ s ago\)", listed), listed
     unit = PROJECT_ROOT / "deploy" / "board" / "odl-pull.service"
