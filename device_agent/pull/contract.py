@@ -19,8 +19,11 @@ Routes under :data:`PREFIX` (``POST`` bodies are JSON unless said otherwise):
 - ``POST enrol`` ``{"name", "public_key" (PEM), "code" (one-time, optional), "info"}``: signed by the
   key it sends. Answers ``{"state": "accepted"}``, or 202 ``{"state": "pending", "sleep_s"}`` until
   an operator accepts it (``odl board accept NAME``).
-- ``POST poll`` ``{"info", "jobs": {job_id: state}}``: the check-in (``info`` the agent's
+- ``POST poll`` ``{"info", "jobs": {job_id: state}, "wait_s"}``: the check-in (``info`` the agent's
   :class:`~device_agent.messages.BoardInfo`, ``jobs`` the state of each job the board holds).
+  With ``wait_s`` (at most :data:`LONG_POLL_S`) a board with nothing open lets the host hold the
+  request until work for it arrives or ``wait_s`` passes (a long poll: a job is taken within a
+  second of its submission, at one request per ``wait_s`` from an idle board).
   Answers ``{"sleep_s", "work"}``, ``work`` a list of :data:`WORK_KINDS` items, each with an ``id``:
   ``{"kind": "train", "id": job_id, "spec", "blobs": {sha256: size}, "upload": [output names]}``
   (train the job, send back the outputs named, e.g. ``["inference"]``); ``{"kind": "stop", "id":
@@ -58,6 +61,7 @@ H_SIGNATURE = "X-ODL-Signature"
 MAX_SKEW_S = 300  # a request's time may differ from the host's clock by this much
 NONCE_RE = re.compile(r"^[0-9a-f]{32}$")
 SLEEP_BOUNDS_S = (1.0, 3600.0)  # what the host may tell a board to sleep between check-ins
+LONG_POLL_S = 25.0  # an idle board's check-in the host may hold this long, answering as work arrives
 WORK_KINDS = ("train", "stop", "install-model", "list-dataset")
 CHUNK = 1 << 20  # bytes a board sends or asks for in one request
 PIN_RE = re.compile(r"^sha256:[0-9a-f]{64}$")  # the endpoint certificate's pin, as operators type it

@@ -34,7 +34,7 @@ from device_agent.models import install
 from device_agent.protocol import ExitCode
 from device_agent.pull.client import Answer, Client, backoff_s, untrusted
 from device_agent.pull.config import STATES, PullConfig, load_config, save_config
-from device_agent.pull.contract import SLEEP_BOUNDS_S
+from device_agent.pull.contract import LONG_POLL_S, SLEEP_BOUNDS_S
 from device_agent.pull.identity import pull_dir
 from device_agent.pull.jobs import PullJobs, item_id
 from device_agent.pull.transfer import fetch_blobs
@@ -95,14 +95,15 @@ def clamp_sleep(value: object) -> float:
     return min(max(wait, low), high)
 
 
-def check_in(client: Client, root: Path, jobs: PullJobs) -> float:
-    """One check-in and its work; the seconds to sleep before the next."""
+def check_in(client: Client, root: Path, jobs: PullJobs, wait_s: float = 0.0) -> float:
+    """One check-in and its work; the seconds to sleep before the next. ``wait_s``: how long the
+    host may hold the check-in of an idle board (a long poll)."""
     if client.config.state != "accepted":
         answer = enrol(client, root)
         log.info("board %s: enrolment %s", client.config.name, client.config.state)
         if client.config.state != "accepted":
             return clamp_sleep(answer.data.get("sleep_s"))
-    body = {"info": board_info(root).to_dict(), "jobs": board_jobs(root)}
+    body = {"info": board_info(root).to_dict(), "jobs": board_jobs(root), "wait_s": wait_s}
     answer = client.call("POST", "poll", body)
     if answer.status in REFUSED:
         raise untrusted(
@@ -218,7 +219,7 @@ def serve(root: Path, stop_after: int | None = None, *, client: Client | None = 
     try:
         while stop_after is None or done < stop_after:
             try:
-                wait = check_in(client, root, jobs)
+                wait = check_in(client, root, jobs, LONG_POLL_S if stop_after is None else 0.0)
                 if last_error:
                     log.info("endpoint %s: check-ins work again", client.config.url)
                 failures, last_error = 0, ""

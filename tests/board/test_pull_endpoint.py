@@ -6,8 +6,8 @@ from an offset, resumable verified outputs, a result applied once, and 429 under
 from __future__ import annotations
 
 import hashlib
-import re
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -180,3 +180,32 @@ def test_an_overloaded_endpoint_answers_429_with_retry_after(tmp_path):
         gate.set()
         first.join(10)
     assert busy.status_code == 429 and int(busy.headers["Retry-After"]) >= 5
+
+
+def test_an_idle_boards_check_in_is_held_until_work_arrives(tmp_path):
+    """A long poll: the check-in of an idle board (wait_s 10) is answered within a second of a job's
+    submission, not at its next check-in; held, it does not count as load (max_inflight=1 still
+    answers another board); with nothing to hand out it ends at wait_s, telling the board to ask again."""
+    with running_endpoint(tmp_path, max_inflight=1) as ep:
+        a, b = _enrolled(ep, "b-held"), _enrolled(ep, "b-other2")
+        sha, path = _blob(tmp_path, b"held")
+        got: dict = {}
+
+        def held() -> None:
+            t0 = time.monotonic()
+            got["reply"] = a.request("POST", "poll", {"info": {}, "jobs": {}, "wait_s": 10}).json()
+            got["s"] = time.monotonic() - t0
+
+        poller = threading.Thread(target=held)
+        poller.start()
+        time.sleep(1.0)
+        assert b.request("POST", "poll", {}).status_code == 200  # the held one is not load
+        _job(ep, "b-held", "job-held", {sha: path})
+        submitted = time.monotonic()
+        poller.join(15)
+        answered_after = time.monotonic() - submitted  # the poller has returned by now
+        assert [w["id"] for w in got["reply"]["work"]] == ["job-held"]
+        assert answered_after < 8 and got["s"] < 9.5, got  # answered when the job came, before the hold ended
+        t0 = time.monotonic()
+        empty = b.request("POST", "poll", {"info": {}, "jobs": {}, "wait_s": 1.5}).json()
+        assert empty == {"sleep_s": 1.0, "work": []} and time.monotonic() - t0 >= 1.4

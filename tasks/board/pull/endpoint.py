@@ -11,6 +11,7 @@ larger than a contract chunk is refused (413) before it is read whole.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import random
@@ -26,7 +27,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from device_agent.protocol import SpecError, valid_blob_name, valid_job_id
-from device_agent.pull.contract import CHUNK, H_BOARD, PREFIX, SLEEP_BOUNDS_S
+from device_agent.pull.contract import CHUNK, H_BOARD, LONG_POLL_S, PREFIX, SLEEP_BOUNDS_S
 from tasks.board.pull import trust
 from tasks.board.pull.mailbox import Mailbox, Refused
 
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 MAX_BODY = CHUNK + 64 * 1024  # a chunk of an output, or a result / events that large at most
 MAX_INFLIGHT = 64  # requests served at once before the endpoint answers 429
 RETRY_AFTER_S = 5
+TICK_S = 0.5  # how often held check-ins look for work
 
 
 def _error(status: int, line: str, **extra: Any) -> JSONResponse:
@@ -73,6 +75,8 @@ def _int(request: Request, name: str) -> int:
 def build_app(mailbox: Mailbox, max_inflight: int = MAX_INFLIGHT) -> ASGIApp:
     """The endpoint's ASGI app over ``mailbox``."""
 
+    waiters = Waiters(mailbox)
+
     async def signed(request: Request) -> tuple[str, bytes]:
         body = await _body(request)
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
@@ -101,8 +105,15 @@ def build_app(mailbox: Mailbox, max_inflight: int = MAX_INFLIGHT) -> ASGIApp:
         board, body = await signed(request)
         msg = _json(body, "poll")
         info = msg.get("info") if isinstance(msg.get("info"), dict) else None
+        wait_s = msg.get("wait_s") if isinstance(msg.get("wait_s"), int | float) else 0.0
         await off_loop(mailbox.checked_in, board, info)
         work, sleep_s = await off_loop(mailbox.work_for, board)
+        if not work and wait_s > 0 and not await off_loop(mailbox.jobs, board):  # idle: hold it
+            request.scope.get("release", lambda: None)()  # a held check-in is not load
+            if await waiters.wait(board, min(float(wait_s), LONG_POLL_S)):
+                work, sleep_s = await off_loop(mailbox.work_for, board)
+            if not work:
+                sleep_s = SLEEP_BOUNDS_S[0]  # the hold was the wait: check in again at once
         low, high = SLEEP_BOUNDS_S
         return JSONResponse({"sleep_s": min(high, max(low, sleep_s)), "work": work})
 
@@ -169,6 +180,37 @@ async def _malformed(request: Request, exc: Exception) -> Response:
     return _error(400, str(exc))
 
 
+class Waiters:
+    """Held check-ins of idle boards: one mailbox query every ``TICK_S`` for all of them wakes those
+    whose board has work (a run, on any host, submits to the mailbox, never to this process)."""
+
+    def __init__(self, mailbox: Mailbox) -> None:
+        self.mailbox = mailbox
+        self.events: dict[str, asyncio.Event] = {}
+        self.ticker: asyncio.Task[None] | None = None
+
+    async def wait(self, board: str, seconds: float) -> bool:
+        """Hold until ``board`` has work (True) or ``seconds`` pass (False)."""
+        event = self.events.setdefault(board, asyncio.Event())
+        if self.ticker is None or self.ticker.done():
+            self.ticker = asyncio.get_running_loop().create_task(self._tick())
+        try:
+            await asyncio.wait_for(event.wait(), seconds)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            if self.events.get(board) is event:
+                del self.events[board]
+
+    async def _tick(self) -> None:
+        while self.events:
+            await asyncio.sleep(TICK_S)
+            busy = await off_loop(self.mailbox.boards_with_work)
+            for board in busy & set(self.events):
+                self.events[board].set()
+
+
 class Throttle:
     """ASGI middleware: 429 with ``Retry-After`` once ``limit`` requests are in flight."""
 
@@ -184,6 +226,15 @@ class Throttle:
             busy = self.inflight >= self.limit
             if not busy:
                 self.inflight += 1
+        released = False
+
+        def release() -> None:  # a request that waits without working frees its slot
+            nonlocal released
+            with self.lock:
+                if not released:
+                    released, self.inflight = True, self.inflight - 1
+
+        scope["release"] = release
         if busy:
             wait = RETRY_AFTER_S + random.randint(0, RETRY_AFTER_S)
             reply = _error(429, f"the endpoint is busy ({self.limit} requests at once): retry later")
@@ -193,5 +244,4 @@ class Throttle:
         try:
             await self.app(scope, receive, send)
         finally:
-            with self.lock:
-                self.inflight -= 1
+            release()

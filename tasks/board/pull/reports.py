@@ -40,6 +40,14 @@ class Reports(Store):
         busy = bool(self.jobs(board))  # type: ignore[attr-defined]
         return work, SLEEP_BUSY_S if busy else SLEEP_IDLE_S
 
+    def boards_with_work(self) -> set[str]:
+        """The boards that have a job to take or to stop (one query for every held check-in)."""
+        with self.tx() as db:
+            rows = db.execute(
+                "SELECT DISTINCT board FROM jobs WHERE state IN ('pending', 'stopping')"
+            ).fetchall()
+        return {r[0] for r in rows}
+
     def own_job(self, board: str, job_id: str) -> JobRecord:
         """``job_id`` when it is ``board``'s, else Refused (404 unknown, 403 another board's)."""
         job = self.job(job_id)  # type: ignore[attr-defined]
