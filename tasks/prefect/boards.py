@@ -28,6 +28,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tasks.board.check_items import fmt_mb
+from tasks.board.inventory import load_inventory
+from tasks.board.pull.link import ago
+from tasks.board.pull.mailbox import Mailbox
+from tasks.errors import BoardError
 from tasks.paths import state_dir
 from tasks.stack.automations import SPAN_S, events_page
 
@@ -128,12 +132,15 @@ def overview_rows(
     metric, when promoted), the last training, free disk and RAM, its last ``events`` (type, time)
     and, with a ``ui``, a link to its event feed; from the records and the registry."""
     rows, at = [], time.time()
+    pull = pull_boards(boards)
     for board in boards:
         path = state_dir("boards-seen") / f"{board}.json"
         rec = json.loads(path.read_text()) if path.is_file() else {}
         serving, trained = _serving(registry, board)
         reachable = {True: "yes", False: "NO"}.get(rec.get("reachable"), "not checked")
         checked = [_when(rec["checked_at"])] if rec.get("checked_at") else []
+        if board in pull:  # a board that dials out: its enrolment and last check-in, not a check
+            reachable, checked = f"pull, {pull[board][0]}", [f"checked in {ago(pull[board][1])}"]
         feed = [f"[event feed]({events_page(ui, resource_id(board))})"] if ui else []
         recent = (events or {}).get(board, [])
         rows.append({
@@ -145,6 +152,24 @@ def overview_rows(
             "events": BREAK.join([events_cell(recent, at, BREAK)] * bool(recent) + feed) or NONE,
         })  # fmt: skip
     return rows
+
+
+def pull_boards(boards: list[str]) -> dict[str, tuple[str, float | None]]:
+    """The pull-mode boards among ``boards`` (the inventory's ``transport = "pull"``): their state
+    and seconds since their last check-in, from the mailbox."""
+    try:
+        inventory = load_inventory()
+    except BoardError:
+        return {}
+    names = [b for b in boards if b in inventory and inventory[b].transport == "pull"]
+    if not names:
+        return {}
+    mailbox, now, out = Mailbox(), time.time(), {}
+    for name in names:
+        record = mailbox.board(name)
+        seen_s = None if record is None or record.last_seen is None else now - record.last_seen
+        out[name] = (record.state if record else "not enrolled", seen_s)
+    return out
 
 
 def _serving(registry: Any, board: str) -> tuple[list[str], float | None]:

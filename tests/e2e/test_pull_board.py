@@ -83,6 +83,13 @@ def test_odl_full_promotes_through_pull_mode(prefect_stack, pull_board, virtual_
     assert run["state"]["type"] == "COMPLETED"
     listed = _odl(prefect_stack, "board", "list").stdout
     assert re.search(rf"{NAME}\s+pull \(accepted, last seen \d+ s ago\)", listed), listed
+    logs = api(prefect_stack, "/logs/filter", {"logs": {"flow_run_id": {"any_": [run_id]}}, "limit": 200})
+    assert any(re.match(rf"waiting for {NAME} to check in: last seen \d+ s ago", x["message"]) for x in logs), [
+        x["message"] for x in logs][:40]  # fmt: skip
+    overview = api(prefect_stack, "/artifacts/filter", {"artifacts": {"key": {"any_": ["odl-boards"]}},
+                                                        "sort": "CREATED_DESC", "limit": 1})[0]  # fmt: skip
+    row = next(r for r in json.loads(overview["data"]) if r["board"] == NAME)
+    assert row["reachable"].startswith("pull, accepted<br>checked in "), row
 
 
 def test_a_board_rebooted_mid_training_resumes_its_job(pull_board, virtual_board_home):
