@@ -84,7 +84,7 @@ def test_odl_full_promotes_through_pull_mode(prefect_stack, pull_board, virtual_
     listed = _odl(prefect_stack, "board", "list").stdout
     assert re.search(rf"{NAME}\s+pull \(accepted, last seen \d+ s ago\)", listed), listed
     logs = api(prefect_stack, "/logs/filter", {"logs": {"flow_run_id": {"any_": [run_id]}}, "limit": 200})
-    assert any(re.match(rf"waiting for {NAME} to check in: last seen \d+ s ago", x["message"]) for x in logs), [
+    assert any(re.match(rf"waiting for {NAME} to (check in|fetch the job and start it): last seen \d+ s ago", x["message"]) for x in logs), [
         x["message"] for x in logs][:40]  # fmt: skip
     overview = api(prefect_stack, "/artifacts/filter", {"artifacts": {"key": {"any_": ["odl-boards"]}},
                                                         "sort": "CREATED_DESC", "limit": 1})[0]  # fmt: skip
