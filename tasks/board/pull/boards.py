@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import json
 import secrets
-import sqlite3
 import time
 from typing import Any
 
 from tasks.board.pull.records import CODE_TTL_S, NONCE_KEEP_S, OPEN, BoardRecord, Refused, Store, code_hash
 from tasks.errors import BoardError
+
+# a board's whole row, replaced when the name is there already (every column set, as a new row has it)
+SET_BOARD = (
+    "INSERT INTO boards (name, state, public_key, code_hash, code_expires, since, last_seen, info)"
+    " VALUES ({values}) ON CONFLICT (name) DO UPDATE SET state=excluded.state,"
+    " public_key=excluded.public_key, code_hash=excluded.code_hash, code_expires=excluded.code_expires,"
+    " since=excluded.since, last_seen=excluded.last_seen, info=excluded.info"
+)
 
 
 class Boards(Store):
@@ -25,8 +32,7 @@ class Boards(Store):
             if row and row[0] == "accepted":
                 raise BoardError(f"board {name} is enrolled already: `odl board revoke {name}` first")
             db.execute(
-                "INSERT OR REPLACE INTO boards (name, state, public_key, code_hash, code_expires, since)"
-                " VALUES (?, 'invited', NULL, ?, ?, ?)",
+                SET_BOARD.format(values="?, 'invited', NULL, ?, ?, ?, NULL, NULL"),
                 (name, code_hash(code), now + CODE_TTL_S, now),
             )
         return code
@@ -53,8 +59,7 @@ class Boards(Store):
             else:
                 new = "pending"
             db.execute(
-                "INSERT OR REPLACE INTO boards (name, state, public_key, code_hash, code_expires, since,"
-                " last_seen, info) VALUES (?, ?, ?, NULL, NULL, ?, ?, ?)",
+                SET_BOARD.format(values="?, ?, ?, NULL, NULL, ?, ?, ?"),
                 (name, new, public_key, now, now, json.dumps(info) if info else None),
             )
         return new
@@ -97,11 +102,11 @@ class Boards(Store):
         """Record a request's nonce; False when the board used it already (a replay)."""
         with self.tx() as db:
             db.execute("DELETE FROM nonces WHERE ts < ?", (time.time() - NONCE_KEEP_S,))
-            try:
-                db.execute("INSERT INTO nonces VALUES (?, ?, ?)", (board, nonce, ts))
-            except sqlite3.IntegrityError:
-                return False
-        return True
+            cur = db.execute(
+                "INSERT INTO nonces (board, nonce, ts) VALUES (?, ?, ?) ON CONFLICT (board, nonce) DO NOTHING",
+                (board, nonce, ts),
+            )
+        return cur.rowcount == 1
 
     def checked_in(self, name: str, info: dict[str, Any] | None) -> None:
         """A board's check-in: when, and what its agent said of itself."""

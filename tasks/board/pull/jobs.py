@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
-import secrets
 import time
 from pathlib import Path
 from typing import Any
 
-from device_agent.protocol import file_sha256, valid_blob_name, valid_job_id
-from tasks.board.pull.records import JOB_COLUMNS, OPEN, JobRecord, Refused, Store, job_from_row
+from device_agent.protocol import valid_blob_name, valid_job_id
+from tasks.board.pull.blobs import Blobs
+from tasks.board.pull.records import JOB_COLUMNS, OPEN, JobRecord, Refused, job_from_row
 from tasks.errors import BoardError
 
 
-class Jobs(Store):
+class Jobs(Blobs):
     """The jobs' part of the mailbox (the host's side of it)."""
 
     def submit(self, board: str, item: dict[str, Any], files: dict[str, Path], deadline: float) -> JobRecord:
@@ -38,22 +37,6 @@ class Jobs(Store):
                 )
                 db.executemany("INSERT INTO job_blobs VALUES (?, ?)", [(job_id, s) for s in files])
         return self.job(job_id)  # type: ignore[return-value]
-
-    def add_blob(self, sha: str, path: Path) -> Path:
-        """``blobs/<sha>``: a hard link to ``path`` (a copy across filesystems), verified first."""
-        dest = self.blobs / sha
-        if dest.exists():
-            return dest
-        tmp = self.blobs / f".tmp-{sha}-{secrets.token_hex(4)}"
-        try:
-            os.link(path, tmp)
-        except OSError:
-            tmp.write_bytes(Path(path).read_bytes())
-        if file_sha256(tmp) != sha:
-            tmp.unlink()
-            raise BoardError(f"{path}: its sha256 is not {sha}")
-        os.replace(tmp, dest)
-        return dest
 
     def job(self, job_id: str) -> JobRecord | None:
         """The job's record (its deadline applied first), None when unknown."""
@@ -97,7 +80,7 @@ class Jobs(Store):
         return self.job(job_id)
 
     def may_fetch(self, board: str, sha: str) -> Path:
-        """The blob ``sha`` when one of ``board``'s open jobs names it, else Refused (403/404)."""
+        """A verified file of blob ``sha`` when one of ``board``'s open jobs names it, else Refused (403/404)."""
         with self.tx() as db:
             row = db.execute(
                 f"SELECT 1 FROM job_blobs b JOIN jobs j ON j.id=b.job_id WHERE b.sha=? AND j.board=?"
@@ -106,7 +89,7 @@ class Jobs(Store):
             ).fetchone()
         if row is None:
             raise Refused(403, f"blob {sha[:12]} is not one of board {board}'s jobs")
-        path = self.blobs / sha
-        if not path.exists():
+        path = self.blob_file(sha)
+        if path is None:
             raise Refused(404, f"blob {sha[:12]} is missing from the mailbox")
         return path

@@ -73,7 +73,7 @@ class PullLink:
         info = BoardInfo.from_dict(record.info) if record.info else None
         if info is not None:
             check_info(self.board, info, spec.memory_estimate_mb, spec.runtime)
-        had = {sha for sha in files if (self.mailbox.blobs / sha).exists()}
+        had = self.mailbox.present_blobs(set(files))
         deadline = time.time() + self.board.pull_deadline_h * 3600
         item = {"kind": "train", "id": spec.job_id, "spec": spec.to_dict(), "upload": list(self.upload),
                 "blobs": {sha: Path(p).stat().st_size for sha, p in files.items()}}  # fmt: skip
@@ -190,8 +190,8 @@ class PullLink:
         got = {}
         for name in wanted:
             ref = result.outputs.get(name)
-            src = self.mailbox.blobs / ref.sha256 if ref else None
-            if ref is None or src is None or not src.exists():
+            src = self.mailbox.blob_file(ref.sha256) if ref else None  # verified, from either backend
+            if ref is None or src is None:
                 raise TransferError(f"job {job_id}: board {self.board.name} did not send its {name!r} output "
                                     f"(a pull-mode board sends {', '.join(self.upload)})")  # fmt: skip
             dest = out_dir / Path(ref.path).name

@@ -3,9 +3,12 @@
 A pull-mode board cannot be reached, so the host never runs anything on it: a run *submits* a job
 (its ``job.json`` and blobs) to the board's mailbox and follows what the board reports. The
 endpoint (:mod:`tasks.board.pull.endpoint`) answers the board's check-ins from the same mailbox.
-It lives in ``$ODL_HOME/pull/``: ``mailbox.sqlite3`` (SQLite in WAL mode: the endpoint and the
-runs of this host read and write it at once) and ``blobs/<sha256>`` (what a board may fetch and
-the outputs it sent, content-addressed, written under a temporary name and renamed once verified).
+Without a shared store it lives in ``$ODL_HOME/pull/``: ``mailbox.sqlite3`` (SQLite in WAL mode:
+the endpoint and the runs of this host read and write it at once) and ``blobs/<sha256>`` (what a
+board may fetch and the outputs it sent, content-addressed, written under a temporary name and
+renamed once verified). With one (``ODL_STORE_URL``) its tables are the store's ``odl_pull_*`` and
+its blobs the store's (:mod:`tasks.board.pull.records`, :mod:`tasks.board.pull.blobs`): a run on
+any host hands a job to the one endpoint, on whichever host, and reads what the board sent.
 
 A job's state is an explicit machine that only moves forward::
 

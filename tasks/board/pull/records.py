@@ -1,20 +1,39 @@
 """What pull mode's mailbox is made of: its tables, its records and its refusal, and the one
-transaction every part of it runs in (:class:`Store`). :mod:`tasks.board.pull.mailbox` says how
-the parts fit."""
+transaction every part of it runs in (:class:`Store`), on either backend.
+
+Without a shared store the tables are SQLite's (``$ODL_HOME/pull/mailbox.sqlite3``); with one
+(``ODL_STORE_URL``: :func:`tasks.store.configured_store`) they are PostgreSQL's, named
+``odl_pull_<table>``, so the runs of every host and the one endpoint share them. Each query is
+written once, in SQLite's spelling, and :class:`Dialect` turns it into PostgreSQL's: ``%s`` for
+``?``, the tables' prefix, and in :data:`SCHEMA` ``DOUBLE PRECISION`` for ``REAL`` and ``BYTEA``
+for ``BLOB``. The rest is spelled the same on both (``ON CONFLICT ... DO UPDATE`` and
+``excluded``, ``length()`` of a blob in bytes, ``"offset"`` quoted). Both serialize transactions:
+SQLite's ``BEGIN IMMEDIATE``, PostgreSQL's advisory lock :data:`MAILBOX_LOCK` held by each one,
+so a check-then-write (an enrolment, a submission) sees the write before it on every host.
+
+The tables are created on first use, like the store's own (:mod:`tasks.store.connection`:
+``CREATE ... IF NOT EXISTS`` under its advisory lock, as two hosts may start at once), from this
+module's :data:`SCHEMA`: one text for both backends, next to the queries that read it.
+:mod:`tasks.board.pull.mailbox` says how the parts fit."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
+import re
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tasks.errors import BoardError
 from tasks.paths import odl_home
+from tasks.store import PgBlobStore, configured_store
+from tasks.store import Store as SharedStore
+from tasks.store.connection import SCHEMA_LOCK
 
 OPEN = ("pending", "offered", "running", "stopping")
 FINAL = ("finished", "failed", "cancelled", "expired")
@@ -33,12 +52,62 @@ CREATE TABLE IF NOT EXISTS jobs (
     item TEXT NOT NULL, created REAL NOT NULL, deadline REAL NOT NULL, offered REAL, ended REAL,
     events_len INTEGER NOT NULL DEFAULT 0, result TEXT, verdict TEXT);
 CREATE INDEX IF NOT EXISTS jobs_board ON jobs (board, state);
-CREATE TABLE IF NOT EXISTS events (job_id TEXT NOT NULL, offset INTEGER NOT NULL, data BLOB NOT NULL,
-    PRIMARY KEY (job_id, offset));
+CREATE TABLE IF NOT EXISTS events (job_id TEXT NOT NULL, "offset" INTEGER NOT NULL, data BLOB NOT NULL,
+    PRIMARY KEY (job_id, "offset"));
 CREATE TABLE IF NOT EXISTS job_blobs (job_id TEXT NOT NULL, sha TEXT NOT NULL, PRIMARY KEY (job_id, sha));
-CREATE TABLE IF NOT EXISTS uploads (job_id TEXT NOT NULL, sha TEXT NOT NULL, size INTEGER NOT NULL,
-    have INTEGER NOT NULL DEFAULT 0, complete INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (job_id, sha));
+CREATE TABLE IF NOT EXISTS uploads (job_id TEXT NOT NULL, sha TEXT NOT NULL, size BIGINT NOT NULL,
+    have BIGINT NOT NULL DEFAULT 0, complete INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (job_id, sha));
 """
+MAILBOX_LOCK = 0x0D1_9011  # pg_advisory_xact_lock key each shared mailbox transaction holds
+TABLE = re.compile(
+    r"\b(FROM|INTO|UPDATE|JOIN|EXISTS|ON)(\s+)(boards|nonces|jobs_board|jobs|events|job_blobs|uploads)\b"
+)
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """How a backend spells the mailbox's SQL, which is written in SQLite's (see the module docstring)."""
+
+    mark: str = "?"  # a parameter's placeholder
+    prefix: str = ""  # of the tables' names
+    types: tuple[tuple[str, str], ...] = ()  # (SQLite's column type, this backend's)
+
+    def sql(self, text: str) -> str:
+        """A query in this backend's spelling."""
+        return _spelled(self, text)
+
+    def schema(self, text: str) -> str:
+        """:data:`SCHEMA` in this backend's spelling (run without parameters)."""
+        for word, spelled in self.types:
+            text = re.sub(rf"\b{word}\b", spelled, text)
+        return TABLE.sub(lambda m: m[1] + m[2] + self.prefix + m[3], text)
+
+
+@functools.lru_cache(maxsize=256)
+def _spelled(dialect: Dialect, text: str) -> str:
+    text = TABLE.sub(lambda m: m[1] + m[2] + dialect.prefix + m[3], text)
+    return text if dialect.mark == "?" else text.replace("%", "%%").replace("?", dialect.mark)
+
+
+SQLITE = Dialect()
+POSTGRES = Dialect("%s", "odl_pull_", (("REAL", "DOUBLE PRECISION"), ("BLOB", "BYTEA")))
+
+
+class Tx:
+    """One transaction of the mailbox: its queries (SQLite's spelling) run in the backend's."""
+
+    def __init__(self, conn: Any, dialect: Dialect) -> None:
+        self.conn, self.dialect = conn, dialect
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        """The query's cursor (``fetchone``, ``fetchall``, ``rowcount`` on both backends)."""
+        return self.conn.execute(self.dialect.sql(sql), tuple(params))
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """The query once per row of ``rows`` (none: nothing)."""
+        if rows:
+            with contextlib.closing(self.conn.cursor()) as cur:
+                cur.executemany(self.dialect.sql(sql), rows)
 
 
 class Refused(BoardError):
@@ -91,12 +160,19 @@ def pull_home() -> Path:
 
 
 class Store:
-    """The mailbox's folder and database; every method of its parts is one :meth:`tx`."""
+    """The mailbox's folder and tables; every method of its parts is one :meth:`tx`. ``blobs`` is the
+    folder of its blobs (without a shared store) or of this host's verified copies of the store's."""
 
     def __init__(self, root: Path | None = None) -> None:
         self.root = Path(root) if root is not None else pull_home()
         self.blobs = self.root / "blobs"
         self.blobs.mkdir(parents=True, exist_ok=True)
+        self.shared = configured_store()
+        self.shared_blobs = PgBlobStore(self.shared) if self.shared is not None else None
+        self.db: Path | None = None
+        if self.shared is not None:
+            _create_tables(self.shared)
+            return
         self.db = self.root / "mailbox.sqlite3"
         db = sqlite3.connect(self.db, timeout=30, isolation_level=None)
         try:
@@ -106,19 +182,38 @@ class Store:
             db.close()
 
     @contextlib.contextmanager
-    def tx(self) -> Iterator[sqlite3.Connection]:
-        """One transaction (``BEGIN IMMEDIATE``: writers queue, 30 s at most), committed on success."""
-        db = sqlite3.connect(self.db, timeout=30, isolation_level=None)
+    def tx(self) -> Iterator[Tx]:
+        """One transaction, committed on success: SQLite's ``BEGIN IMMEDIATE`` (writers queue, 30 s at
+        most), or the shared store's holding :data:`MAILBOX_LOCK` (the mailbox's writers on every host queue)."""
+        if self.shared is not None:
+            with self.shared.transaction() as conn:
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (MAILBOX_LOCK,))
+                yield Tx(conn, POSTGRES)
+            return
+        db = sqlite3.connect(self.db, timeout=30, isolation_level=None)  # type: ignore[arg-type]
         try:
             db.execute("BEGIN IMMEDIATE")
             try:
-                yield db
+                yield Tx(db, SQLITE)
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
             db.execute("COMMIT")
         finally:
             db.close()
+
+
+_CREATED: set[str] = set()  # the shared stores whose mailbox tables this process has made sure of
+
+
+def _create_tables(store: SharedStore) -> None:
+    """The mailbox's tables in ``store``, once per process (under the store's schema lock)."""
+    if store.cfg.url in _CREATED:
+        return
+    with store.transaction() as conn:
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
+        conn.execute(POSTGRES.schema(SCHEMA))
+    _CREATED.add(store.cfg.url)
 
 
 JOB_COLUMNS = "id, board, kind, state, item, created, deadline, offered, ended, events_len, result, verdict"

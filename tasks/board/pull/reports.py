@@ -5,19 +5,19 @@ a work item that is not a job. Each request concerns the board's own jobs only (
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 from device_agent.protocol import JobResult, SpecError, file_sha256, valid_blob_name
-from tasks.board.pull.records import FINAL, OPEN, JobRecord, Refused, Store
+from tasks.board.pull.blobs import Blobs
+from tasks.board.pull.records import FINAL, OPEN, JobRecord, Refused
 
 SLEEP_IDLE_S = 30.0  # a board with nothing to do checks in this often ...
 SLEEP_BUSY_S = 2.0  # ... and this often while one of its jobs is open (events, stop)
 
 
-class Reports(Store):
+class Reports(Blobs):
     """The boards' side of the mailbox (its methods need ``job``, ``jobs`` and ``expire_overdue``)."""
 
     def work_for(self, board: str) -> tuple[list[dict[str, Any]], float]:
@@ -67,7 +67,7 @@ class Reports(Store):
         if not data:
             return offset
         with self.tx() as db:
-            db.execute("INSERT INTO events VALUES (?, ?, ?)", (job_id, offset, data))
+            db.execute('INSERT INTO events (job_id, "offset", data) VALUES (?, ?, ?)', (job_id, offset, data))
             db.execute(
                 "UPDATE jobs SET events_len=?, state=CASE WHEN state='offered' THEN 'running' ELSE state END"
                 " WHERE id=?",
@@ -79,7 +79,7 @@ class Reports(Store):
         """The job's ``events.jsonl`` bytes from ``offset`` as the board sent them."""
         with self.tx() as db:
             rows = db.execute(
-                "SELECT offset, data FROM events WHERE job_id=? AND offset + length(data) > ? ORDER BY offset",
+                'SELECT "offset", data FROM events WHERE job_id=? AND "offset" + length(data) > ? ORDER BY "offset"',
                 (job_id, offset),
             ).fetchall()
         return b"".join(bytes(data)[max(0, offset - start) :] for start, data in rows)
@@ -88,8 +88,9 @@ class Reports(Store):
         """How many bytes of the output ``sha`` the host has (its size once complete)."""
         self.own_job(board, job_id)
         valid_blob_name(sha)
-        if (self.blobs / sha).exists():
-            return (self.blobs / sha).stat().st_size
+        done = self.blob_file(sha)
+        if done is not None:
+            return done.stat().st_size
         part = self._part(job_id, sha)
         return part.stat().st_size if part.exists() else 0
 
@@ -102,7 +103,7 @@ class Reports(Store):
         if job.final:
             raise Refused(409, f"job {job_id} is {job.state}: it takes no more outputs")
         valid_blob_name(sha)
-        if (self.blobs / sha).exists():
+        if self.present_blobs({sha}):
             return {"offset": size, "complete": True}
         have = self.upload_offset(board, job_id, sha)
         if offset != have or offset + len(data) > size or size < 0:
@@ -118,7 +119,7 @@ class Reports(Store):
         if file_sha256(part) != sha:
             part.unlink()
             raise Refused(422, f"output {sha[:12]} of job {job_id}: its bytes do not hash to it (dropped)")
-        os.replace(part, self.blobs / sha)
+        self.keep_blob(sha, part)
         return {"offset": size, "complete": True}
 
     def _part(self, job_id: str, sha: str) -> Path:
@@ -138,9 +139,10 @@ class Reports(Store):
             if job.result == result.to_dict():
                 return job
             raise Refused(409, f"job {job_id} is {job.state} already: another result is not applied")
+        have = self.present_blobs({ref.sha256 for ref in result.outputs.values()})
         missing = [
             name for name in job.item.get("upload", [])
-            if name in result.outputs and not (self.blobs / result.outputs[name].sha256).exists()
+            if name in result.outputs and result.outputs[name].sha256 not in have
         ]  # fmt: skip
         if missing:
             raise Refused(409, f"job {job_id}: outputs {', '.join(missing)} are not uploaded and verified")
