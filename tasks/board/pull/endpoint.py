@@ -30,6 +30,7 @@ from device_agent.protocol import SpecError, valid_blob_name, valid_job_id
 from device_agent.pull.contract import CHUNK, H_BOARD, LONG_POLL_S, PREFIX, SLEEP_BOUNDS_S
 from tasks.board.pull import trust
 from tasks.board.pull.mailbox import Mailbox, Refused
+from tasks.errors import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,8 @@ def build_app(mailbox: Mailbox, max_inflight: int = MAX_INFLIGHT) -> ASGIApp:
         Route(PREFIX + "jobs/{job}/result", result, methods=["POST"]),
         Route(PREFIX + "work/{id}", work, methods=["POST"]),
     ]
-    app = Starlette(routes=routes, exception_handlers={Refused: _refused, SpecError: _malformed})
+    handlers = {Refused: _refused, SpecError: _malformed, StoreError: _store_down}
+    app = Starlette(routes=routes, exception_handlers=handlers)
     return Throttle(app, max_inflight)
 
 
@@ -178,6 +180,15 @@ async def _refused(request: Request, exc: Exception) -> Response:
 
 async def _malformed(request: Request, exc: Exception) -> Response:
     return _error(400, str(exc))
+
+
+async def _store_down(request: Request, exc: Exception) -> Response:
+    """The shared store out of reach (or a blob of it damaged): 503, which the board waits out; the
+    line it reads does not name the store (the host's log does)."""
+    log.warning("%s %s: %s", request.method, request.url.path, exc)
+    reply = _error(503, "the host's shared store is unavailable: try again later")
+    reply.headers["Retry-After"] = str(RETRY_AFTER_S)
+    return reply
 
 
 class Waiters:
