@@ -1,7 +1,8 @@
 """The pull-mode endpoint as boards meet it, through a real uvicorn TLS server: enrolment with a
 one-time code or an operator's accept, signed requests (replays, stale times, another board's
 name, a revoked board refused in one line), a board fetching only its own blobs with Range, events
-from an offset, resumable verified outputs, a result applied once, and 429 under overload."""
+from an offset, resumable verified outputs, a result applied once, and 429 under overload. Each
+runs on both mailboxes: the local one (SQLite and a folder) and the shared store's (PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,27 @@ from tests.board.pull_kit import Signer, running_endpoint
 
 
 @pytest.fixture(scope="module")
-def endpoint(tmp_path_factory: pytest.TempPathFactory):
+def local_endpoint(tmp_path_factory: pytest.TempPathFactory):
     with running_endpoint(tmp_path_factory.mktemp("pull")) as ep:
+        yield ep
+
+
+@pytest.fixture(params=["local", "shared"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """The mailbox's backend: ``shared`` sets ODL_STORE_URL to a database of the test's own."""
+    if request.param == "shared":
+        request.getfixturevalue("shared_store")
+    return request.param
+
+
+@pytest.fixture
+def endpoint(backend: str, request: pytest.FixtureRequest, tmp_path: Path):
+    """The local endpoint of the module, or one over the test's shared store."""
+    if backend == "local":
+        yield request.getfixturevalue("local_endpoint")
+        return
+    with running_endpoint(tmp_path / "endpoint") as ep:
+        assert ep.mailbox.shared is not None and not (tmp_path / "endpoint" / "mailbox.sqlite3").exists()
         yield ep
 
 
@@ -182,7 +202,7 @@ def test_an_overloaded_endpoint_answers_429_with_retry_after(tmp_path):
     assert busy.status_code == 429 and int(busy.headers["Retry-After"]) >= 5
 
 
-def test_an_idle_boards_check_in_is_held_until_work_arrives(tmp_path):
+def test_an_idle_boards_check_in_is_held_until_work_arrives(backend, tmp_path):
     """A long poll: the check-in of an idle board (wait_s 10) is answered within a second of a job's
     submission, not at its next check-in; held, it does not count as load (max_inflight=1 still
     answers another board); with nothing to hand out it ends at wait_s, telling the board to ask again."""
