@@ -95,15 +95,20 @@ def clamp_sleep(value: object) -> float:
     return min(max(wait, low), high)
 
 
-def check_in(client: Client, root: Path, jobs: PullJobs, wait_s: float = 0.0) -> float:
+INFO_EVERY_S = 300.0  # how often a check-in carries the board's info (RAM, disk, versions): ~0.6 KB
+
+
+def check_in(client: Client, root: Path, jobs: PullJobs, wait_s: float = 0.0, info: bool = True) -> float:
     """One check-in and its work; the seconds to sleep before the next. ``wait_s``: how long the
-    host may hold the check-in of an idle board (a long poll)."""
+    host may hold the check-in of an idle board (a long poll); ``info``: send the board's info."""
     if client.config.state != "accepted":
         answer = enrol(client, root)
         log.info("board %s: enrolment %s", client.config.name, client.config.state)
         if client.config.state != "accepted":
             return clamp_sleep(answer.data.get("sleep_s"))
-    body = {"info": board_info(root).to_dict(), "jobs": board_jobs(root), "wait_s": wait_s}
+    body: dict[str, Any] = {"jobs": board_jobs(root), "wait_s": wait_s}
+    if info:  # the host keeps the last one it got
+        body["info"] = board_info(root).to_dict()
     answer = client.call("POST", "poll", body)
     if answer.status in REFUSED:
         raise untrusted(
@@ -215,11 +220,16 @@ def serve(root: Path, stop_after: int | None = None, *, client: Client | None = 
     client = client or Client(root, require_config(root))
     handler = log_to_file(root)
     jobs, failures, done, last_error = PullJobs(client, root), 0, 0, ""
+    info_due = 0.0  # the first check-in carries the board's info, then one every INFO_EVERY_S
     log.info("board %s: pull service started (endpoint %s)", client.config.name, client.config.url)
     try:
         while stop_after is None or done < stop_after:
             try:
-                wait = check_in(client, root, jobs, LONG_POLL_S if stop_after is None else 0.0)
+                now = time.monotonic()
+                wait = check_in(
+                    client, root, jobs, LONG_POLL_S if stop_after is None else 0.0, now >= info_due
+                )
+                info_due = info_due if now < info_due else now + INFO_EVERY_S
                 if last_error:
                     log.info("endpoint %s: check-ins work again", client.config.url)
                 failures, last_error = 0, ""
