@@ -66,13 +66,19 @@ class Reports(Blobs):
                           offset=job.events_len)  # fmt: skip
         if not data:
             return offset
-        with self.tx() as db:
-            db.execute('INSERT INTO events (job_id, "offset", data) VALUES (?, ?, ?)', (job_id, offset, data))
-            db.execute(
+        with self.tx() as db:  # the offset checked again where it is written: two posts at once, one wins
+            moved = db.execute(
                 "UPDATE jobs SET events_len=?, state=CASE WHEN state='offered' THEN 'running' ELSE state END"
-                " WHERE id=?",
-                (offset + len(data), job_id),
-            )
+                " WHERE id=? AND events_len=?",
+                (offset + len(data), job_id, offset),
+            ).rowcount
+            if moved == 1:
+                db.execute(
+                    'INSERT INTO events (job_id, "offset", data) VALUES (?, ?, ?)', (job_id, offset, data)
+                )
+        if moved != 1:
+            have = self.own_job(board, job_id).events_len
+            raise Refused(409, f"job {job_id}: events from byte {offset}, the host has {have}", offset=have)
         return offset + len(data)
 
     def events(self, job_id: str, offset: int = 0) -> bytes:
