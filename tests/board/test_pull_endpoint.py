@@ -229,3 +229,14 @@ def test_an_idle_boards_check_in_is_held_until_work_arrives(backend, tmp_path):
         t0 = time.monotonic()
         empty = b.request("POST", "poll", {"info": {}, "jobs": {}, "wait_s": 1.5}).json()
         assert empty == {"sleep_s": 1.0, "work": []} and time.monotonic() - t0 >= 1.4
+        # revoked while its check-in is held: refused at the next look for work, not when the hold ends
+        got.clear()
+        poller = threading.Thread(target=lambda: got.update(
+            r=b.request("POST", "poll", {"info": {}, "jobs": {}, "wait_s": 20})))  # fmt: skip
+        poller.start()
+        time.sleep(1.0)
+        ep.mailbox.revoke("b-other2")
+        revoked = time.monotonic()
+        poller.join(25)
+        assert got["r"].status_code == 403 and got["r"].json() == {"error": "board b-other2 is revoked"}
+        assert time.monotonic() - revoked < 15  # well before the 20 s hold would have ended

@@ -112,6 +112,9 @@ def build_app(mailbox: Mailbox, max_inflight: int = MAX_INFLIGHT) -> ASGIApp:
         if not work and wait_s > 0 and not await off_loop(mailbox.jobs, board):  # idle: hold it
             request.scope.get("release", lambda: None)()  # a held check-in is not load
             if await waiters.wait(board, min(float(wait_s), LONG_POLL_S)):
+                record = await off_loop(mailbox.board, board)
+                if record is None or record.state == "revoked":  # revoked while it waited
+                    raise Refused(403, f"board {board} is revoked")
                 work, sleep_s = await off_loop(mailbox.work_for, board)
             if not work:
                 sleep_s = SLEEP_BOUNDS_S[0]  # the hold was the wait: check in again at once

@@ -41,10 +41,12 @@ class Reports(Blobs):
         return work, SLEEP_BUSY_S if busy else SLEEP_IDLE_S
 
     def boards_with_work(self) -> set[str]:
-        """The boards that have a job to take or to stop (one query for every held check-in)."""
+        """The boards that have a job to take or to stop, or were revoked (one query for every held
+        check-in: a revoked board's held check-in is refused at once, not when its hold ends)."""
         with self.tx() as db:
             rows = db.execute(
                 "SELECT DISTINCT board FROM jobs WHERE state IN ('pending', 'stopping')"
+                " UNION SELECT name FROM boards WHERE state = 'revoked'"
             ).fetchall()
         return {r[0] for r in rows}
 
