@@ -10,11 +10,15 @@ their tracebacks at ERROR."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 
 from tasks.errors import PipelineError
 
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs", "prefect.engine")
+# what a board task says while it waits on a board that dials out ("waiting for NAME to check in")
+BOARD_LINK_LOGGER = "tasks.board.pull.link"
 
 
 class UserErrorTracebacksAtDebug(logging.Filter):
@@ -38,3 +42,30 @@ def quiet_user_errors() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, UserErrorTracebacksAtDebug) for f in logger.filters):
             logger.addFilter(UserErrorTracebacksAtDebug())
+
+
+class _ToRunLog(logging.Handler):
+    """Each INFO-or-above record, as a line of the current task run's log."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from prefect.logging import get_run_logger  # inside a task run
+
+        try:
+            get_run_logger().log(record.levelno, "%s", record.getMessage())
+        except Exception:  # noqa: BLE001 - outside a run: the record stays in the module's own log
+            pass
+
+
+@contextlib.contextmanager
+def board_link_lines() -> Iterator[None]:
+    """For the block, the board link's own lines (a pull board's "waiting for NAME to check in: last
+    seen 3 min ago") go to the task run's log, which the UI and ``odl watch`` show."""
+    logger, handler = logging.getLogger(BOARD_LINK_LOGGER), _ToRunLog(logging.INFO)
+    old = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)

@@ -24,6 +24,7 @@ from tasks.board.inventory import Board
 from tasks.errors import DeviceUnreachable, NoNewData, should_retry
 from tasks.judge.decision import headline
 from tasks.prefect import boards
+from tasks.prefect.logs import board_link_lines
 from tasks.prefect.progress import BoardProgress, terminal
 from tasks.prepare import Prepared
 from tasks.recipe.schema import Recipe
@@ -133,7 +134,8 @@ def train(board: Board, spec: Any, files: dict[str, Path], progress_key: str) ->
     )
     progress = BoardProgress(board.name, spec.train.epochs, artifact_id, echo=terminal().event)
     # the flow holds the board's concurrency slot: a job training there belongs to no live run
-    training = stages.train(board, spec, files, on_event=progress, end_orphans=True)
+    with board_link_lines():
+        training = stages.train(board, spec, files, on_event=progress, end_orphans=True)
     progress.done()
     return training
 
@@ -215,7 +217,8 @@ def warm_start(recipe: Recipe, prep: Prepared, board: str) -> Any:
 def rollout(board: Board, recipe: str, version: str) -> Any:
     """Install the promoted version as the board's models/<recipe>/current, hash-verified."""
     t0 = time.perf_counter()
-    done = nightly.rollout(board, recipe, version)
+    with board_link_lines():
+        done = nightly.rollout(board, recipe, version)
     said(f"{board.name} serves {version} as models/{recipe}/current (previous {done.previous or 'none'})", t0)
     boards.emit("odl.model.rolled-out", board.name, {"recipe": recipe, "version": version})
     return done
