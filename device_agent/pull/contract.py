@@ -44,7 +44,8 @@ Routes under :data:`PREFIX` (``POST`` bodies are JSON unless said otherwise):
 - ``POST work/<id>``: the answer of a work item that is not a job (``install-model``'s JSON, or
   ``{"error": "one line"}``).
 
-An overloaded endpoint answers 429 with ``Retry-After``; the board waits that long plus jitter.
+An overloaded endpoint answers 429 with ``Retry-After``, and 503 while the host's shared store is out of
+reach (or a blob of it fails its check: nothing unverified is served); the board waits that long plus jitter.
 """
 
 from __future__ import annotations

@@ -161,7 +161,9 @@ def _pull_section() -> list[str]:
         "`ROOT/pull/config.json` (endpoint, pin, name; 0600). The host: `$ODL_HOME/pull/tls/` (the "
         "endpoint's certificate and its key, 0600, made once by `odl endpoint up` and kept: every board "
         "pinned it), `$ODL_HOME/pull/mailbox.sqlite3` (each board's public key and state; one-time codes "
-        "stored as their sha256 only, valid once for a day), `$ODL_HOME/pull/endpoint.json` (url, listen "
+        "stored as their sha256 only, valid once for a day; with `ODL_STORE_URL` the shared store's `odl_pull_*` "
+        "tables instead, and the jobs' blobs and the boards' outputs the store's blobs, so a run on any host "
+        "reaches the one endpoint), `$ODL_HOME/pull/endpoint.json` (url, listen "
         "address, pin). No secret is a flow parameter or a log line.",
         "",
         "| command | what it does |",
