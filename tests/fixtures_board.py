@@ -137,13 +137,17 @@ def local_board(board_python: Path, tmp_path: Path):
     return board
 
 
-@pytest.fixture(scope="session")
-def local_board_home(tmp_path_factory: pytest.TempPathFactory, board_python: Path) -> Path:
-    """An ODL_HOME whose inventory names one local-transport board, ``here``."""
+def make_local_home(home: Path, board_python: Path) -> Path:
+    """``home`` made an ODL_HOME whose inventory names one local-transport board, ``here``, rooted in it."""
     from tasks.board.inventory import Board, save_board
 
-    home = tmp_path_factory.mktemp("odl-local-home")
     root = home / "board-root"
     save_board(Board(name="here", transport="local", root=str(root), python=str(board_python)),
                home / "inventory.toml")  # fmt: skip
     return home
+
+
+@pytest.fixture(scope="session")
+def local_board_home(tmp_path_factory: pytest.TempPathFactory, board_python: Path) -> Path:
+    """An ODL_HOME whose inventory names one local-transport board, ``here``."""
+    return make_local_home(tmp_path_factory.mktemp("odl-local-home"), board_python)

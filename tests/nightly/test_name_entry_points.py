@@ -18,6 +18,7 @@ from device_agent.protocol import NAME
 from tasks.board.inventory import BOARD_NAME, load_groups, load_inventory
 from tasks.errors import BoardError, HostExit
 from tests.agent.names_kit import META, good, mixed, toml_str, tree
+from tests.fixtures_board import make_local_home
 
 
 def odl(home: Path, *argv: str) -> tuple[int, str, str]:
@@ -29,6 +30,14 @@ def odl(home: Path, *argv: str) -> tuple[int, str, str]:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = main(list(argv))
     return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def push_home(tmp_path_factory: pytest.TempPathFactory, board_python: Path) -> Path:
+    """An ODL_HOME of these push tests' own with the local board ``here`` (not the session's
+    local_board_home, which the flow tests fill with runs, models and a Prefect database): each push
+    reads every byte of the home before and after, to show a refused one created nothing."""
+    return make_local_home(tmp_path_factory.mktemp("push-home"), board_python)
 
 
 @pytest.fixture(scope="module")
@@ -45,30 +54,30 @@ def shard(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @example("a\nb")
 @example("/etc/cron.d")
 @example("datasets/cam/night1")
-def test_push_destination_answers_as_the_rule(local_board_home: Path, shard: Path, value: str) -> None:
-    root = Path(load_inventory(local_board_home / "inventory.toml")["here"].root)
-    before = tree(local_board_home)
-    code, _, err = odl(local_board_home, "data", "push", "here", str(shard), f"--to={value}")
+def test_push_destination_answers_as_the_rule(push_home: Path, shard: Path, value: str) -> None:
+    root = Path(load_inventory(push_home / "inventory.toml")["here"].root)
+    before = tree(push_home)
+    code, _, err = odl(push_home, "data", "push", "here", str(shard), f"--to={value}")
     if NAME.path_ok(value):
         assert code == 0, err
         assert (root / value / shard.name).read_bytes() == b"a shard"
         return
     assert code == HostExit.DATA
     assert err == f"odl: error: {refusal('--to', value, NAME.path_allowed)}\n"
-    assert tree(local_board_home) == before  # the board root lives in this home: nothing anywhere
+    assert tree(push_home) == before  # the board root lives in this home: nothing anywhere
     assert not Path("/tmp/pwned").exists()
 
 
 @pytest.mark.parametrize("name", ["$(touch x).npz", "a b.npz", "-rf.npz", "é.npz"])
 def test_a_pushed_file_whose_name_is_not_a_name_is_refused(
-    local_board_home: Path, tmp_path: Path, name: str
+    push_home: Path, tmp_path: Path, name: str
 ) -> None:
     bad = tmp_path / name
     bad.write_bytes(b"x")
-    before = tree(local_board_home)
-    code, _, err = odl(local_board_home, "data", "push", "here", str(bad), "--to=datasets/files")
+    before = tree(push_home)
+    code, _, err = odl(push_home, "data", "push", "here", str(bad), "--to=datasets/files")
     assert code == HostExit.DATA and err == f"odl: error: {refusal('file name', name, NAME.allowed)}\n"
-    assert tree(local_board_home) == before
+    assert tree(push_home) == before
 
 
 @settings(max_examples=200, deadline=None)
