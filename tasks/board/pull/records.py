@@ -192,6 +192,10 @@ class Store:
             return
         db = sqlite3.connect(self.db, timeout=30, isolation_level=None)  # type: ignore[arg-type]
         try:
+            # WAL with NORMAL: a commit is not fsynced on its own (the WAL is, at each checkpoint): a
+            # host's power cut may lose its last check-ins, never the database; a board repeats what
+            # it sent (events from the host's offset, a result until it is acknowledged)
+            db.execute("PRAGMA synchronous=NORMAL")
             db.execute("BEGIN IMMEDIATE")
             try:
                 yield Tx(db, SQLITE)
