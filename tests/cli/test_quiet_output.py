@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import re
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from device_agent.protocol import Event
 from flows.cli import progress, terminal
 from flows.cli.progress import Bars, Milestones
 from tasks.paths import PROJECT_ROOT
+from tests.cli.kit import FlowRun, odl_env
 
 RECIPES = PROJECT_ROOT / "recipes"
 LIBRARY_LINES = re.compile(
@@ -223,14 +223,11 @@ def test_a_dropout_models_base_inference_export_prints_no_onnx_runtime_warning(t
 
 
 def _odl(args: list[str], home: Path, out: Path, cwd: Path, cuda_home: Path) -> int:
-    """``odl ARGS`` with stdout and stderr in the file ``out`` (not a terminal); CUDA_HOME names a
-    folder so that torch's "No CUDA runtime is found" fires wherever torch's C++ helpers load."""
-    env = os.environ | {"ODL_HOME": str(home), "PYTHONPATH": str(PROJECT_ROOT), "CUDA_HOME": str(cuda_home)}
-    for name in ("PREFECT_API_URL", "TORCH_LOGS"):
-        env.pop(name, None)
+    """``odl ARGS`` with stdout and stderr in the file ``out`` (not a terminal); CUDA_HOME as
+    :func:`tests.cli.kit.odl_env` says."""
     with open(out, "w") as sink:
-        return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=env, stdout=sink,
-                              stderr=subprocess.STDOUT, timeout=900).returncode  # fmt: skip
+        return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=odl_env(home, cuda_home),
+                              stdout=sink, stderr=subprocess.STDOUT, timeout=900).returncode  # fmt: skip
 
 
 @pytest.fixture
@@ -266,11 +263,12 @@ def test_odl_run_of_a_thousand_steps_into_a_file_is_under_60_lines(here_home: Pa
 
 
 @pytest.mark.slow
-def test_odl_flow_of_a_thousand_steps_prints_its_summary_once(here_home: Path, tmp_path: Path) -> None:
-    out = tmp_path / "flow.log"
-    args = ["flow", str(RECIPES / "digits.toml"), "--board", "here", "--batch-size", "4"]
-    assert _odl(args, here_home, out, tmp_path, tmp_path) == 0, out.read_text()[-3000:]
-    text = out.read_text()
+def test_odl_flow_of_a_thousand_steps_prints_its_summary_once(flow_from_elsewhere: FlowRun) -> None:
+    """The session's one ``odl flow`` of a thousand steps (tests/cli/conftest.py), its two streams
+    (pipes, not a terminal) read together as ``odl flow > log 2>&1`` writes them."""
+    res = flow_from_elsewhere
+    text = res.stdout + res.stderr
+    assert res.returncode == 0, text[-3000:]
     lines = text.splitlines()
     assert text.count("digits on here: ") == 1 and text.count("  stages: ") == 1, text
     # a line per epoch, not per step: 1000 steps print 11 progress lines; the rest (stages, uploads on
@@ -280,7 +278,7 @@ def test_odl_flow_of_a_thousand_steps_prints_its_summary_once(here_home: Path, t
     assert _library_lines(lines) == []
     # the download is the trained model alone: the checkpoint (with AdamW's two moments, 3x the
     # trainable weights) and the trainable tensors stay on the board (issue 53: 133 MB for a U-Net)
-    (run,) = (here_home / "runs").iterdir()
+    (run,) = (res.home / "runs").iterdir()
     assert not (run / "trainable.npz").exists() and not (run / "checkpoints").exists()
     model_mb = (run / "inference.onnx").stat().st_size / 1e6
     assert [line for line in lines if line.startswith("download ")][-1] == f"download {model_mb:.1f} MB done"

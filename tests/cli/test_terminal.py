@@ -4,7 +4,6 @@ error (the traceback with -v), no library chatter, progress without a terminal a
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +12,8 @@ import pytest
 
 from tasks.errors import BoardError, RecipeError
 from tasks.paths import PROJECT_ROOT
+from tests.cli.kit import FlowRun, user_folder
 
-RECIPES = PROJECT_ROOT / "recipes"
 CHATTER = ("httpx", "paramiko", "HTTP Request", "Traceback")
 
 
@@ -39,18 +38,7 @@ def cli_home(tmp_path: Path, board_python: Path) -> Path:
 @pytest.fixture
 def elsewhere(tmp_path: Path, digits_recipe) -> Path:
     """A user's own folder: a copy of the digits recipe (its data shared), and a folder beside it."""
-    from tasks import stages
-
-    stages.prepare_data(digits_recipe)
-    mine = tmp_path / "elsewhere"
-    mine.mkdir()
-    for module in ("models.py", "datasets.py"):
-        shutil.copy(RECIPES / module, mine / module)
-    (mine / "recipe.toml").write_text(
-        (RECIPES / "digits.toml").read_text().replace('"data/', f'"{RECIPES}/data/')
-    )
-    (tmp_path / "cwd").mkdir()
-    return tmp_path / "cwd"
+    return user_folder(tmp_path, digits_recipe)
 
 
 def test_bad_recipe_under_odl_flow_prints_one_line(elsewhere: Path, cli_home: Path) -> None:
@@ -90,12 +78,14 @@ def test_odl_run_from_another_folder_shows_plain_progress_and_no_chatter(
 
 
 @pytest.mark.slow
-def test_odl_flow_from_another_folder(elsewhere: Path, cli_home: Path) -> None:
-    res = _odl(["flow", "../elsewhere/recipe.toml", "--board", "here", "--epochs", "2"],
-               elsewhere, cli_home)  # fmt: skip
+def test_odl_flow_from_another_folder(flow_from_elsewhere: FlowRun) -> None:
+    """``odl flow ../elsewhere/recipe.toml`` from a folder beside the recipe's (the session's one flow
+    of a thousand steps, tests/cli/conftest.py) finds the recipe, its model module and its data, says
+    first that it runs on a temporary Prefect server, prints plain progress and no library chatter."""
+    res = flow_from_elsewhere
     assert res.returncode == 0, res.stderr[-3000:]
     assert "digits on here:" in res.stdout
     lines = res.stderr.splitlines()
     assert "flow run on a temporary Prefect server" in lines[0]
-    assert any(line.startswith("train step 26/26 ") for line in lines)
+    assert any(line.startswith("train step 1000/1000 ") for line in lines)
     assert not [line for line in lines if any(word in line for word in CHATTER)]
