@@ -107,6 +107,17 @@ def stack_env(
     return env
 
 
+def api_settings(env: dict[str, str]) -> dict:
+    """Prefect settings that point this process's client at the stack of ``env`` (for
+    ``temporary_settings``): its API and, when it listens beyond loopback, its credential."""
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL
+
+    settings: dict = {PREFECT_API_URL: env["PREFECT_API_URL"]}
+    if env.get("PREFECT_API_AUTH_STRING"):
+        settings[PREFECT_API_AUTH_STRING] = env["PREFECT_API_AUTH_STRING"]
+    return settings
+
+
 def _bin(name: str) -> str:
     return str(Path(sys.executable).parent / name)
 

@@ -105,7 +105,7 @@ def test_one_job_per_board_holds_across_hosts(hosts_lab):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterType
     from prefect.deployments import run_deployment
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import temporary_settings
 
     from tasks import stages
     from tasks.board.inventory import get_board
@@ -113,6 +113,7 @@ def test_one_job_per_board_holds_across_hosts(hosts_lab):
     from tasks.fleet.fanout import GROUP_DEPLOYMENT, RESULT_TYPE, pack_weights
     from tasks.hosts import lifecycle
     from tasks.recipe.load import load_recipe
+    from tasks.stack.server import api_settings
     from tasks.vboard.cgroup import cgroup_dir
     from tests.fixtures_board import odl_home_env
 
@@ -132,7 +133,7 @@ def test_one_job_per_board_holds_across_hosts(hosts_lab):
               "deadline_wall": time.time() + 400, "weights": weights}  # fmt: skip
     try:
         with (
-            temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}),
+            temporary_settings(updates=api_settings(env)),
             get_client(sync_client=True) as client,
         ):
             ids = [
