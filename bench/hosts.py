@@ -84,16 +84,17 @@ def run_fleet(
     env: dict[str, str], rounds: int, epochs: int, fanout: int | None, deadline_s: int | None = None
 ) -> dict[str, Any]:
     """The fleet flow in this process against the lab's server; its summary (rounds.json)."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import temporary_settings
 
     from flows.fleet import FleetParams, odl_fleet
     from tasks.prefect import boards
+    from tasks.stack.server import api_settings
 
     params = FleetParams(
         group=GROUP, rounds=rounds, epochs=epochs, fanout=fanout, deadline_s=deadline_s,
         overrides={"promotion.rollout": False},
     )  # fmt: skip
-    with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
+    with temporary_settings(updates=api_settings(env)):
         try:
             state = odl_fleet(params, return_state=True)
         finally:  # sent while the lab's server is up: a caller stops it next
