@@ -8,7 +8,7 @@ training images at that batch size in the torch-free board venv, and its ``resul
 within +-20 %) and writes bench/results/memory.json.
 
     .venv/bin/python bench/memory.py            # batch sizes 1, 2, 4, 8, 16, 32
-    .venv/bin/python bench/memory.py --quick    # batch size 2, 8 steps (the smoke test)
+    .venv/bin/python bench/memory.py --quick    # recipes/digits.toml, batch size 2, 8 steps (the smoke test)
 """
 
 from __future__ import annotations
@@ -25,27 +25,30 @@ from bench._common import BOARD_VENV, install_job, run_agent, table, write_resul
 from tasks.paths import PROJECT_ROOT, state_dir  # noqa: E402
 
 RECIPE = PROJECT_ROOT / "recipes" / "mobilenet_v2.toml"
+QUICK_RECIPE = PROJECT_ROOT / "recipes" / "digits.toml"  # the smoke test's: prepares in seconds, not ~40 s
 BATCHES = (1, 2, 4, 8, 16, 32)
 TOLERANCE = 0.20
 COLUMNS = [("batch_size", "batch"), ("estimate_mb", "estimate MB"), ("probe_peak_mb", "probe MB"),
            ("agent_peak_mb", "agent MB"), ("probe_ratio", "probe/agent"), ("ratio", "estimate/agent"), ("within", "within 20%")]  # fmt: skip
 
 
-def prepare_once() -> Any:
-    """Export + artifacts of the recipe (no validation) in a bench cache folder; returns Prepared."""
+def prepare_once(path: Path = RECIPE) -> Any:
+    """Export + artifacts of the recipe at ``path`` (no validation) in a bench cache folder; returns Prepared."""
     from tasks.prepare.pipeline import prepare
     from tasks.recipe.load import load_recipe
 
-    recipe = load_recipe(RECIPE)
+    recipe = load_recipe(path)
     return prepare(recipe, state_dir("cache", "bench", "memory-prepared"), validate=False)
 
 
-def measure_batch(prepared: Any, batch: int, python: Path, max_steps: int) -> dict[str, Any]:
+def measure_batch(
+    prepared: Any, batch: int, python: Path, max_steps: int, path: Path = RECIPE
+) -> dict[str, Any]:
     """Validation's estimate and the agent's measured peak at one batch size."""
     from tasks.prepare.board_job import build_job_spec
     from tasks.recipe.load import load_recipe
 
-    recipe = load_recipe(RECIPE, {"training.batch_size": batch, "training.epochs": 1})
+    recipe = load_recipe(path, {"training.batch_size": batch, "training.epochs": 1})
     report = validation_report(recipe, prepared)
     spec, files = build_job_spec(
         recipe, replace(prepared, validation=report), f"bench-memory-b{batch}", max_steps=max_steps
@@ -88,15 +91,17 @@ def main() -> int:
     from tasks.vboard.venv import ensure_board_venv
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="batch size 2 only, 8 steps")
+    parser.add_argument(
+        "--quick", action="store_true", help="recipes/digits.toml, batch size 2 only, 8 steps"
+    )
     parser.add_argument("--out", type=Path, help="result file (default bench/results/memory.json)")
     args = parser.parse_args()
     python = ensure_board_venv(BOARD_VENV)
-    prepared = prepare_once()
-    batches, max_steps = ((2,), 8) if args.quick else (BATCHES, 0)
-    rows = [measure_batch(prepared, b, python, max_steps) for b in batches]
+    recipe, batches, max_steps = (QUICK_RECIPE, (2,), 8) if args.quick else (RECIPE, BATCHES, 0)
+    prepared = prepare_once(recipe)
+    rows = [measure_batch(prepared, b, python, max_steps, recipe) for b in batches]
     path = write_results(
-        "memory", {"recipe": RECIPE.name, "tolerance": TOLERANCE, "quick": args.quick, "rows": rows}, args.out
+        "memory", {"recipe": recipe.name, "tolerance": TOLERANCE, "quick": args.quick, "rows": rows}, args.out
     )
     print(table(rows, COLUMNS))
     print(f"target: estimate within +-{TOLERANCE:.0%} of the agent's measured peak RSS; figures: {path}")
