@@ -11,7 +11,7 @@ that stop with a specific message. A row fails the "specific" test when it holds
 text, a Python traceback, or the child crashed without a report.
 
     .venv/bin/python bench/zoo.py                     # the full sweep (~30 min on 2 cores)
-    .venv/bin/python bench/zoo.py --quick             # a handful of models (the CI smoke test)
+    .venv/bin/python bench/zoo.py --quick             # three small models (the CI smoke test)
     .venv/bin/python bench/zoo.py --models resnet18,googlenet
 """
 
@@ -36,14 +36,9 @@ MIN_SIZE = 32
 RETRY_SIZES = (64, 96, 128, 160, 192, 224)
 SAMPLES = 16
 CHILD_TIMEOUT_S = 900
-QUICK = (
-    "mobilenet_v3_small",
-    "squeezenet1_1",
-    "googlenet",
-    "densenet121",
-    "mnasnet0_5",
-    "shufflenet_v2_x0_5",
-)
+# the smoke test's: three that needed a fix-up, a strategy or export without deep copy (the hard
+# activations' decomposition, a classifier ending in a Conv, MNASNet's export without a deep copy), ~10 s each
+QUICK = ("mobilenet_v3_small", "squeezenet1_1", "mnasnet0_5")
 # text a user must never read: C++ source positions, ORT's assertion phrasing, Python tracebacks
 UNSPECIFIC = re.compile(r"\.(cc|cpp|h):\d+|was false\.|Traceback \(most recent call last\)|^\s+File \"", re.M)
 
