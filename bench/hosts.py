@@ -14,7 +14,7 @@ the fleet flow with ``fanout`` H (H group runs a round) and measures:
   API) and through the server (the weights in each group run's parameters, the updates back).
 
     nice -n 19 .venv/bin/python bench/hosts.py --hosts 1,2,3 --boards 64 --cpu-quota 0.5
-    .venv/bin/python bench/hosts.py --quick           # 2 hosts, 4 boards, 1 round (~2 min)
+    .venv/bin/python bench/hosts.py --quick           # 2 hosts, 2 boards, 1 round, no warm-up (~1 min)
     nice -n 19 .venv/bin/python bench/hosts.py --hosts 1,2 --boards 16 --rounds 1 --store   # + the store's load
 """
 
@@ -128,16 +128,18 @@ def hosts_now() -> tuple[float, int]:
 
 def measure(
     env: dict[str, str], hosts: int, boards: int, rounds: int, epochs: int, quota: float | None,
-    store: bool = False,
+    store: bool = False, warm_up: bool = True,
 ) -> dict:  # fmt: skip
-    """Bring up ``hosts`` hosts, warm them up, run the measured fleet run; its row (with ``store``,
+    """Bring up ``hosts`` hosts, warm them up (unless not ``warm_up``: then the measured run's figures
+    include each host's preparation), run the measured fleet run; its row (with ``store``,
     bench/hosts_detail.py's figures too)."""
     from bench import hosts_detail as detail
     from tasks.hosts import lifecycle
 
     home = Path(env["ODL_HOME"])
     lifecycle.up(hosts, quota)
-    run_fleet(env, 1, 1, hosts)  # warm-up: each new host prepares the recipe (or fetches it from the store)
+    if warm_up:  # each new host prepares the recipe (or fetches it from the store)
+        run_fleet(env, 1, 1, hosts)
     d0 = detail.settled(env, lambda: first_host_cpu(home)) if store else {}
     (w0, b0), f0, t0 = hosts_now(), first_host_cpu(home), time.monotonic()
     d0 |= {"store": detail.store_bytes(), "cpu": f0} if store else {}
@@ -166,6 +168,7 @@ def measure(
         "boards_ok": min(len(r["took_part"]) for r in recs),
         "accuracy": recs[-1]["aggregate"]["accuracy"],
         "run_s": run_s,
+        "warm_up": warm_up,
     }
 
 
@@ -181,7 +184,9 @@ def main() -> int:
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--cpu-quota", type=float, default=None, help="CPUs per simulated host (cgroup)")
     ap.add_argument("--board-quota", type=float, default=0.05, help="CPUs per virtual board (cgroup)")
-    ap.add_argument("--quick", action="store_true", help="2 hosts, 4 boards of 0.25 CPU, 1 round")
+    ap.add_argument(
+        "--quick", action="store_true", help="2 hosts, 2 boards of 0.25 CPU, 1 round, no warm-up round (a smoke run)"
+    )
     ap.add_argument(
         "--store",
         action="store_true",
@@ -194,7 +199,7 @@ def main() -> int:
         counts = [2] if args.quick else [int(h) for h in args.hosts.split(",")]
     except ValueError:
         raise SystemExit(f"--hosts {args.hosts}: host counts, e.g. 1,2,3") from None
-    boards, rounds = (4, 1) if args.quick else (args.boards, args.rounds)
+    boards, rounds = (2, 1) if args.quick else (args.boards, args.rounds)
     board_quota = 0.25 if args.quick else args.board_quota
     if min(counts) < 1:
         raise SystemExit(f"--hosts {args.hosts}: at least one host per count")
@@ -210,7 +215,7 @@ def main() -> int:
             stack.enter_context(store_lab(home.parent / "store", _ports(1)[0]))
         env = stack.enter_context(fleet_lab(home, boards, board_quota))
         for h in counts:
-            rows.append(measure(env, h, boards, rounds, args.epochs, args.cpu_quota, args.store))
+            rows.append(measure(env, h, boards, rounds, args.epochs, args.cpu_quota, args.store, not args.quick))
             print(table(rows[-1:], [(k, k) for k in rows[-1]]), flush=True)
     print()
     print(table(rows, [("hosts", "hosts"), ("boards", "boards"), ("round_s", "s/round"),

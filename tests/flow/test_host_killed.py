@@ -35,6 +35,8 @@ def real_server(local_board_home):
     env = server.stack_env(port=port, home=local_board_home)
     env["PREFECT_SERVER_SERVICES_REPOSSESSOR_LOOP_SECONDS"] = "2"
     env.update(ODL_AGENT_STEP_DELAY_S="0.5", ODL_BOARD_LEASE_S="60")  # 60 s: Prefect's minimum lease
+    # a run refused the board's slot retries within 2 s (Prefect's default grows to 30 s as refusals add up)
+    env["PREFECT_SERVER_CONCURRENCY_MAXIMUM_CONCURRENCY_SLOT_WAIT_SECONDS"] = "2"
     server.start_server(env)
     try:
         yield env
@@ -60,6 +62,9 @@ def test_next_run_reattaches_to_the_job_a_killed_run_left(real_server, local_boa
     from tasks.judge.registry import Registry
 
     env, home = real_server, local_board_home
+    # 13 epochs of 13 steps at 0.5 s: ~85 s of board training, ~80 s of it after the kill; the next run
+    # reattaches ~58 s after the kill (the dead run's lease lapses 60 s after its last renewal, when it
+    # took the slot), so the orphan still trains then with ~20 s to spare
     argv = [
         sys.executable,
         "-m",
@@ -69,7 +74,7 @@ def test_next_run_reattaches_to_the_job_a_killed_run_left(real_server, local_boa
         "--board",
         "here",
         "--epochs",
-        "20",
+        "13",
     ]
     with open(home / "killed-flow.log", "wb") as log:
         child = subprocess.Popen(argv, cwd=PROJECT, env=env, stdout=log, stderr=subprocess.STDOUT,
