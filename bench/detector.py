@@ -24,7 +24,7 @@ The three loops train the same function from the same weights on the same batche
 first-step losses agree (the JSON keeps the first and last loss of each). Prints two tables, writes bench/results/detector.json.
 
     .venv/bin/python bench/detector.py            # 300 px, batch 4 and 8, 2 warm-up + 12 measured steps
-    .venv/bin/python bench/detector.py --quick    # ssdlite_small (96 px), batch 4, 2 + 6 steps (smoke test)
+    .venv/bin/python bench/detector.py --quick    # ssdlite_small (96 px), batch 4, 1 + 2 steps (smoke test)
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from bench._common import (  # noqa: E402
 from tasks.paths import PROJECT_ROOT, state_dir  # noqa: E402
 
 FULL = ("ssdlite_mobilenet_v2.toml", (4, 8), 2, 12)  # recipe, batch sizes, warm-up steps, measured steps
-QUICK = ("ssdlite_small.toml", (4,), 2, 6)
+QUICK = ("ssdlite_small.toml", (4,), 1, 2)
 TOLERANCE = 0.15
 SPEED_COLUMNS = [("batch_size", "batch"), ("agent_samples_per_s", "agent s/s"), ("bare_samples_per_s", "bare ORT s/s"),
                  ("torch_samples_per_s", "torch s/s"), ("agent_vs_bare", "agent/bare"), ("agent_vs_torch", "agent/torch"),
@@ -285,7 +285,7 @@ def main() -> int:
     from tasks.vboard.venv import ensure_board_venv
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="ssdlite_small (96 px), batch 4, 2 + 6 steps")
+    parser.add_argument("--quick", action="store_true", help="ssdlite_small (96 px), batch 4, 1 + 2 steps")
     parser.add_argument("--repeats", type=int, default=1, help="interleaved runs per loop, best counts")
     parser.add_argument("--out", type=Path, help="result file (default bench/results/detector.json)")
     args = parser.parse_args()
