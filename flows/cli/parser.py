@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-Sub = argparse._SubParsersAction
-PULL_ROOT = "~/odl"  # tasks.board.inventory.PULL_ROOT (not imported: odl --help imports no pipeline)
+from flows.cli.parser_board import add_board, add_endpoint
+from flows.cli.parser_kit import Sub, command
 
 STACK_ACTIONS = """The local Prefect stack of this ODL_HOME, one action at a time:
 
@@ -51,18 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _command(sub: Sub, name: str, area: str, handler: str, **kw: object) -> argparse.ArgumentParser:
-    """A subcommand run by ``flows.cli.<area>.<handler>(args)``."""
-    p = sub.add_parser(name, **kw)
-    p.set_defaults(area=area, handler=handler)
-    return p
-
-
 def add_prepare(sub: Sub) -> None:
     """``odl prepare | export | artifacts | validate``: the host's offline stages."""
 
     def add(name: str, help_text: str, handler: str) -> argparse.ArgumentParser:
-        p = _command(sub, name, "prepare", handler, help=help_text, description=help_text)
+        p = command(sub, name, "prepare", handler, help=help_text, description=help_text)
         p.add_argument("recipe", type=Path, help="recipe TOML file")
         p.add_argument("--out", type=Path, required=True, help="output folder")
         p.add_argument(
@@ -83,7 +76,7 @@ def add_prepare(sub: Sub) -> None:
 
 def add_flow(sub: Sub) -> None:
     """``odl stack | flow | evaluate | registry | report`` (areas ``home``, ``run`` and ``nightly``)."""
-    stack = _command(sub, "stack", "home", "cmd_stack", help="local Prefect server + work pool + deployment + worker(s)",
+    stack = command(sub, "stack", "home", "cmd_stack", help="local Prefect server + work pool + deployment + worker(s)",
                      description=STACK_ACTIONS, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     stack.add_argument("action", choices=["up", "down", "status", "deploy", "env", "notify"],
                        help="what to do (each action is described above)")  # fmt: skip
@@ -106,7 +99,7 @@ def add_flow(sub: Sub) -> None:
                        "notification block, e.g. slack-webhook/team (made in the UI's Blocks page)")  # fmt: skip
     alert.add_argument("--off", action="store_true", help="notify: alerts go nowhere again")
 
-    run = _command(sub, "flow", "run", "cmd_flow",
+    run = command(sub, "flow", "run", "cmd_flow",
                    help="run the whole Prefect flow odl (evaluation and promotion included) in this process")  # fmt: skip
     run.add_argument(
         "recipe",
@@ -123,7 +116,7 @@ def add_flow(sub: Sub) -> None:
     run.add_argument("--lr", type=float)
     run.add_argument("--min-gain", type=float, dest="promotion_min_gain")
 
-    ev = _command(sub, "evaluate", "run", "cmd_evaluate",
+    ev = command(sub, "evaluate", "run", "cmd_evaluate",
                   help="evaluate an inference ONNX model on an npz test set")  # fmt: skip
     ev.add_argument("model", type=Path)
     ev.add_argument("test", type=Path)
@@ -133,12 +126,12 @@ def add_flow(sub: Sub) -> None:
     ev.add_argument("--recipe", type=Path, help="take task and loss from this prepared recipe "
                     "(custom and embedded losses are run by its eval graph)")  # fmt: skip
 
-    reg = _command(sub, "registry", "nightly", "cmd_registry",
+    reg = command(sub, "registry", "nightly", "cmd_registry",
                    help="list the versions of a recipe+board in the model registry")  # fmt: skip
     reg.add_argument("recipe")
     reg.add_argument("board", nargs="?", default="vboard")
 
-    watch = _command(sub, "watch", "watch", "cmd_watch",
+    watch = command(sub, "watch", "watch", "cmd_watch",
                      help="start a deployment run and follow it in a few lines (stages, training, verdict)")  # fmt: skip
     watch.add_argument("deployment", nargs="?", default="odl/full", help="deployment (default odl/full)")
     watch.add_argument(
@@ -150,7 +143,7 @@ def add_flow(sub: Sub) -> None:
     )
     watch.add_argument("--timeout", type=float, default=1800.0, help="seconds to follow the run")
 
-    rep = _command(sub, "report", "home", "cmd_report",
+    rep = command(sub, "report", "home", "cmd_report",
                    help="print the summary of the last run of a recipe+board")  # fmt: skip
     rep.add_argument("recipe", help="the recipe's name (or its .toml file)")
     rep.add_argument("board", nargs="?", default="vboard")
@@ -159,7 +152,7 @@ def add_flow(sub: Sub) -> None:
 
 def add_hosts(sub: Sub) -> None:
     """``odl hosts up | down | status | sync``: simulated worker hosts on this machine (issue 45)."""
-    hosts = _command(sub, "hosts", "hosts", "cmd_hosts",
+    hosts = command(sub, "hosts", "hosts", "cmd_hosts",
                      help="simulated worker hosts: own netns and ODL_HOME, a worker each on odl-pool")  # fmt: skip
     hosts.add_argument("action", choices=["up", "down", "status", "sync"],
                        help="sync: copy the boards (inventory, keys, host keys) to the hosts again and catch them up "
@@ -170,84 +163,9 @@ def add_hosts(sub: Sub) -> None:
     hosts.add_argument("--no-netns", action="store_true", help="up: on this machine's network")
 
 
-def add_board(sub: Sub) -> None:
-    """``odl board up | down | status | group | list | info | check``."""
-    board = sub.add_parser("board", help="virtual boards (up/down/status) and the inventory (list/info)")
-    bsub = board.add_subparsers(dest="board_command", required=True, metavar="ACTION")
-    up = _command(bsub, "up", "board", "cmd_up",
-                  help="bring up a virtual board (private sshd, own user and netns)")  # fmt: skip
-    up.add_argument("--name", default="vboard")
-    up.add_argument(
-        "--profile", help="a board model's RAM, CPUs and CPU quota, e.g. stm32mp25 (flags below override)"
-    )
-    up.add_argument("--mem-mb", type=int, help="cap the board's RAM (cgroup memory limit, no swap)")
-    up.add_argument("--cpus", type=int, help="pin the board to this many CPUs (taskset)")
-    up.add_argument("--loopback", action="store_true", help="listen on 127.0.0.1 instead of a netns")
-    up.add_argument(
-        "--cpu-quota", type=float, metavar="CPUS", help="cap the board's total CPU time (cgroup), e.g. 0.5"
-    )
-    up.add_argument(
-        "--link", metavar="SPEC", help='shape its link, e.g. "rate=10mbit,delay=50ms,loss=1%%" (any subset)'
-    )
-    up.add_argument(
-        "--env", action="append", metavar="NAME=VALUE", help="set in the board's sessions (repeatable)"
-    )
-    up.add_argument(
-        "--arch", help="x86_64 (default) or arm64: aarch64 code under qemu user mode, as a Cortex-A35"
-    )
-    up.add_argument("--pull", action="store_true",
-                    help="a board that can only dial out: behind a NAT router, enrolled with the endpoint (started at the lab gateway)")  # fmt: skip
-    up.add_argument("--ort", metavar="BUILD", help="onnxruntime of the board: training (x86_64's default), "
-                    "plain or plain==VERSION (arm64's default; deploy/board-requirements-plain.txt)")  # fmt: skip
-    down = _command(bsub, "down", "board", "cmd_down", help="stop a virtual board (keeps its user and data)")
-    down.add_argument("--name", default="vboard")
-    down.add_argument("--purge", action="store_true", help="also remove its user, data and inventory entry")
-    status = _command(bsub, "status", "board", "cmd_status", help="is the virtual board running, and where")
-    status.add_argument("--name", default="vboard")
-    grp = _command(bsub, "group", "board", "cmd_group",
-                   help="set an inventory group (a fleet): odl board group lab b1 b2 b3")  # fmt: skip
-    grp.add_argument("group")
-    grp.add_argument("boards", nargs="+")
-    _command(bsub, "list", "board", "cmd_list", help="the boards and groups of the inventory")
-    info = _command(bsub, "info", "board", "cmd_info",
-                    help="install/upgrade the agent on a board and print its 'info'")  # fmt: skip
-    info.add_argument("name", nargs="?", default="vboard")
-    check = _command(bsub, "check", "board", "cmd_check",
-                     help="is a board ready? SSH, host key, python, numpy, ORT, agent, RAM, disk, clock")  # fmt: skip
-    check.add_argument("name", nargs="?", default=None, help="board name (default vboard)")
-    check.add_argument("--all", action="store_true", help="every board of the inventory")
-    check.add_argument("--json", action="store_true", help="print the items as a JSON list")
-    enrol = _command(bsub, "enrol", "pull", "cmd_enrol",
-                     help="add a board that can only dial out (pull mode) and print its one-time enrolment code")  # fmt: skip
-    enrol.add_argument("name")
-    enrol.add_argument("--root", default=PULL_ROOT, help="the agent root on the board (default %(default)s)")
-    enrol.add_argument("--deadline-h", type=float, default=24.0,
-                       help="hours a job may wait for the board before it expires (default %(default)s)")  # fmt: skip
-    accept = _command(
-        bsub, "accept", "pull", "cmd_accept", help="accept a board that enrolled without a code"
-    )
-    accept.add_argument("name")
-    accept.add_argument(
-        "--fingerprint", help="the key fingerprint the board printed (sha256:...): checked first"
-    )
-    revoke = _command(
-        bsub, "revoke", "pull", "cmd_revoke", help="refuse a pull-mode board's every request from now on"
-    )
-    revoke.add_argument("name")
-
-
-def add_endpoint(sub: Sub) -> None:
-    """``odl endpoint up | down | status``."""
-    p = _command(sub, "endpoint", "pull", "cmd_endpoint",
-                 help="the HTTPS endpoint that boards which can only dial out (pull mode) check in with")  # fmt: skip
-    p.add_argument("action", choices=("up", "down", "status"))
-    p.add_argument("--listen", default="127.0.0.1:8443", help="HOST:PORT to listen on (default %(default)s)")
-    p.add_argument("--url", help="the https:// address the boards are given (default: https://LISTEN)")
-
-
 def add_run(sub: Sub) -> None:
     """``odl run``: prepare, deploy, train on a board and retrieve, without Prefect."""
-    p = _command(sub, "run", "run", "cmd_run", help="prepare, deploy, train on a board and retrieve (no Prefect)",
+    p = command(sub, "run", "run", "cmd_run", help="prepare, deploy, train on a board and retrieve (no Prefect)",
                  description=RUN_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("recipe", type=Path, help="recipe TOML file (relative to the current folder)")
     p.add_argument("--board", required=True, help="board name in the inventory")
@@ -259,28 +177,28 @@ def add_run(sub: Sub) -> None:
 
 def add_nightly(sub: Sub) -> None:
     """``odl rollout | rollback | models | data push | data list``."""
-    out = _command(sub, "rollout", "nightly", "cmd_rollout",
+    out = command(sub, "rollout", "nightly", "cmd_rollout",
                    help="install a registry version as the board's current model")  # fmt: skip
     out.add_argument("recipe")
     out.add_argument("board")
     out.add_argument("--version", help="a registry version (default: the registry's current)")
-    back = _command(sub, "rollback", "nightly", "cmd_rollback",
+    back = command(sub, "rollback", "nightly", "cmd_rollback",
                     help="serve the previous version again (board and registry)")  # fmt: skip
     back.add_argument("recipe")
     back.add_argument("board")
-    models = _command(sub, "models", "nightly", "cmd_models",
+    models = command(sub, "models", "nightly", "cmd_models",
                       help="the model the board serves for a recipe, and the registry's current version")  # fmt: skip
     models.add_argument("recipe")
     models.add_argument("board")
     models.add_argument("--json", action="store_true", help="the board's answer as JSON")
     data = sub.add_parser("data", help="a board dataset folder: push files to it, list it")
     dsub = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
-    push = _command(dsub, "push", "nightly", "cmd_push",
+    push = command(dsub, "push", "nightly", "cmd_push",
                     help="append files to a board dataset folder (atomic renames)")  # fmt: skip
     push.add_argument("board")
     push.add_argument("files", nargs="+", type=Path)
     push.add_argument("--to", required=True, help="the folder on the board, e.g. datasets/digits")
-    lst = _command(dsub, "list", "nightly", "cmd_list", help="the folder's files with sha256 and samples")
+    lst = command(dsub, "list", "nightly", "cmd_list", help="the folder's files with sha256 and samples")
     lst.add_argument("board")
     lst.add_argument("path")
     lst.add_argument("--format", default="npz-shards", choices=("npz-shards", "image-folder"))
@@ -290,7 +208,7 @@ def add_recipe(sub: Sub) -> None:
     """``odl recipe schema``: the recipe's JSON Schema for editors."""
     recipe = sub.add_parser("recipe", help="the recipe format: its JSON Schema for editors")
     rsub = recipe.add_subparsers(dest="recipe_command", required=True, metavar="ACTION")
-    schema = _command(rsub, "schema", "recipe", "cmd_schema",
+    schema = command(rsub, "schema", "recipe", "cmd_schema",
                       help="write the recipe's JSON Schema (Taplo / Even Better TOML check recipes with it)")  # fmt: skip
     schema.add_argument("--out", type=Path, help="the file to write (default: stdout)")
 
