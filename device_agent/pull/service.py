@@ -21,6 +21,8 @@ import json
 import logging
 import logging.handlers
 import random
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -170,16 +172,16 @@ def install_model(client: Client, root: Path, item: dict[str, Any]) -> None:
 
 def answer_listing(client: Client, root: Path, item: dict[str, Any]) -> None:
     """``list-dataset``: the agent's ``dataset`` answer for a folder under the root (read only)."""
-    from device_agent.data.datasets import list_dataset  # numpy: loaded when a listing is asked for
-
     work_id = item_id(item)
     path, fmt = item.get("path"), item.get("format", "npz-shards")
-    try:
-        if not isinstance(path, str) or not isinstance(fmt, str):
-            raise AgentError(ExitCode.INVALID_SPEC, "list-dataset: expected path and format strings")
-        answer = list_dataset(root, path, fmt)
-    except AgentError as exc:
-        answer = {"error": str(exc)}
+    if not isinstance(path, str) or not isinstance(fmt, str):
+        answer: dict[str, Any] = {"error": "list-dataset: expected path and format strings"}
+    else:  # the agent's own `dataset` command: numpy is loaded there, not in the service
+        done = subprocess.run([sys.executable, "-m", "device_agent", "--root", str(root), "dataset", path,
+                               "--format", fmt], capture_output=True, text=True, timeout=600)  # fmt: skip
+        lines = done.stdout.strip().splitlines()
+        answer = json.loads(lines[-1]) if done.returncode == 0 and lines else {
+            "error": (done.stderr.strip().splitlines() or [f"dataset exited {done.returncode}"])[-1]}  # fmt: skip
     posted = client.call("POST", f"work/{work_id}", answer)
     if posted.status != 200:
         raise AgentError(

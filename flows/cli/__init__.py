@@ -91,8 +91,6 @@ def area_module(area: str) -> ModuleType:
             from flows.cli import run as module  # lazy: every stage (onnx, numpy), and Prefect for odl flow
         case "board":
             from flows.cli import board as module  # lazy: virtual boards, SSH transports, the agent
-        case "pull":
-            from flows.cli import pull as module  # lazy: the endpoint's mailbox, uvicorn and cryptography
         case "nightly":
             from flows.cli import nightly as module  # lazy: the registry (numpy), the stages, board releases
         case "watch":

@@ -1,4 +1,5 @@
-"""``odl board up | down | status | group | list | info | check``: virtual boards and the board inventory."""
+"""``odl board up | down | status | group | list | info | check``: virtual boards and the board inventory;
+``odl board enrol | accept | revoke`` and ``odl endpoint`` are :mod:`flows.cli.pull`'s, run from here."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import os
 import time
 
-from flows.cli.pull import lab_endpoint, pull_state
+from flows.cli.pull import cmd_accept, cmd_endpoint, cmd_enrol, cmd_revoke, lab_endpoint, pull_state
 from tasks.board.agent import install_agent
 from tasks.board.check import check_board, exit_code, report
 from tasks.board.check_items import FAIL, SKIPPED
@@ -18,6 +19,13 @@ from tasks.paths import odl_home
 from tasks.prefect import boards
 from tasks.stack import ownership, server
 from tasks.vboard.lifecycle import board_down, board_status, board_up
+
+__all__ = [
+    "cmd_accept",
+    "cmd_endpoint",
+    "cmd_enrol",
+    "cmd_revoke",
+]  # flows.cli.pull's, dispatched as this area's
 
 
 def cmd_up(args: argparse.Namespace) -> int:

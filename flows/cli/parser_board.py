@@ -55,26 +55,28 @@ def add_board(sub: Sub) -> None:
     check.add_argument("name", nargs="?", default=None, help="board name (default vboard)")
     check.add_argument("--all", action="store_true", help="every board of the inventory")
     check.add_argument("--json", action="store_true", help="print the items as a JSON list")
-    enrol = command(bsub, "enrol", "pull", "cmd_enrol",
+    enrol = command(bsub, "enrol", "board", "cmd_enrol",
                      help="add a board that can only dial out (pull mode) and print its one-time enrolment code")  # fmt: skip
     enrol.add_argument("name")
     enrol.add_argument("--root", default=PULL_ROOT, help="the agent root on the board (default %(default)s)")
     enrol.add_argument("--deadline-h", type=float, default=24.0,
                        help="hours a job may wait for the board before it expires (default %(default)s)")  # fmt: skip
-    accept = command(bsub, "accept", "pull", "cmd_accept", help="accept a board that enrolled without a code")
+    accept = command(
+        bsub, "accept", "board", "cmd_accept", help="accept a board that enrolled without a code"
+    )
     accept.add_argument("name")
     accept.add_argument(
         "--fingerprint", help="the key fingerprint the board printed (sha256:...): checked first"
     )
     revoke = command(
-        bsub, "revoke", "pull", "cmd_revoke", help="refuse a pull-mode board's every request from now on"
+        bsub, "revoke", "board", "cmd_revoke", help="refuse a pull-mode board's every request from now on"
     )
     revoke.add_argument("name")
 
 
 def add_endpoint(sub: Sub) -> None:
     """``odl endpoint up | down | status``."""
-    p = command(sub, "endpoint", "pull", "cmd_endpoint",
+    p = command(sub, "endpoint", "board", "cmd_endpoint",
                  help="the HTTPS endpoint that boards which can only dial out (pull mode) check in with")  # fmt: skip
     p.add_argument("action", choices=("up", "down", "status"))
     p.add_argument("--listen", default="127.0.0.1:8443", help="HOST:PORT to listen on (default %(default)s)")

@@ -27,12 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import uvicorn
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from device_agent.pull.contract import cert_pin
+from tasks.board.pull.endpoint import build_app
 from tasks.board.pull.mailbox import Mailbox, pull_home
 from tasks.stack import StackError
 from tasks.stack.processes import running_pid, spawn, stop_service
@@ -118,10 +120,6 @@ def endpoint_config(home: Path | None = None) -> EndpointConfig | None:
 
 def serve(cfg: EndpointConfig, home: Path | None = None) -> None:
     """Serve the endpoint in this process until it is stopped (SIGTERM, SIGINT)."""
-    import uvicorn
-
-    from tasks.board.pull.endpoint import build_app
-
     crt, key = tls_paths(home)
     host, port = cfg.host_port
     uvicorn.run(build_app(Mailbox(home)), host=host, port=port, ssl_certfile=str(crt), ssl_keyfile=str(key),

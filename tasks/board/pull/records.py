@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.errors import BoardError
 from tasks.paths import odl_home
 from tasks.store import PgBlobStore, configured_store
 from tasks.store import Store as SharedStore
@@ -110,8 +109,9 @@ class Tx:
                 cur.executemany(self.dialect.sql(sql), rows)
 
 
-class Refused(BoardError):
-    """A board's request the mailbox does not accept: ``status`` is the HTTP answer it gets."""
+class Refused(Exception):
+    """A board's request the mailbox does not accept: ``status`` is the HTTP answer it gets (the
+    endpoint's answer to a board, not an error of the host's tree: no run ever sees it)."""
 
     def __init__(self, status: int, line: str, **extra: Any) -> None:
         super().__init__(line)
