@@ -113,5 +113,4 @@ def pull_state(name: str) -> dict[str, object]:
     record = Mailbox().board(name)
     if record is None:
         return {"state": "not enrolled", "last_seen": "never"}
-    seen = None if record.last_seen is None else time.time() - record.last_seen
-    return {"state": record.state, "last_seen": ago(seen)}
+    return {"state": record.state, "last_seen": ago(record.seen_s)}

@@ -164,10 +164,10 @@ def pull_boards(boards: list[str]) -> dict[str, tuple[str, float | None]]:
     names = [b for b in boards if b in inventory and inventory[b].transport == "pull"]
     if not names:
         return {}
-    mailbox, now, out = Mailbox(), time.time(), {}
+    mailbox, out = Mailbox(), {}
     for name in names:
         record = mailbox.board(name)
-        seen_s = None if record is None or record.last_seen is None else now - record.last_seen
+        seen_s = record.seen_s if record else None
         out[name] = (record.state if record else "not enrolled", seen_s)
     return out
 

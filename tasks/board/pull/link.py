@@ -108,7 +108,7 @@ class PullLink:
 
     def _say_waiting(self, state: str) -> None:
         record = self.mailbox.board(self.board.name)
-        seen = None if record is None or record.last_seen is None else time.time() - record.last_seen
+        seen = record.seen_s if record else None
         what = {"pending": "check in", "offered": "fetch the job and start it"}.get(state, state)
         log.info("waiting for %s to %s: last seen %s", self.board.name, what, ago(seen))
 
@@ -129,7 +129,7 @@ class PullLink:
     def _final(self, job: Any) -> JobResult:
         if job.state == "expired":
             record = self.mailbox.board(self.board.name)
-            seen = None if record is None or record.last_seen is None else time.time() - record.last_seen
+            seen = record.seen_s if record else None
             raise TrainingFailed(f"job {job.id} expired on board {self.board.name}: {job.verdict} "
                                  f"({self.board.pull_deadline_h:g} h; the board was last seen {ago(seen)})")  # fmt: skip
         result = JobResult.from_dict(job.result)

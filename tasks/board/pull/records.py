@@ -24,6 +24,7 @@ import hashlib
 import json
 import re
 import sqlite3
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,6 +130,11 @@ class BoardRecord:
     since: float
     last_seen: float | None
     info: dict[str, Any] | None
+
+    @property
+    def seen_s(self) -> float | None:
+        """Seconds since the board's last check-in (None: it never checked in)."""
+        return None if self.last_seen is None else time.time() - self.last_seen
 
 
 @dataclass(frozen=True)
