@@ -26,9 +26,8 @@ class Boards(Store):
     def invite(self, name: str, now: float | None = None) -> str:
         """A one-time enrolment code for ``name`` (stored hashed, lapses after a day)."""
         now = time.time() if now is None else now
-        code = secrets.token_hex(
-            8
-        )  # hex: never read as an option (a leading "-") on the board's command line
+        # hex: never read as an option (a leading "-") on the board's command line
+        code = secrets.token_hex(8)
         with self.tx() as db:
             row = db.execute("SELECT state FROM boards WHERE name=?", (name,)).fetchone()
             if row and row[0] == "accepted":
