@@ -26,7 +26,7 @@ from tasks.hosts import catchup
 from tasks.hosts.share import share_boards
 from tasks.paths import odl_home
 from tasks.stack import StackError
-from tasks.stack.processes import running_pid, spawn, stop_service
+from tasks.stack.processes import running_pid, spawn, stop_service, stop_services
 from tasks.stack.server import POOL, stack_env
 from tasks.vboard import cgroup
 from tasks.vboard.sshd import make_netns
@@ -35,8 +35,12 @@ log = logging.getLogger(__name__)
 FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 STORE_URL, STORE_PASSWORD = "ODL_STORE_URL", "ODL_STORE_PASSWORD_FILE"
 HEARTBEAT_S = "30"  # a host's flow runs beat this often (Prefect's least): a silent one is lost
-DROPPED = ("ODL_INVENTORY", "PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_SERVER_DATABASE_CONNECTION_URL",
-           "PREFECT_SERVER_API_AUTH_STRING")  # a host worker is a client: the server's settings stay home
+DROPPED = (
+    "ODL_INVENTORY",
+    "PREFECT_API_DATABASE_CONNECTION_URL",
+    "PREFECT_SERVER_DATABASE_CONNECTION_URL",
+    "PREFECT_SERVER_API_AUTH_STRING",
+)  # a host worker is a client: the server's settings stay home
 
 
 def state_path(first: Path | None = None) -> Path:
@@ -237,8 +241,10 @@ def down() -> list[str]:
     first = odl_home()
     state = load(first)
     names = sorted(state["hosts"])
-    for name in names:
-        _stop(state["hosts"].pop(name))
+    records = [state["hosts"].pop(name) for name in names]
+    stop_services([(Path(r["home"]), "worker") for r in records], 10.0)  # the hosts' workers at once
+    for record in records:
+        _stop(record)  # its namespace and cgroup (its worker already stopped)
     if state.get("forward_set"):
         FORWARD.write_text("0\n")
         state["forward_set"] = False

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tasks.paths import PROJECT_ROOT
@@ -86,3 +87,13 @@ def stop_service(home: Path, service: str, timeout: float) -> bool:
     pidfile(home, service).unlink(missing_ok=True)
     log.info("stopped %s (pid %d)", service, pid)
     return True
+
+
+def stop_services(services: list[tuple[Path, str]], timeout: float) -> list[str]:
+    """:func:`stop_service` for each ``(home, service)`` at once (a worker's shutdown takes seconds:
+    their waits overlap instead of adding up); the services that were running, in the given order."""
+    if not services:
+        return []
+    with ThreadPoolExecutor(max_workers=len(services)) as pool:
+        ran = list(pool.map(lambda hs: stop_service(hs[0], hs[1], timeout), services))
+    return [service for (_, service), was in zip(services, ran, strict=True) if was]

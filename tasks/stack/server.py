@@ -33,7 +33,7 @@ from tasks.stack.ownership import (
     stack_config,
     update_stack_config,
 )
-from tasks.stack.processes import running_pid, spawn, stop_service
+from tasks.stack.processes import running_pid, spawn, stop_service, stop_services
 
 POOL = "odl-pool"
 PREFECT_FILE = PROJECT_ROOT / "deploy" / "prefect.yaml"
@@ -229,7 +229,9 @@ def up(env: dict[str, str], workers: int = 1) -> dict[str, int]:
 def down(home: Path | None = None, timeout: float = 10.0) -> list[str]:
     """Stop the workers, the server and PostgreSQL started by :func:`up` (recorded pids); keeps the data."""
     home = Path(home) if home else odl_home()
-    stopped = [s for s in [*worker_services(home), "prefect-server"] if stop_service(home, s, timeout)]
+    # the workers first (together), then the server they talk to
+    stopped = stop_services([(home, s) for s in worker_services(home)], timeout)
+    stopped += ["prefect-server"] if stop_service(home, "prefect-server", timeout) else []
     if (home / "run" / "postgres.pid").is_file() or (home / "postgres").exists():
         stopped += ["postgres"] if postgres.stop(home) else []
     return stopped
