@@ -118,12 +118,18 @@ def endpoint_config(home: Path | None = None) -> EndpointConfig | None:
     return EndpointConfig(**json.loads(path.read_text()))
 
 
+# a stop waits this long for requests in flight, then closes them: a held check-in (up to the
+# contract's long poll) is cut and its board asks again, instead of the stop waiting for it
+SHUTDOWN_S = 2
+
+
 def serve(cfg: EndpointConfig, home: Path | None = None) -> None:
     """Serve the endpoint in this process until it is stopped (SIGTERM, SIGINT)."""
     crt, key = tls_paths(home)
     host, port = cfg.host_port
     uvicorn.run(build_app(Mailbox(home)), host=host, port=port, ssl_certfile=str(crt), ssl_keyfile=str(key),
-                log_level="info", access_log=False, timeout_keep_alive=30)  # fmt: skip
+                log_level="info", access_log=False, timeout_keep_alive=30,
+                timeout_graceful_shutdown=SHUTDOWN_S)  # fmt: skip
 
 
 def start(listen: str, url: str | None, home: Path, timeout: float = 30.0) -> EndpointConfig:

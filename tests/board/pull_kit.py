@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from device_agent.pull.contract import H_BOARD, H_NONCE, H_SIGNATURE, H_TIME, PREFIX, signed_text
 from tasks.board.pull.endpoint import build_app
 from tasks.board.pull.mailbox import Mailbox
-from tasks.stack.endpoint import configure, tls_paths
+from tasks.stack.endpoint import SHUTDOWN_S, configure, tls_paths
 
 
 def free_port() -> int:
@@ -49,7 +49,8 @@ def running_endpoint(home: Path, max_inflight: int = 64) -> Iterator[Endpoint]:
     mailbox = Mailbox(home)
     crt, key = tls_paths(home)
     server = uvicorn.Server(uvicorn.Config(build_app(mailbox, max_inflight), host="127.0.0.1", port=port,
-                                           ssl_certfile=str(crt), ssl_keyfile=str(key), log_level="warning"))  # fmt: skip
+                                           ssl_certfile=str(crt), ssl_keyfile=str(key), log_level="warning",
+                                           timeout_graceful_shutdown=SHUTDOWN_S))  # fmt: skip
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
