@@ -116,7 +116,7 @@ class ExitCode(enum.IntEnum):
     BUSY = 34  # the job is already running in another process
     BOARD_BUSY = 35  # another job is training on this board (one at a time)
     OUT_OF_MEMORY = 36  # the kernel killed the job for memory (its peak exceeded the RAM it may use)
-    UNTRUSTED = 37  # pull mode: the endpoint refused the board's key, or its certificate is not the pinned one
+    UNTRUSTED = 37  # pull mode: the endpoint refused the board's key, or its certificate is not pinned
 
 
 EXIT_HELP: dict[int, str] = {

@@ -40,7 +40,8 @@ def mixed(flow_home, board_python):
                                 "--code", code], env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
         assert enrol.returncode == 0, enrol.stderr
         save_board(Board(name="m1", root=str(root), transport="pull", python=str(board_python)))
-        service = subprocess.Popen([*agent, "pull"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        service = subprocess.Popen([*agent, "pull"], env=env, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE)  # fmt: skip
         save_group("mixed", ["m0", "m1"])
         save_group("commanded", ["m0", "m1x"])
         try:
@@ -76,7 +77,8 @@ def test_a_mixed_round_aggregates_as_an_all_command_round(prefect_harness, mixed
     sent = np.load(mixed_dir / "m1" / "trainable.npz")
     same = np.load(commanded_dir / "m1x" / "trainable.npz")
     assert sorted(sent.files) == sorted(same.files)
-    assert all(np.array_equal(sent[k], same[k]) for k in sent.files)  # the pull board's update: the same bytes
+    # the pull board's update: the same bytes
+    assert all(np.array_equal(sent[k], same[k]) for k in sent.files)
     a, b = _trainable(mixed_dir / "aggregate.ckpt"), _trainable(commanded_dir / "aggregate.ckpt")
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
     assert mixed_round["aggregate"]["samples"] == commanded_round["aggregate"]["samples"]
