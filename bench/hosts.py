@@ -129,10 +129,10 @@ def hosts_now() -> tuple[float, int]:
 def measure(
     env: dict[str, str], hosts: int, boards: int, rounds: int, epochs: int, quota: float | None,
     store: bool = False, warm_up: bool = True,
-) -> dict:  # fmt: skip
-    """Bring up ``hosts`` hosts, warm them up (unless not ``warm_up``: then the measured run's figures
-    include each host's preparation), run the measured fleet run; its row (with ``store``,
-    bench/hosts_detail.py's figures too)."""
+) -> tuple[dict, dict[str, Any]]:  # fmt: skip
+    """Bring up ``hosts`` hosts (kept when they run as asked), warm them up (unless not ``warm_up``:
+    then the measured run's figures include each host's preparation), run the measured fleet run;
+    its row (with ``store``, bench/hosts_detail.py's figures too) and the run's summary."""
     from bench import hosts_detail as detail
     from tasks.hosts import lifecycle
 
@@ -154,7 +154,7 @@ def measure(
         if store
         else {}
     )
-    return more | {
+    row = more | {
         "hosts": hosts,
         "boards": boards,
         "round_s": sum(r["wall_s"] for r in recs) / n,
@@ -170,6 +170,7 @@ def measure(
         "run_s": run_s,
         "warm_up": warm_up,
     }
+    return row, summary
 
 
 def _stop(signum: int, _frame: object) -> None:
@@ -185,7 +186,9 @@ def main() -> int:
     ap.add_argument("--cpu-quota", type=float, default=None, help="CPUs per simulated host (cgroup)")
     ap.add_argument("--board-quota", type=float, default=0.05, help="CPUs per virtual board (cgroup)")
     ap.add_argument(
-        "--quick", action="store_true", help="2 hosts, 2 boards of 0.25 CPU, 1 round, no warm-up round (a smoke run)"
+        "--quick",
+        action="store_true",
+        help="2 hosts, 2 boards of 0.25 CPU, 1 round, no warm-up round (a smoke run)",
     )
     ap.add_argument(
         "--store",
@@ -215,7 +218,8 @@ def main() -> int:
             stack.enter_context(store_lab(home.parent / "store", _ports(1)[0]))
         env = stack.enter_context(fleet_lab(home, boards, board_quota))
         for h in counts:
-            rows.append(measure(env, h, boards, rounds, args.epochs, args.cpu_quota, args.store, not args.quick))
+            row, _ = measure(env, h, boards, rounds, args.epochs, args.cpu_quota, args.store, not args.quick)
+            rows.append(row)
             print(table(rows[-1:], [(k, k) for k in rows[-1]]), flush=True)
     print()
     print(table(rows, [("hosts", "hosts"), ("boards", "boards"), ("round_s", "s/round"),

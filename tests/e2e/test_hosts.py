@@ -1,7 +1,7 @@
 """End to end (issue 45): two simulated worker hosts (``odl hosts up --hosts 2``: own network
 namespace, own ODL_HOME, one worker each on odl-pool) and a fleet round over four virtual boards
-fanned out as two ``odl/fleet-group`` runs; the Prefect server says which host's worker ran each,
-and the aggregate equals the one-host aggregation of the very updates the boards sent; the hosts
+fanned out as two ``odl/fleet-group`` runs, measured as bench/hosts.py measures it; the Prefect
+server says which host's worker ran each, and the aggregate equals the one-host aggregation of the very updates the boards sent; the hosts
 fetch the recipe's prepared folder from the store instead of preparing it. Every host,
 the first included, is configured for one real shared store (tests/fixtures_store.py's cluster,
 which the hosts reach at this machine's end of their veths). A host SIGKILLed mid-fetch catches up
@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.hosts import GROUP, run_fleet
+from bench.hosts import GROUP, measure
 from tasks.paths import PROJECT_ROOT
+from tests.bench.test_bench import positive
 from tests.e2e.prefect_api import post
 from tests.fixtures_hosts import host_environ, kill_host, odl_hosts
 from tests.fixtures_store import store_password
@@ -63,7 +64,15 @@ def test_two_hosts_each_run_a_group_and_the_aggregate_is_the_one_host_one(hosts_
         assert not any(k.endswith("DATABASE_CONNECTION_URL") for k in environ)
         assert h["boards"] == ["hb0", "hb1", "hb2", "hb3"]
 
-    summary = run_fleet(env, rounds=1, epochs=1, fanout=2)
+    # the round as bench/hosts.py --quick measures it (the hosts kept: no warm-up, each prepares or
+    # fetches inside the round): every figure measured and both hosts used
+    row, summary = measure(env, 2, 4, 1, 1, None, warm_up=False)
+    assert {h["name"]: h["pid"] for h in lifecycle.status()} == {n: h["pid"] for n, h in hosts.items()}
+    assert (row["hosts"], row["boards"], row["boards_ok"], row["hosts_used"]) == (2, 4, 4, 2)
+    positive(row, "round_s", "hosts_cpu_per_board_s", "first_host_cpu_per_board_s", "link_bytes_per_round",
+             "server_payload_bytes_per_round", "board_bytes_per_round")  # fmt: skip
+    # what crosses the hosts' links includes every board's update and the weights each group got
+    assert row["link_bytes_per_round"] > row["board_bytes_per_round"] and 0 < row["accuracy"] <= 1
     (record,) = summary["rounds"]
     assert record["took_part"] == ["hb0", "hb1", "hb2", "hb3"]
     groups = record["groups"]
