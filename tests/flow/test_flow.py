@@ -250,6 +250,7 @@ def test_failing_run_loses_nothing_promoted(promoted_run, flow_board, flow_home,
     assert (now.name, now.model.read_bytes()) == before
 
 
+@pytest.mark.vboard
 def test_detector_with_its_loss_in_the_graph_completes(prepared_ssd_flow):
     """An embedded-loss detector (SSD-Lite at 96 px) trains on the board, is evaluated on the host
     through its eval graph and with COCO mAP (pycocotools), judged on mAP@0.5; the registry keeps
@@ -287,6 +288,7 @@ def prepared_ssd_flow(prefect_harness, flow_home, flow_board):
     return run_id, out, flow_board.name
 
 
+@pytest.mark.vboard
 def test_foreign_onnx_model_is_fine_tuned_and_quantized(prefect_harness, flow_home, flow_board):
     """recipes/digits_onnx.toml: a foreign eval-mode ONNX file (BN folded, opset 13) cut before its
     classifier, a new head trained on the board from its last conv, accuracy up; the candidate

@@ -28,6 +28,7 @@ def _manifest(recipe_path, board: str, version: str):
     return json.loads((found.path / "manifest.json").read_text())
 
 
+@pytest.mark.vboard
 @pytest.mark.parametrize("runtime", ["ort-training", "autograd"])
 def test_avg_pool_after_frozen_batchnorm_trains_on_the_board(
     prefect_harness, flow_home, flow_board, tmp_path, runtime
@@ -45,6 +46,7 @@ def test_avg_pool_after_frozen_batchnorm_trains_on_the_board(
     assert np.isfinite(cand["loss"]) and cand["loss"] < base["loss"]  # it learned on the board
 
 
+@pytest.mark.vboard
 @pytest.mark.parametrize("runtime", ["ort-training", "autograd"])
 def test_foreign_onnx_sharing_initializers_across_the_cut_completes(
     prefect_harness, flow_home, flow_board, tmp_path, runtime

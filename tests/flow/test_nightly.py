@@ -45,6 +45,7 @@ def _fresh_board_folders(board, subs=("datasets/digits", "models/digits_nightly"
         conn.close()
 
 
+@pytest.mark.vboard
 def test_nightly_cycles_promote_reject_rollout_and_rollback(prefect_harness, flow_home, flow_board, capsys):
     from tasks import stages
     from tasks.recipe.load import load_recipe

@@ -35,6 +35,7 @@ def _pixel_accuracy(model, x: np.ndarray, y: np.ndarray, ignore: int = 255) -> f
     return float(np.mean([(p == t)[k].mean() for p, t, k in zip(pred, y, kept, strict=True)]))
 
 
+@pytest.mark.vboard
 def test_segmentation_is_promoted_on_a_significant_miou_gain(segmentation_run):
     from tasks import stages
     from tasks.paths import PROJECT_ROOT
@@ -82,6 +83,7 @@ def _background_only(model_path, out_path, background: int = 0):
     return out_path
 
 
+@pytest.mark.vboard
 def test_a_background_only_candidate_is_rejected_with_its_miou_interval(segmentation_run, tmp_path):
     """The issue's replay on the real test set: a candidate that predicts only the background, judged
     against the untrained base, is refused; the refusal names the mIoU gain's interval and the object
