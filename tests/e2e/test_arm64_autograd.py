@@ -23,7 +23,7 @@ from tests.flow.test_flow import _artifacts, _run
 pytestmark = [pytest.mark.slow, pytest.mark.board]
 
 DIGITS = Path(__file__).resolve().parents[2] / "recipes" / "digits.toml"
-AUTOGRAD = {"training.runtime": "autograd", "training.epochs": 4}
+AUTOGRAD = {"training.runtime": "autograd", "training.epochs": 2}
 LOSSES = ("loss", "train_loss", "eval_loss")
 
 

@@ -129,7 +129,7 @@ def test_one_job_per_board_holds_across_hosts(hosts_lab):
         prep = stages.prepare(stages.inputs(load_recipe(recipe_path)), validate_recipe=False)
         weights = pack_weights(checkpoint_weights(prep.checkpoint, trainable_only=True))
         root = Path(get_board("hb0").root)
-    params = {"recipe": str(recipe_path), "overrides": {"training.epochs": 2}, "boards": ["hb0"], "round": 1,
+    params = {"recipe": str(recipe_path), "overrides": {"training.epochs": 1}, "boards": ["hb0"], "round": 1,
               "deadline_wall": time.time() + 400, "weights": weights}  # fmt: skip
     try:
         with (
