@@ -7,12 +7,14 @@ checkpoint), and what the board assembles is the model the host prepared."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime
 from onnx import numpy_helper
 
+from device_agent.protocol import file_sha256
 from device_agent.runtimes.autograd import AutogradApi
 from device_agent.runtimes.weights import whole_model
 from tasks.prepare.board_job import build_job_spec
@@ -128,3 +130,41 @@ def test_a_depthwise_convolution_s_weight_gradient_holds_no_one_hot_constant(tmp
     path, names, y, _ = _written(tmp_path, model, x, 3)
     _assert_pytorch_s(path, model, x, y, names)
     assert sum(len(i.raw_data) for i in onnx.load(str(path)).graph.initializer) < 64 * 9 * 9 * 4 // 4
+
+
+TWICE = """
+
+class Twice(nn.Module):  # a frozen conv applied before the trained one (the prefix) and after it
+    def __init__(self, out):
+        super().__init__()
+        self.stem, self.mix = nn.Conv2d(1, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1)
+        self.mid, self.head = nn.Conv2d(16, 16, 3, padding=1), nn.Linear(16, out)
+
+    def forward(self, x):
+        h = torch.relu(self.mix(torch.relu(self.stem(x))))
+        return self.head(torch.relu(self.mix(torch.relu(self.mid(h)))).mean(dim=(2, 3)))
+
+
+def twice(num_classes=3):
+    return Twice(num_classes)
+"""
+
+
+def test_a_split_job_whose_prefix_and_train_step_share_a_tensor_is_built_from_its_entries(tmp_path):
+    """The frozen prefix and the train step both hold ``mix``'s weight: the train step is rewritten
+    without it and its manifest entry follows (the stale entry stopped every such job before any
+    upload: "artifact train_step: ... its size differs from the manifest"); the board's split job
+    trains to the full job's losses."""
+    recipe = tiny_recipe(tmp_path, {"model": {"callable": "tinymodels:twice"}, "training": {"runtime": "autograd"},
+                                    "trainable": {"strategy": None, "patterns": ["mid.*", "head.*"]}})  # fmt: skip
+    (tmp_path / "tinymodels.py").write_text(TINY_MODELS + TWICE)
+    prepared = prepare(recipe, tmp_path / "autograd", validate=False)
+    split = prepared.manifest["prefix_cache"]
+    assert split["enabled"], split
+    for entry in split["files"].values():
+        path = prepared.out_dir / entry["path"]
+        assert path.stat().st_size == entry["size"] and file_sha256(path) == entry["sha256"], entry
+    step = json.loads((prepared.out_dir / split["files"]["step"]["path"]).read_text())
+    assert "prefix_model" in {r[0] for r in step["shared"]["train_step"]["ranges"]}  # mix's weight, once
+    spec, files = build_job_spec(recipe, prepared, "job-1")
+    assert spec.prefix is not None and all(Path(p).is_file() for p in files.values())

@@ -231,8 +231,9 @@ def share(out_dir: Path, jobs: list[dict[str, Any]], trainable: list[str]) -> No
             path = out_dir / files[key]["path"]
             data, model = _load(path)
             out = _left_out(data, model, have, set(), nodes=False)
-            if out.items:
+            if out.items:  # e.g. a tensor the prefix and the train step both hold: its entry follows
                 data, table[key] = _rewritten(path, model, out), out.table()
+                files[key] = file_entry(path, files[key]["path"])
             have.add(key, data, model)
     rel = jobs[0][TEMPLATE]["path"]
     data, template = _load(out_dir / rel)
