@@ -10,7 +10,7 @@ import onnx
 import onnxruntime
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tasks.prepare.runtimes.autograd import onnx_grad_conv
@@ -65,12 +65,22 @@ def _assert_pytorch_s(path, model, x, y, names):
     pool=st.sampled_from(["max", "avg", "global", "none"]),
     norm=st.sampled_from(["frozen", "batch-stats", "group", "none"]),
     patches=st.sampled_from([onnx_grad_conv.PATCHES_BYTES, 0]),
+    transposed=st.sampled_from([False, False, True, "output_padding"]),
 )
+@example(dims=2, groups=1, kernel=2, stride=2, dilation=1, padding=0, size=5, bias=False, pool="none", norm="none",
+         patches=0, transposed=True)  # shrunk: a transposed convolution's weight gradient by the convolution form  # fmt: skip
 def test_generated_convolutions_give_pytorch_s_gradients(monkeypatch, tmp_path, dims, groups, kernel, stride,
-                                                         dilation, padding, size, bias, pool, norm, patches):  # fmt: skip
-    """(``patches`` 0: every weight gradient but a 1x1's by the convolution form, as a large layer's.)"""
+                                                         dilation, padding, size, bias, pool, norm, patches,
+                                                         transposed):  # fmt: skip
+    """(``patches`` 0: every weight gradient but a 1x1's by the convolution form, as a large layer's;
+    ``transposed``: a ConvTranspose, as a decoder's, with the largest output padding it takes.)"""
     monkeypatch.setattr(onnx_grad_conv, "PATCHES_BYTES", patches)
-    conv = (nn.Conv1d, nn.Conv2d)[dims - 1](4, 6, kernel, stride, padding, dilation, groups, bias)
+    if transposed:
+        extra = max(stride, dilation) - 1 if transposed == "output_padding" else 0
+        conv = (nn.ConvTranspose1d, nn.ConvTranspose2d)[dims - 1](4, 6, kernel, stride, padding, extra, groups, bias,
+                                                                  dilation)  # fmt: skip
+    else:
+        conv = (nn.Conv1d, nn.Conv2d)[dims - 1](4, 6, kernel, stride, padding, dilation, groups, bias)
     torch.manual_seed(1)
     x = torch.randn(5, 4, *([size] * dims))
     with torch.no_grad():
