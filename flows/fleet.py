@@ -4,8 +4,9 @@ Prefect names a deployment ``<flow name>/<deployment name>``, so for ``prefect d
 odl/fleet`` this flow is registered under the pipeline's flow name ``odl`` (beside ``odl/full``);
 its runs are named ``fleet-<group>-...`` so the runs list tells them apart.
 
-Each round fans out one Prefect task per board (a thread each; the board's concurrency slot
-``board-<name>`` still holds one job per board), waits for them, and goes on with the boards that
+Each round runs its boards in at most 16 waves (:mod:`tasks.fleet.waves`): one Prefect task a wave,
+a thread a board in it (the boards' concurrency slots ``board-<name>`` still hold one job per board),
+waits for them, and goes on with the boards that
 finished: a board that fails or misses the round's deadline is reported, and the round fails only
 below the quorum ``fleet.min_boards``. The aggregate after the last round is judged like any
 candidate (the gate, the registry under the group's name) and, if promoted, installed on the
@@ -28,6 +29,7 @@ from pydantic import Field
 
 from tasks import stages
 from tasks.board.inventory import BOARD_NAME_PATTERN, Board, get_group, load_inventory
+from tasks.fleet import waves
 from tasks.fleet.buffered import BufferedRun
 from tasks.fleet.rounds import FleetRun, check_fleet
 from tasks.judge.decision import headline, verdict_message
@@ -191,12 +193,25 @@ def _run_rounds(
         else:
             ckpt = fleet.round_checkpoint(r)
             out = {b.name: fleet.folder / f"round-{r:03d}" / b.name for b in boards}
-            futures = {
-                b.name: ft.board_round.submit(b, inp, prep, ckpt, fleet.run_id, r, deadline, out[b.name])
-                for b in boards
-            }
-            wait(list(futures.values()), timeout=spec.deadline_s + 120)
-            results = {name: ft.outcome(f) for name, f in futures.items()}
+            parts = waves.waves(boards)
+            futures = [
+                ft.board_wave.submit(
+                    part,
+                    inp,
+                    prep,
+                    ckpt,
+                    fleet.run_id,
+                    r,
+                    deadline,
+                    {b.name: out[b.name] for b in part},
+                    waves.label(part),
+                )  # fmt: skip
+                for part in parts
+            ]
+            wait(futures, timeout=spec.deadline_s + 120)
+            results = {}
+            for future, part in zip(futures, parts, strict=True):
+                results.update(ft.wave_outcomes(future, part))
         try:
             ft.close_round(fleet, r, results, started, groups)
         finally:

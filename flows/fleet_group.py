@@ -3,8 +3,8 @@
 The first host's fleet flow (:mod:`flows.fleet`, parameter ``fanout``) starts one run of this flow
 per board group and round. It prepares the recipe in this host's own ``ODL_HOME`` (cached there
 after the first round; with a shared store, fetched from it when another host prepared it), writes the round's global weights (its parameters) into the prepared
-checkpoint, trains each board of the group as the one-host round does (the Prefect task
-:func:`tasks.prefect.fleet.board_round`, holding the board's server-wide concurrency slot: one job
+checkpoint, trains the group's boards as one wave of the one-host round (the Prefect task
+:func:`tasks.prefect.fleet.board_wave`, holding the boards' server-wide concurrency slots: one job
 per board across hosts) and sends the boards' updates back in its result record
 (:mod:`tasks.fleet.fanout`).
 """
@@ -25,7 +25,7 @@ from pydantic import Field
 from tasks import stages
 from tasks.board.inventory import get_board
 from tasks.checkpoint import write_checkpoint
-from tasks.fleet import fanout
+from tasks.fleet import fanout, waves
 from tasks.paths import odl_home, state_dir
 from tasks.prefect import fleet as ft
 from tasks.prefect import tasks as pt
@@ -45,7 +45,10 @@ class GroupParams(StrictParams):
     run_id: str = Field(..., description="the fleet run's id (the boards' job ids)")
     round: int = Field(..., ge=1, description="the round")
     deadline_wall: float = Field(..., description="the round's deadline (seconds since the epoch)")
-    weights: str = Field(..., description="the round's global trainable weights (base64 .npz)")
+    weights: str = Field(
+        ...,
+        description="the round's global trainable weights: sha256:<hex> of the shared store's blob, or base64 .npz",
+    )
 
 
 def _run_name() -> str:
@@ -68,14 +71,12 @@ def odl_fleet_group(params: GroupParams) -> dict[str, Any]:
     prep = stages.prepared(inp)
     tag = "".join(c for c in p.run_id if c.isalnum())[:12]
     folder = state_dir("fleet-groups", f"{recipe.name}-{tag}", f"round-{p.round:03d}-{p.boards[0]}")
-    ckpt = write_checkpoint(prep.checkpoint, fanout.unpack_weights(p.weights), folder / "global.ckpt")
-    futures = {
-        b.name: ft.board_round.submit(b, inp, prep, ckpt, p.run_id, p.round, p.deadline_wall, folder / b.name)
-        for b in boards
-    }
-    wait(list(futures.values()), timeout=max(0.0, p.deadline_wall - time.time()) + 120)
+    ckpt = write_checkpoint(prep.checkpoint, fanout.unpack_weights(p.weights, folder), folder / "global.ckpt")
+    future = ft.board_wave.submit(boards, inp, prep, ckpt, p.run_id, p.round, p.deadline_wall,
+                                  {b.name: folder / b.name for b in boards}, waves.label(boards))  # fmt: skip
+    wait([future], timeout=max(0.0, p.deadline_wall - time.time()) + 120)
     host = odl_home().name
-    items = [fanout.entry(name, ft.outcome(f), host) for name, f in futures.items()]
+    items = [fanout.entry(name, res, host) for name, res in ft.wave_outcomes(future, boards).items()]
     Artifact(
         type=fanout.RESULT_TYPE, data=items, description=f"round {p.round}: updates of {', '.join(p.boards)}"
     ).create()

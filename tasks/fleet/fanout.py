@@ -2,10 +2,12 @@
 
 The round's boards are split into groups; each group becomes a run of the deployment
 ``odl/fleet-group`` (:mod:`flows.fleet_group`) on whichever host's worker takes it. The hosts
-share no filesystem, so the round's global weights travel in the group run's parameters and each
-board's update back in the run's result record (:data:`RESULT_TYPE`, an artifact of the group run
-on the Prefect server): ``trainable.npz`` byte for byte, so the first host aggregates exactly what
-the boards sent (:meth:`tasks.fleet.rounds.FleetRun.close_round`, the one-host code).
+share no filesystem. With a shared store (``ODL_STORE_URL``) the round's global weights and each
+board's ``trainable.npz`` go into the store's blobs, and the group run's parameters and its result
+record (:data:`RESULT_TYPE`, an artifact of the group run) name them by their sha256: nothing
+model-sized goes through Prefect's API and database. Without one they travel there as base64. Either
+way byte for byte, so the first host aggregates exactly what the boards sent
+(:meth:`tasks.fleet.rounds.FleetRun.close_round`, the one-host code).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import base64
 import io
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -40,15 +43,45 @@ def split(boards: list[str], groups: int) -> list[list[str]]:
     return out
 
 
-def pack_weights(weights: Weights) -> str:
-    """The weights as base64 text of an ``.npz`` (names, dtypes and values exact)."""
+BY_HASH = "sha256:"  # a parameter or entry naming a blob of the shared store, not holding its bytes
+
+
+def _blobs() -> Any:
+    """The shared store's blobs (``ODL_STORE_URL``), None without a store."""
+    from tasks.store import PgBlobStore, configured_store
+
+    store = configured_store()
+    return PgBlobStore(store) if store is not None else None
+
+
+def pack_weights(weights: Weights, folder: Path | None = None) -> str:
+    """The weights as an ``.npz`` (names, dtypes and values exact): with a shared store, put there
+    and named by its hash (``sha256:<hex>``: nothing model-sized goes through Prefect's API); without
+    one, the file as base64 text (the group run's parameters carry it)."""
     buf = io.BytesIO()
     np.savez(buf, **weights)
-    return base64.b64encode(buf.getvalue()).decode()
+    blobs = _blobs()
+    if blobs is None:
+        return base64.b64encode(buf.getvalue()).decode()
+    folder = folder or Path(tempfile.mkdtemp(prefix="odl-weights-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "global-weights.npz"
+    path.write_bytes(buf.getvalue())
+    return BY_HASH + blobs.put(path)
 
 
-def unpack_weights(text: str) -> Weights:
-    with np.load(io.BytesIO(base64.b64decode(text)), allow_pickle=False) as z:
+def unpack_weights(text: str, folder: Path | None = None) -> Weights:
+    """:func:`pack_weights`'s weights back: fetched from the store (verified) when it names a hash."""
+    if text.startswith(BY_HASH):
+        blobs = _blobs()
+        if blobs is None:
+            raise FleetError(f"the round's weights are blob {text[len(BY_HASH):][:12]} of a shared store, "
+                             "and this host has none configured (ODL_STORE_URL)")  # fmt: skip
+        dest = (folder or Path(tempfile.mkdtemp(prefix="odl-weights-"))) / "global-weights.npz"
+        raw = blobs.fetch(text[len(BY_HASH) :], dest).read_bytes()
+    else:
+        raw = base64.b64decode(text)
+    with np.load(io.BytesIO(raw), allow_pickle=False) as z:
         return {k: z[k] for k in z.files}
 
 
@@ -57,6 +90,9 @@ def entry(name: str, res: BoardUpdate | BaseException | None, host: str) -> dict
     (base64), or why it has none (``late``: a straggler)."""
     if isinstance(res, BoardUpdate):
         row = {k: v for k, v in vars(res).items() if k not in ("update",)}
+        blobs = _blobs()
+        if blobs is not None:  # the update in the store, the entry naming its hash
+            return {**row, "host": host, "npz": BY_HASH + blobs.put(res.update)}
         return {**row, "host": host, "npz": base64.b64encode(res.update.read_bytes()).decode()}
     late = isinstance(res, Straggler)
     why = "no result (the group's wait ended first)" if res is None else f"{type(res).__name__}: {res}"
@@ -71,9 +107,16 @@ def received(item: dict[str, Any], out_dir: Path) -> BoardUpdate | BaseException
         return cls(f"on host {item.get('host', '?')}: {item.get('error', 'no update')}")
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "trainable.npz"
-    tmp = path.with_name(f".trainable.{os.getpid()}.tmp")
-    tmp.write_bytes(base64.b64decode(item["npz"]))
-    os.replace(tmp, path)
+    if item["npz"].startswith(BY_HASH):
+        blobs = _blobs()
+        if blobs is None:
+            return FleetError(f"on host {item.get('host', '?')}: the update is a blob of a shared store, "
+                              "and this host has none configured (ODL_STORE_URL)")  # fmt: skip
+        blobs.fetch(item["npz"][len(BY_HASH) :], path)  # verified against its hash, written whole
+    else:
+        tmp = path.with_name(f".trainable.{os.getpid()}.tmp")
+        tmp.write_bytes(base64.b64decode(item["npz"]))
+        os.replace(tmp, path)
     fields = {k: v for k, v in item.items() if k not in ("npz", "host")}
     return BoardUpdate(**fields, update=path)
 
@@ -84,5 +127,6 @@ def group_failed(part: list[str], why: str) -> dict[str, BaseException]:
 
 
 def payload_bytes(items: list[dict[str, Any]]) -> int:
-    """The base64 bytes of updates a group run sent back through the server."""
+    """The bytes of updates a group run sent back through the server (base64 text, or the hashes
+    naming them in the store)."""
     return sum(len(i.get("npz", "")) for i in items)

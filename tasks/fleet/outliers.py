@@ -11,10 +11,15 @@ It is flagged an **outlier** when any of these holds (:data:`RULE`):
   round's updates is below 0 (the median, not the aggregate: a FedAvg aggregate that a scaled bad
   update dragged along would make every honest board look wrong);
 * the robust strategy left it out of the aggregate (Krum, Bulyan).
+
+Past :data:`SAMPLE` boards the median is taken over that many updates spread over the round
+(:func:`streamed_figures`), so the figures of a thousand boards' round hold a bounded number of
+updates in memory.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -51,19 +56,41 @@ def norm_outliers(norms: list[float]) -> list[bool]:
     return [n > med + Z_MAX * mad for n in norms]
 
 
+SAMPLE = 64  # updates the median reference is taken over, at most (all of them up to this many boards)
+
+
 def update_figures(
     global_w: Weights, updates: list[Weights], aggregate: Weights, excluded: tuple[int, ...] = ()
 ) -> list[dict[str, Any]]:
     """Per update (in order): ``norm``, ``cos_aggregate`` (to the aggregate's update),
     ``cos_median`` (to the coordinate-wise median update), ``outlier``, its ``kinds`` (norm,
     direction, left out) and the ``why`` of each, one sentence."""
-    deltas = np.stack([_flat(w, global_w) for w in updates])
+    return streamed_figures(global_w, updates.__getitem__, len(updates), aggregate, excluded)
+
+
+def streamed_figures(
+    global_w: Weights, load: Callable[[int], Weights], count: int, aggregate: Weights,
+    excluded: tuple[int, ...] = (), sample: int = SAMPLE,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """:func:`update_figures` over ``count`` updates read one at a time (``load(i)``, twice each), so
+    that a thousand boards' round holds two updates and ``sample`` deltas, not every update: the
+    median reference is the coordinate-wise median of ``sample`` updates spread evenly over the round
+    (every update up to ``sample`` boards: then the figures are exactly those of all of them)."""
+    picks = (
+        set(np.linspace(0, count - 1, min(count, sample)).round().astype(int).tolist()) if count else set()
+    )
+    norms, held = [], []
+    for i in range(count):
+        d = _flat(load(i), global_w)
+        norms.append(float(np.linalg.norm(d)))
+        if i in picks:
+            held.append(d)
+    median = np.median(np.stack(held), axis=0) if held else None
     to_aggregate = _flat(aggregate, global_w)
-    median = np.median(deltas, axis=0)
-    norms = [float(np.linalg.norm(d)) for d in deltas]
     far = norm_outliers(norms)
     out = []
-    for i, d in enumerate(deltas):
+    for i in range(count):
+        d = _flat(load(i), global_w)
         cos_agg, cos_med = cosine(d, to_aggregate), cosine(d, median)
         why = {}
         if far[i]:

@@ -27,9 +27,10 @@ from tasks.board.inventory import Board
 from tasks.checkpoint import checkpoint_weights, write_checkpoint
 from tasks.errors import FleetError, Straggler
 from tasks.fleet.board_round import BoardUpdate, board_round, check_fleet
-from tasks.fleet.outliers import update_figures
+from tasks.fleet.outliers import streamed_figures
 from tasks.fleet.privacy import central_center, epsilon, privacy_record, privacy_spent
 from tasks.fleet.strategies import Strategy, make_strategy
+from tasks.fleet.strategies.base import streamed_mean
 from tasks.fleet.weights import Weights, nbytes, read_update
 from tasks.judge.evaluate import evaluate_cached
 from tasks.judge.losses import host_loss
@@ -97,7 +98,7 @@ class FleetRun:
         t0 = time.monotonic()
         rdir = self.folder / f"round-{r:03d}"
         boards: dict[str, dict[str, Any]] = {}
-        updates: list[tuple[Weights, int]] = []
+        updates: list[tuple[Path, int]] = []  # each accepted update's file (checked) and samples
         for name in self.boards:
             res = results.get(name)
             if isinstance(res, BoardUpdate):
@@ -106,7 +107,7 @@ class FleetRun:
                 except FleetError as exc:
                     boards[name] = {"status": "rejected", "error": str(exc), **board_row(res)}
                     continue
-                updates.append((w, res.samples))
+                updates.append((res.update, res.samples))
                 local = self._host_metrics(w, rdir / f"{name}.ckpt")
                 boards[name] = {"status": "ok", **board_row(res), "host": local}
             else:
@@ -121,13 +122,9 @@ class FleetRun:
         if len(updates) < self.spec.min_boards:
             record["aggregate"] = None
             self._save(record)
-            missing = {
-                b: row.get("error", row["status"]) for b, row in boards.items() if row["status"] != "ok"
-            }
             raise FleetError(
                 f"round {r}: {len(updates)} of {len(self.boards)} boards finished, the quorum is "
-                f"{self.spec.min_boards} (fleet.min_boards); "
-                + "; ".join(f"{b}: {why}" for b, why in missing.items())
+                f"{self.spec.min_boards} (fleet.min_boards); {left_out(boards)}"
             )
         try:
             self.weights = self._aggregate(r, record["took_part"], updates, record)
@@ -145,24 +142,41 @@ class FleetRun:
         return record
 
     def _aggregate(
-        self, r: int, names: list[str], updates: list[tuple[Weights, int]], record: dict[str, Any]
+        self, r: int, names: list[str], updates: list[tuple[Path, int]], record: dict[str, Any]
     ) -> Weights:
         """The strategy's (or central privacy's) next weights; each board's update figures and the
-        outliers, and the privacy spent, recorded in ``record``."""
+        outliers, and the privacy spent, recorded in ``record``. The updates are read from their
+        files as they are needed: a mean (FedAvg and its server optimizers) one at a time, a robust
+        strategy or central privacy all at once (their buffer: every update of the round)."""
         old, priv = self.weights, self.spec.privacy
+        load = self._loader(names, updates)
         if priv is not None and priv.mode == "central":
-            center, record["noise"] = central_center(old, [w for w, _ in updates], priv, self.rng)
+            center, record["noise"] = central_center(
+                old, [load(i) for i in range(len(names))], priv, self.rng
+            )
+            self.strategy.excluded = ()
+        elif self.strategy.streams:
+            center = streamed_mean(load, len(names), [n for _, n in updates])
             self.strategy.excluded = ()
         else:
-            center = self.strategy.combine(old, updates)
+            center = self.strategy.combine(old, [(load(i), n) for i, (_, n) in enumerate(updates)])
         new = self.strategy.apply(old, center)
-        figures = update_figures(old, [w for w, _ in updates], new, self.strategy.excluded)
+        figures = streamed_figures(old, load, len(names), new, self.strategy.excluded)
         for name, fig in zip(names, figures, strict=True):
             record["boards"][name]["update"] = fig
         record["outliers"] = [n for n, fig in zip(names, figures, strict=True) if fig["outlier"]]
         if priv is not None:
             record["privacy"] = privacy_record(priv, r)
         return new
+
+    def _loader(self, names: list[str], updates: list[tuple[Path, int]]) -> Any:
+        """``load(i)``: the i-th accepted update's tensors, read again from its file (checked when it
+        was accepted; a file changed since is refused)."""
+
+        def load(i: int) -> Weights:
+            return read_update(updates[i][0], self.weights, names[i])
+
+        return load
 
     def budget_allows(self, r: int) -> bool:
         """Whether round ``r`` keeps ε within ``[fleet.privacy] target_epsilon`` (always without a
@@ -222,6 +236,25 @@ class FleetRun:
 def board_row(res: BoardUpdate) -> dict[str, Any]:
     """A board update's record fields (job, samples, metrics, bytes, seconds): all but its tensors."""
     return {k: v for k, v in asdict(res).items() if k not in ("board", "update")}
+
+
+NAMED = 3  # boards named for each way of being left out, in a round's one-line summary
+
+
+def left_out(boards: dict[str, dict[str, Any]], named: int = NAMED) -> str:
+    """The boards without an accepted update, in one line however many they are: per status (late,
+    failed, rejected) how many, the first ``named`` of them and the first one's reason
+    ("2 late (b0007, b0012): Straggler: ...; 1 rejected (b0003): ...")."""
+    by_status: dict[str, list[str]] = {}
+    for b, row in boards.items():
+        if row["status"] != "ok":
+            by_status.setdefault(row["status"], []).append(b)
+    parts = []
+    for status, names in by_status.items():
+        shown = ", ".join(names[:named]) + (f" and {len(names) - named} more" if len(names) > named else "")
+        reason = " ".join(str(boards[names[0]].get("error") or status).split())[:200]
+        parts.append(f"{len(names)} {status} ({shown}): {reason}")
+    return "; ".join(parts) or "none left out"
 
 
 def why(exc: BaseException | None) -> str:

@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 OVERVIEW_KEY = "odl-boards"
 RECENT = 3  # events per board in the overview
+EVENT_PAGES = 4  # pages of the boards' events the overview reads at most
+PAGE_EVENTS = 50  # events a page (the most the server answers: its INTERACTIVE_PAGE_SIZE)
 NONE = "–"  # an empty cell: the UI renders cells as markdown, where "-" is a list's bullet
 BREAK = "<br>"  # a line break inside a cell
 
@@ -99,21 +101,31 @@ def events_link(board: str, around: float | None = None) -> str:
 
 def recent_events(boards: list[str], n: int = RECENT) -> dict[str, list[tuple[str, float]]]:
     """The last ``n`` events of each board in the last week, newest first, as (type, epoch seconds),
-    from the server in use (one with a UI); {} without one or when it does not answer."""
-    if not ui_url():
+    from the server in use (one with a UI); {} without one or when it does not answer. The boards'
+    events are read together, newest first, a page a request and :data:`EVENT_PAGES` pages at most
+    (a thousand boards' overview costs a few requests, not one a board): a board whose last event is
+    older than those pages shows none, and its event feed link."""
+    if not ui_url() or not boards:
         return {}
     try:
         from prefect.client.orchestration import get_client  # Prefect only when a server is in use
         from prefect.events.filters import EventFilter, EventOccurredFilter, EventResourceFilter
 
         since = EventOccurredFilter(since=datetime.now(UTC) - timedelta(seconds=SPAN_S))
-        found = {}
+        ids = {resource_id(b): b for b in boards}
+        found: dict[str, list[tuple[str, float]]] = {b: [] for b in boards}
         with get_client(sync_client=True) as client:
-            for board in boards:
-                where = EventFilter(occurred=since, resource=EventResourceFilter(id=[resource_id(board)]))
-                page = client.read_events(where, limit=n)
-                found[board] = [(e.event, e.occurred.timestamp()) for e in page.events]
-        return found
+            where = EventFilter(occurred=since, resource=EventResourceFilter(id=list(ids)))
+            page = client.read_events(where, limit=PAGE_EVENTS)
+            for _ in range(EVENT_PAGES):
+                for e in page.events:
+                    got = found.get(ids.get(e.resource.id, ""))
+                    if got is not None and len(got) < n:
+                        got.append((e.event, e.occurred.timestamp()))
+                if not page.next_page or all(len(v) >= n for v in found.values()):
+                    break
+                page = client.read_events_page(page.next_page)
+        return {b: v for b, v in found.items() if v}
     except Exception as exc:  # noqa: BLE001 - the overview is a report, not a step of the run
         log.debug("board events not read: %s", exc)
         return {}

@@ -39,7 +39,7 @@ def fan_out_round(
     ``overrides``: the fleet run's); the boards' results and one record per group run (its boards,
     flow run id, host, final state, bytes of updates sent back)."""
     params = {"recipe": str(recipe), "overrides": overrides, "run_id": fleet.run_id, "round": r,
-              "deadline_wall": deadline_wall, "weights": fanout.pack_weights(fleet.weights)}  # fmt: skip
+              "deadline_wall": deadline_wall, "weights": fanout.pack_weights(fleet.weights, fleet.folder / f"round-{r:03d}")}  # fmt: skip
     sent = len(params["weights"])  # the bytes of weights each group run's parameters carry
     submit = _submitter(params, [f"group:{fleet.group}", "kind:fleet-group", f"round:{r}"])
     started = [(part, submit(part)) for part in fanout.split([b.name for b in boards], groups)]

@@ -6,6 +6,7 @@ sha256, and the returned mapping says which local file to upload for each hash.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from device_agent.protocol import (
@@ -164,9 +165,26 @@ def _prefix(recipe: Recipe, prepared: Prepared, split: dict, files: dict[str, Pa
     )
 
 
+_SUFFIXES: dict[tuple, Path] = {}  # (full, its size and mtime, suffix base) -> the checkpoint made of it
+_SUFFIX_LOCK = threading.Lock()
+
+
 def suffix_checkpoint(full: Path, suffix_base: Path) -> Path:
     """``full``'s weights (a warm start's or a fleet round's checkpoint of the whole graph) in a
-    checkpoint of the suffix's graphs, written beside it."""
+    checkpoint of the suffix's graphs, written beside it: once per content of ``full`` in a process
+    (a fleet round's boards share one checkpoint; its thousand jobs make its suffix once, and one at a
+    time: numpy reads an ``.npz`` header with ``ast``, whose conversions CPython 3.11 does not make
+    thread-safe, gh-106905: "AST constructor recursion depth mismatch" in a board's part)."""
+    st = Path(full).stat()
+    key = (str(Path(full).resolve()), st.st_size, st.st_mtime_ns, str(suffix_base))
+    with _SUFFIX_LOCK:
+        made = _SUFFIXES.get(key)
+        if made is None or not made.is_file():
+            made = _SUFFIXES[key] = _suffix_checkpoint(full, suffix_base)
+        return made
+
+
+def _suffix_checkpoint(full: Path, suffix_base: Path) -> Path:
     weights = checkpoint_weights(full)
     wanted = checkpoint_weights(suffix_base)
     missing = sorted(set(wanted) - set(weights))

@@ -38,6 +38,20 @@ class Documents:
             ).fetchone()
         return Document(name, bytes(row[0]), row[1]) if row else Document(name, None)
 
+    def stamp(self, name: str, prefix: str) -> tuple[int, int, int]:
+        """What changes whenever document ``name`` or a document under ``prefix`` changes, in ~100
+        bytes: ``name``'s revision, and the count and summed revisions of those under ``prefix`` (a
+        reader asks this first and reads the documents only when it moved)."""
+        with self.store.transaction() as conn:
+            row = conn.execute(
+                "SELECT coalesce(max(revision) FILTER (WHERE name = %s), 0),"
+                " count(*) FILTER (WHERE starts_with(name, %s)),"
+                " coalesce(sum(revision) FILTER (WHERE starts_with(name, %s)), 0)"
+                " FROM odl_documents WHERE name = %s OR starts_with(name, %s)",
+                (name, prefix, prefix, name, prefix),
+            ).fetchone()
+        return int(row[0]), int(row[1]), int(row[2])
+
     def get_many(self, prefix: str) -> dict[str, bytes]:
         """Every document whose name starts with ``prefix``: name -> content."""
         with self.store.transaction() as conn:

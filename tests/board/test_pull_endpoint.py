@@ -184,7 +184,7 @@ def test_an_overloaded_endpoint_answers_429_with_retry_after(tmp_path):
     with running_endpoint(tmp_path, max_inflight=1) as ep:
         slow = Signer("b-slow", ep)
         gate = threading.Event()
-        original = ep.mailbox.checked_in
+        original = ep.mailbox.poll
 
         def held(*args):
             gate.wait(10)
@@ -192,7 +192,7 @@ def test_an_overloaded_endpoint_answers_429_with_retry_after(tmp_path):
 
         slow.enrol(None)
         ep.mailbox.accept("b-slow")
-        ep.mailbox.checked_in = held
+        ep.mailbox.poll = held
         first = threading.Thread(target=lambda: slow.request("POST", "poll", {}))
         first.start()
         time.sleep(0.5)

@@ -53,3 +53,22 @@ def test_a_board_without_update_stays_late_or_failed(tmp_path: Path):
     assert type(failed) is FleetError and "board down" in str(failed)
     assert type(silent) is FleetError and "wait ended first" in str(silent)
     assert list(fanout.group_failed(["b1", "b2"], "crashed")) == ["b1", "b2"]
+
+
+def test_with_a_shared_store_weights_and_updates_travel_by_hash(shared_store, tmp_path: Path):
+    """Nothing model-sized in a group run's parameters or result record: the weights and each update
+    are blobs of the store, named by their sha256, and come back byte for byte (verified)."""
+    rng = np.random.default_rng(1)
+    weights = {"fc.weight": rng.standard_normal((64, 64)).astype(np.float32)}
+    text = fanout.pack_weights(weights, tmp_path / "first")
+    assert text.startswith("sha256:") and len(text) == 71  # 16 KB of weights, a 71-character name
+    back = fanout.unpack_weights(text, tmp_path / "group")
+    assert back["fc.weight"].tobytes() == weights["fc.weight"].tobytes()
+    npz = tmp_path / "on-host" / "trainable.npz"
+    npz.parent.mkdir()
+    np.savez(npz, w=np.linspace(0, 1, 5000, dtype=np.float32))
+    sent = BoardUpdate("b1", "job-1", 40, npz, {"train_loss": 0.5}, 1000, npz.stat().st_size, 2.5, 1.5, 1)
+    item = fanout.entry("b1", sent, "h2")
+    assert item["npz"].startswith("sha256:") and fanout.payload_bytes([item]) == 71
+    got = fanout.received(item, tmp_path / "first" / "b1")
+    assert got.update.read_bytes() == npz.read_bytes()

@@ -91,7 +91,7 @@ class Boards(Store):
 
     def board(self, name: str) -> BoardRecord | None:
         """The board's record, None when it never enrolled nor was invited."""
-        with self.tx() as db:
+        with self.read() as db:
             row = db.execute(
                 "SELECT name, state, public_key, since, last_seen, info FROM boards WHERE name=?", (name,)
             ).fetchone()

@@ -41,14 +41,28 @@ class Jobs(Blobs):
     def job(self, job_id: str) -> JobRecord | None:
         """The job's record (its deadline applied first), None when unknown."""
         self.expire_overdue()
-        with self.tx() as db:
+        with self.read() as db:
             row = db.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id=?", (job_id,)).fetchone()
         return job_from_row(row) if row else None
+
+    def marks(self, ids: list[str]) -> dict[str, tuple[str, int]]:
+        """Each known job of ``ids``: its state and the bytes of events it holds (one query for all
+        of them: what a process following many jobs reads each tick, :class:`~tasks.board.pull.link.JobWatch`)."""
+        self.expire_overdue()
+        out: dict[str, tuple[str, int]] = {}
+        with self.read() as db:
+            for start in range(0, len(ids), 500):  # SQLite's bound parameters: 999 at most by default
+                part = ids[start : start + 500]
+                rows = db.execute(
+                    f"SELECT id, state, events_len FROM jobs WHERE id IN ({','.join('?' * len(part))})", part
+                ).fetchall()
+                out.update({r[0]: (r[1], int(r[2])) for r in rows})
+        return out
 
     def jobs(self, board: str, states: tuple[str, ...] = OPEN) -> list[JobRecord]:
         """The board's jobs in ``states``, oldest first."""
         marks = ",".join("?" * len(states))
-        with self.tx() as db:
+        with self.read() as db:
             rows = db.execute(
                 f"SELECT {JOB_COLUMNS} FROM jobs WHERE board=? AND state IN ({marks}) ORDER BY created",
                 (board, *states),
@@ -58,6 +72,12 @@ class Jobs(Blobs):
     def expire_overdue(self, now: float | None = None) -> int:
         """Every open job past its deadline becomes ``expired``; how many did."""
         now = time.time() if now is None else now
+        with self.read() as db:  # most calls find none: a read, without the writers' lock
+            due = db.execute(
+                f"SELECT 1 FROM jobs WHERE state IN {OPEN} AND deadline < ? LIMIT 1", (now,)
+            ).fetchone()
+        if due is None:
+            return 0
         with self.tx() as db:
             cur = db.execute(
                 f"UPDATE jobs SET state='expired', ended=?, verdict='the board reported no final state "
@@ -81,7 +101,7 @@ class Jobs(Blobs):
 
     def may_fetch(self, board: str, sha: str) -> Path:
         """A verified file of blob ``sha`` when one of ``board``'s open jobs names it, else Refused (403/404)."""
-        with self.tx() as db:
+        with self.read() as db:
             row = db.execute(
                 f"SELECT 1 FROM job_blobs b JOIN jobs j ON j.id=b.job_id WHERE b.sha=? AND j.board=?"
                 f" AND j.state IN {OPEN}",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import secrets
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from device_agent.protocol import BoardInfo, Event, JobResult, JobSpec, SpecErro
 from tasks.board.agent import check_info
 from tasks.board.blobs import Delivered
 from tasks.board.inventory import Board
-from tasks.board.pull.mailbox import Mailbox
+from tasks.board.pull.mailbox import FINAL, Mailbox
 from tasks.board.releases import RELEASE_FILES, checked_install
 from tasks.board.transport import ByteProgress
 from tasks.errors import BoardError, Straggler, TrainingFailed, TransferError
@@ -45,6 +46,89 @@ def ago(seconds: float | None) -> str:
         if seconds >= size:
             return f"{seconds / size:.0f} {unit} ago"
     return f"{seconds:.0f} s ago"
+
+
+class JobWatch:
+    """Every job this process follows in one mailbox, read with one query a tick (:data:`READ_S`):
+    a fleet round follows a thousand boards' jobs with two queries a second, not two thousand. A
+    follower waits on its job's own event, set only when the job's state or events changed."""
+
+    _all: dict[str, JobWatch] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, mailbox: Mailbox) -> None:
+        self.mailbox = mailbox
+        self.lock = threading.Lock()
+        self.waiting: dict[str, list[threading.Event]] = {}  # job id -> its followers' events
+        self.marks: dict[str, tuple[str, int]] = {}  # job id -> (state, events bytes), as last read
+        self.reader: threading.Thread | None = None
+        self.waiters: dict[str, float] = {}  # boards whose runs said they wait, and when
+        self.said = -WAIT_LOG_S  # when this process last logged who it waits for
+
+    @classmethod
+    def of(cls, mailbox: Mailbox) -> JobWatch:
+        """The process's watch over the mailbox ``mailbox`` is (its store, or its folder)."""
+        key = mailbox.shared.cfg.url if mailbox.shared is not None else str(mailbox.root.resolve())
+        with cls._lock:
+            watch = cls._all.get(key)
+            if watch is None:
+                watch = cls._all[key] = cls(mailbox)
+            return watch
+
+    def wait(self, job_id: str, known: tuple[str, int] | None, timeout: float) -> tuple[str, int] | None:
+        """The job's (state, events bytes) once it differs from ``known``, or as it is after ``timeout``
+        seconds (None: not read yet)."""
+        event = threading.Event()
+        with self.lock:
+            mark = self.marks.get(job_id)
+            if mark is not None and mark != known:
+                return mark
+            self.waiting.setdefault(job_id, []).append(event)
+            if self.reader is None:
+                self.reader = threading.Thread(target=self._read, name="pull-job-watch", daemon=True)
+                self.reader.start()
+        event.wait(timeout)
+        with self.lock:
+            followers = self.waiting.get(job_id, [])
+            if event in followers:
+                followers.remove(event)
+            if not followers:
+                self.waiting.pop(job_id, None)
+            return self.marks.get(job_id)
+
+    def say_waiting(self, board: str, what: str) -> list[str] | None:
+        """``board`` waits (to ``what``); the boards that said so within :data:`WAIT_LOG_S` when it is
+        this caller's turn to log them (once a WAIT_LOG_S for the process), else None."""
+        now = time.monotonic()
+        with self.lock:
+            self.waiters[board] = now
+            for name in [b for b, at in self.waiters.items() if now - at > WAIT_LOG_S * 1.5]:
+                del self.waiters[name]
+            if now - self.said < WAIT_LOG_S:
+                return None
+            self.said = now
+            return sorted(self.waiters)
+
+    def _read(self) -> None:
+        while True:
+            with self.lock:
+                ids = list(self.waiting)
+                if not ids:
+                    self.reader = None
+                    self.marks.clear()  # nobody follows: nothing kept for jobs long over
+                    return
+            try:
+                marks = self.mailbox.marks(ids)
+            except Exception as exc:  # noqa: BLE001 - the store out of reach: its followers wait on
+                log.warning("reading the mailbox's jobs failed (tried again): %s", exc)
+                marks = {}
+            with self.lock:
+                for job_id, mark in marks.items():
+                    if self.marks.get(job_id) != mark:
+                        self.marks[job_id] = mark
+                        for event in self.waiting.get(job_id, []):
+                            event.set()
+            time.sleep(READ_S)
 
 
 class PullLink:
@@ -86,31 +170,49 @@ class PullLink:
         """Follow the job in the mailbox until its final state (queued first when it is not there)."""
         if self.mailbox.job(spec.job_id) is None:
             self.deliver(spec, files, None)
-        offset, last_seq, said = 0, -1, 0.0
+        watch = JobWatch.of(self.mailbox)
+        offset, last_seq, said, known = 0, -1, time.monotonic(), None
         while True:
-            job = self.mailbox.job(spec.job_id)
-            assert job is not None
-            data = self.mailbox.events(spec.job_id, offset)
-            end = data.rfind(b"\n") + 1
-            offset += end
-            for line in data[:end].decode(errors="replace").splitlines():
-                last_seq = self._deliver(line, last_seq, on_event)
-            if job.final:
-                return self._final(job)
-            if job.state in ("pending", "offered") and time.monotonic() - said >= WAIT_LOG_S:
+            left = WAIT_LOG_S if deadline is None else min(WAIT_LOG_S, deadline - time.monotonic())
+            mark = watch.wait(spec.job_id, known, max(0.0, left))
+            if mark is not None and mark != known:
+                known = mark
+                state, events_len = mark
+                if events_len > offset:
+                    data = self.mailbox.events(spec.job_id, offset)
+                    end = data.rfind(b"\n") + 1
+                    offset += end
+                    for line in data[:end].decode(errors="replace").splitlines():
+                        last_seq = self._deliver(line, last_seq, on_event)
+                if state in FINAL:
+                    job = self.mailbox.job(spec.job_id)
+                    assert job is not None
+                    return self._final(job)
+            state = known[0] if known else "pending"
+            if state in ("pending", "offered") and time.monotonic() - said >= WAIT_LOG_S:
                 said = time.monotonic()
-                self._say_waiting(job.state)
+                self._say_waiting(state)
             if deadline is not None and time.monotonic() > deadline:
                 raise Straggler(
-                    f"board {self.board.name}: job {spec.job_id} was {job.state} at the round's deadline"
+                    f"board {self.board.name}: job {spec.job_id} was {state} at the round's deadline"
                 )
-            time.sleep(READ_S)
 
     def _say_waiting(self, state: str) -> None:
-        record = self.mailbox.board(self.board.name)
-        seen = record.seen_s if record else None
+        """Say what the run waits for, once a :data:`WAIT_LOG_S` for all the boards this process
+        waits for (a fleet round waiting for 900 boards logs one line a minute, not 900)."""
         what = {"pending": "check in", "offered": "fetch the job and start it"}.get(state, state)
-        log.info("waiting for %s to %s: last seen %s", self.board.name, what, ago(seen))
+        boards = JobWatch.of(self.mailbox).say_waiting(self.board.name, what)
+        if boards is None:
+            return
+        record = self.mailbox.board(self.board.name)
+        seen = f"last seen {ago(record.seen_s if record else None)}"
+        if len(boards) == 1:
+            log.info("waiting for %s to %s: %s", self.board.name, what, seen)
+            return
+        others = [b for b in boards if b != self.board.name][:2]
+        more = f" and {len(boards) - 1 - len(others)} more" if len(boards) > 1 + len(others) else ""
+        log.info("waiting for %d boards to check in or start their jobs: %s (%s)%s%s", len(boards),
+                 self.board.name, seen, "".join(f", {b}" for b in others), more)  # fmt: skip
 
     def _deliver(self, line: str, last_seq: int, on_event: Any) -> int:
         if not line.strip():
@@ -159,12 +261,15 @@ class PullLink:
         """Queue a work item that is not a job and wait for the board's answer at a check-in."""
         self.accepted()
         self.mailbox.submit(self.board.name, item, files, time.time() + self.board.pull_deadline_h * 3600)
-        said = 0.0
-        while not (job := self.mailbox.job(item["id"])).final:  # type: ignore[union-attr]
-            if job.state in ("pending", "offered") and time.monotonic() - said >= WAIT_LOG_S:
+        watch, known, said = JobWatch.of(self.mailbox), None, time.monotonic()
+        while known is None or known[0] not in FINAL:
+            known = watch.wait(item["id"], known, WAIT_LOG_S) or known
+            state = known[0] if known else "pending"
+            if state in ("pending", "offered") and time.monotonic() - said >= WAIT_LOG_S:
                 said = time.monotonic()
-                self._say_waiting("check in" if job.state == "pending" else "answer")
-            time.sleep(READ_S)
+                self._say_waiting("check in" if state == "pending" else "answer")
+        job = self.mailbox.job(item["id"])
+        assert job is not None
         answer = job.result or {}
         if job.state != "finished":
             raise TransferError(

@@ -24,6 +24,7 @@ import hashlib
 import json
 import re
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -47,11 +48,13 @@ CREATE TABLE IF NOT EXISTS boards (
     since REAL NOT NULL, last_seen REAL, info TEXT);
 CREATE TABLE IF NOT EXISTS nonces (board TEXT NOT NULL, nonce TEXT NOT NULL, ts REAL NOT NULL,
     PRIMARY KEY (board, nonce));
+CREATE INDEX IF NOT EXISTS nonces_ts ON nonces (ts);
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY, board TEXT NOT NULL, kind TEXT NOT NULL, state TEXT NOT NULL,
     item TEXT NOT NULL, created REAL NOT NULL, deadline REAL NOT NULL, offered REAL, ended REAL,
     events_len INTEGER NOT NULL DEFAULT 0, result TEXT, verdict TEXT);
 CREATE INDEX IF NOT EXISTS jobs_board ON jobs (board, state);
+CREATE INDEX IF NOT EXISTS jobs_open ON jobs (state, deadline);
 CREATE TABLE IF NOT EXISTS events (job_id TEXT NOT NULL, "offset" INTEGER NOT NULL, data BLOB NOT NULL,
     PRIMARY KEY (job_id, "offset"));
 CREATE TABLE IF NOT EXISTS job_blobs (job_id TEXT NOT NULL, sha TEXT NOT NULL, PRIMARY KEY (job_id, sha));
@@ -60,7 +63,7 @@ CREATE TABLE IF NOT EXISTS uploads (job_id TEXT NOT NULL, sha TEXT NOT NULL, siz
 """
 MAILBOX_LOCK = 0x0D1_9011  # pg_advisory_xact_lock key each shared mailbox transaction holds
 TABLE = re.compile(
-    r"\b(FROM|INTO|UPDATE|JOIN|EXISTS|ON)(\s+)(boards|nonces|jobs_board|jobs|events|job_blobs|uploads)\b"
+    r"\b(FROM|INTO|UPDATE|JOIN|EXISTS|ON)(\s+)(boards|nonces_ts|nonces|jobs_board|jobs_open|jobs|events|job_blobs|uploads)\b"
 )
 
 
@@ -176,16 +179,21 @@ class Store:
         self.shared = configured_store()
         self.shared_blobs = PgBlobStore(self.shared) if self.shared is not None else None
         self.db: Path | None = None
+        self._conns = threading.local()  # each thread's SQLite connection (:meth:`_sqlite`)
         if self.shared is not None:
             _create_tables(self.shared)
             return
         self.db = self.root / "mailbox.sqlite3"
+        key = f"{self.db.resolve()}:{self.db.stat().st_ino if self.db.exists() else 0}"
+        if key in _MADE:  # a mailbox object per run's link: its file made once per process
+            return
         db = sqlite3.connect(self.db, timeout=30, isolation_level=None)
         try:
             db.execute("PRAGMA journal_mode=WAL")  # readers never wait for the writer
             db.executescript(SCHEMA)
         finally:
             db.close()
+        _MADE.add(f"{self.db.resolve()}:{self.db.stat().st_ino}")
 
     @contextlib.contextmanager
     def tx(self) -> Iterator[Tx]:
@@ -196,23 +204,43 @@ class Store:
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (MAILBOX_LOCK,))
                 yield Tx(conn, POSTGRES)
             return
-        db = sqlite3.connect(self.db, timeout=30, isolation_level=None)  # type: ignore[arg-type]
-        try:
+        with self._sqlite("BEGIN IMMEDIATE") as db:
+            yield db
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[Tx]:
+        """A transaction that only reads: it takes no writer's lock (SQLite's deferred ``BEGIN``, which in
+        WAL mode reads a snapshot while a writer commits; the store's transaction without
+        :data:`MAILBOX_LOCK`), so the reads of many runs and check-ins do not queue behind each other."""
+        if self.shared is not None:
+            with self.shared.transaction() as conn:
+                yield Tx(conn, POSTGRES)
+            return
+        with self._sqlite("BEGIN") as db:
+            yield db
+
+    @contextlib.contextmanager
+    def _sqlite(self, begin: str) -> Iterator[Tx]:
+        """A transaction on this thread's connection to the SQLite file (opened once per thread: a
+        connection costs more than the queries of a check-in)."""
+        db = getattr(self._conns, "db", None)
+        if db is None:
             # WAL with NORMAL: a commit is not fsynced on its own (the WAL is, at each checkpoint): a
             # host's power cut may lose its last check-ins, never the database; a board repeats what
             # it sent (events from the host's offset, a result until it is acknowledged)
+            db = sqlite3.connect(self.db, timeout=30, isolation_level=None)  # type: ignore[arg-type]
             db.execute("PRAGMA synchronous=NORMAL")
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield Tx(db, SQLITE)
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
-        finally:
-            db.close()
+            self._conns.db = db
+        db.execute(begin)
+        try:
+            yield Tx(db, SQLITE)
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
 
 
+_MADE: set[str] = set()  # the SQLite mailboxes (path and inode) whose tables this process has made sure of
 _CREATED: set[str] = set()  # the shared stores whose mailbox tables this process has made sure of
 
 

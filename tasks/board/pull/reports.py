@@ -11,7 +11,7 @@ from typing import Any
 
 from device_agent.protocol import JobResult, SpecError, file_sha256, valid_blob_name
 from tasks.board.pull.blobs import Blobs
-from tasks.board.pull.records import FINAL, OPEN, JobRecord, Refused
+from tasks.board.pull.records import FINAL, JOB_COLUMNS, OPEN, JobRecord, Refused, job_from_row
 
 SLEEP_IDLE_S = 30.0  # a board with nothing to do checks in this often ...
 SLEEP_BUSY_S = 2.0  # ... and this often while one of its jobs is open (events, stop)
@@ -40,10 +40,36 @@ class Reports(Blobs):
         busy = bool(self.jobs(board))  # type: ignore[attr-defined]
         return work, SLEEP_BUSY_S if busy else SLEEP_IDLE_S
 
+    def poll(self, board: str, info: dict[str, Any] | None) -> tuple[list[dict[str, Any]], float, bool]:
+        """A board's check-in in one transaction: when it was seen (and its ``info``), the work items to
+        hand it now (as :meth:`work_for`), how long it may sleep, and whether it has an open job."""
+        now = time.time()
+        work = []
+        with self.tx() as db:
+            if info is None:
+                db.execute("UPDATE boards SET last_seen=? WHERE name=?", (now, board))
+            else:
+                db.execute(
+                    "UPDATE boards SET last_seen=?, info=? WHERE name=?", (now, json.dumps(info), board)
+                )
+            rows = db.execute(
+                f"SELECT {JOB_COLUMNS} FROM jobs WHERE board=? AND state IN {OPEN} AND deadline >= ? ORDER BY created",
+                (board, now),
+            ).fetchall()
+            jobs = [job_from_row(r) for r in rows]
+            for job in jobs:
+                if job.state == "stopping":
+                    work.append({"kind": "stop", "id": job.id})
+                elif job.state in ("pending", "offered"):
+                    work.append(job.item)
+            db.execute("UPDATE jobs SET state='offered', offered=? WHERE board=? AND state='pending'"
+                       " AND deadline >= ?", (now, board, now))  # fmt: skip
+        return work, SLEEP_BUSY_S if jobs else SLEEP_IDLE_S, bool(jobs)
+
     def boards_with_work(self) -> set[str]:
         """The boards that have a job to take or to stop, or were revoked (one query for every held
         check-in: a revoked board's held check-in is refused at once, not when its hold ends)."""
-        with self.tx() as db:
+        with self.read() as db:
             rows = db.execute(
                 "SELECT DISTINCT board FROM jobs WHERE state IN ('pending', 'stopping')"
                 " UNION SELECT name FROM boards WHERE state = 'revoked'"
@@ -85,7 +111,7 @@ class Reports(Blobs):
 
     def events(self, job_id: str, offset: int = 0) -> bytes:
         """The job's ``events.jsonl`` bytes from ``offset`` as the board sent them."""
-        with self.tx() as db:
+        with self.read() as db:
             rows = db.execute(
                 'SELECT "offset", data FROM events WHERE job_id=? AND "offset" + length(data) > ? ORDER BY "offset"',
                 (job_id, offset),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import time
 from collections.abc import Mapping
 
@@ -34,7 +35,13 @@ from tasks.board.pull.mailbox import Mailbox, Refused
 
 
 def public_key(pem: str) -> ec.EllipticCurvePublicKey:
-    """The P-256 public key of a PEM text, else Refused (400) naming what it is."""
+    """The P-256 public key of a PEM text, else Refused (400) naming what it is (parsed once per
+    text: every signed request of a board verifies with the same key)."""
+    return _parsed_key(pem)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed_key(pem: str) -> ec.EllipticCurvePublicKey:
     try:
         key = serialization.load_pem_public_key(pem.encode())
     except (ValueError, TypeError) as exc:

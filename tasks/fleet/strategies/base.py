@@ -16,6 +16,7 @@ The arithmetic runs in float64 and each tensor goes back to its own dtype, as th
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import numpy as np
 
@@ -46,6 +47,31 @@ def weighted_mean(updates: list[Update]) -> Weights:
     return out
 
 
+def streamed_mean(load: Callable[[int], Weights], count: int, samples: list[int]) -> Weights:
+    """:func:`weighted_mean` over ``count`` updates read one at a time (``load(i)``, its ``samples[i]``):
+    the same float64 additions in the same order, so the same tensors to the bit, holding one update
+    and the running sum (a thousand boards' round does not hold a thousand updates)."""
+    if count == 0:
+        raise FleetError("no board update to aggregate")
+    total = sum(samples)
+    if total <= 0:
+        raise FleetError("the boards' updates hold no training samples")
+    acc: dict[str, np.ndarray] = {}
+    dtypes: dict[str, np.dtype] = {}
+    names: list[str] = []
+    for i in range(count):
+        w = load(i)
+        if i == 0:
+            names = sorted(w)
+            acc = {n: np.zeros(w[n].shape, np.float64) for n in names}
+            dtypes = {n: w[n].dtype for n in names}
+        elif sorted(w) != names:
+            raise FleetError(f"the boards returned different tensors ({sorted(w)} vs {names})")
+        for name in names:
+            acc[name] += (samples[i] / total) * w[name].astype(np.float64)
+    return {n: acc[n].astype(dtypes[n]) for n in names}
+
+
 class Strategy(ABC):
     """A server-side aggregation strategy: ``new = strategy.aggregate(global_w, updates)`` once per
     round, the same instance for every round of a run (it holds the server state)."""
@@ -61,6 +87,13 @@ class Strategy(ABC):
         """The next global weights from the current ones and this round's ``updates`` (each board's
         tensors and sample count); FleetError when the updates do not match the global model."""
         return self.apply(global_w, self.combine(global_w, updates))
+
+    @property
+    def streams(self) -> bool:
+        """Whether :meth:`combine` is the sample-weighted mean, which a round can take update by
+        update (:func:`streamed_mean`) instead of holding every update: the robust strategies need
+        them all at once (a median, Krum's distances), a buffer as large as the round's updates."""
+        return type(self).combine is Strategy.combine
 
     def combine(self, global_w: Weights, updates: list[Update]) -> Weights:
         """The boards' tensors made one: the sample-weighted mean here; a robust strategy overrides it
