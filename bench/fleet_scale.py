@@ -30,7 +30,7 @@ Then the slopes: each cost's growth per added board from the first N to the seco
 second to the third (linear when they agree within 1.2x). Root (nftables).
 
     .venv/bin/python bench/fleet_scale.py --boards 64,256,1000   # ~40 min
-    .venv/bin/python bench/fleet_scale.py --quick                # 8 boards, the mechanics (~1.5 min)
+    .venv/bin/python bench/fleet_scale.py --quick                # 20 boards with faults (~1.5 min)
 """
 
 from __future__ import annotations
@@ -270,14 +270,17 @@ def child(args: argparse.Namespace) -> None:
     home, n = Path(args.home), args.child
     env = dict(os.environ)
     nft_drop()
+    t0 = time.monotonic()
     server_pid = start_server(env)
     cfg = endpoint.start(f"127.0.0.1:{args.endpoint_port}", None, home)
+    print(f"[{n} boards] Prefect server and endpoint up in {time.monotonic() - t0:.1f} s", flush=True)
     endpoint_pid = int((home / "run" / "endpoint.pid").read_text())
     launcher = None
     try:
         t = time.monotonic()
         boards = enrol_boards(home, n, args.samples, args.alpha, cfg.url, cfg.pin)
         enrol_s = time.monotonic() - t
+        print(f"[{n} boards] enrolled in {enrol_s:.1f} s", flush=True)
         agent = home / "agent"
         shutil.copytree(PROJECT_ROOT / "device_agent", agent / "device_agent",
                         ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
@@ -287,6 +290,7 @@ def child(args: argparse.Namespace) -> None:
         recipe = load_recipe(RECIPE, {"training.epochs": 1})
         stages.prepare_data(recipe)
         stages.prepare(stages.inputs(recipe))  # cached, as a nightly round finds it
+        print(f"[{n} boards] recipe prepared at {time.monotonic() - t0:.1f} s", flush=True)
 
         faults = assign_faults(boards, args)
         wplan = {"boards": boards, "wave": args.wave, "python": str(BOARD_VENV / "bin" / "python"),
@@ -317,6 +321,7 @@ def child(args: argparse.Namespace) -> None:
         else:
             state = odl_fleet(params, return_state=True)
         wall = time.monotonic() - start
+        print(f"[{n} boards] the flow ended in {wall:.1f} s", flush=True)
         after = {"own": own_cpu_s(), "server": tree_cpu_s(server_pid), "endpoint": tree_cpu_s(endpoint_pid),
                  "requests": api_requests(log), "events": prefect_events(home),
                  "prefect_b": nft_bytes("prefect"), "endpoint_b": nft_bytes("endpoint")}  # fmt: skip
@@ -358,8 +363,12 @@ def child(args: argparse.Namespace) -> None:
             launcher.send_signal(signal.SIGTERM)
             launcher.wait(timeout=60)
         nft_drop()
+        from tasks.prefect.boards import flush
+
+        flush()  # the run's logs and events sent before its server stops (else the exit waits for it)
         endpoint.stop(home)
         stop_service(home, "prefect-server", 20)
+        print(f"[{n} boards] stopped at {time.monotonic() - t0:.1f} s", flush=True)
     routes = endpoint_tally(home / "logs" / "endpoint.log")
     routes["enrol"] = routes.get("enrol", 0) - n  # each board's enrolment, before the round
     row["endpoint_requests"] = sum(routes.values()) / n
@@ -441,7 +450,7 @@ def main() -> int:
         raise SystemExit("fleet_scale needs root (nftables counters on loopback)")
     sizes = [20] if args.quick else [int(s) for s in args.boards.split(",")]
     if args.quick:
-        args.wave, args.vanish, args.poison, args.malformed, args.deadline = 6, 0.05, 0.01, 0.01, 90
+        args.wave, args.vanish, args.poison, args.malformed, args.deadline = 8, 0.05, 0.01, 0.01, 60
     rows = [one_size(n, args) for n in sizes]
     cols = [("boards", "boards"), ("took_part", "updates"), ("wall_s", "wall s"), ("host_cpu", "host CPU s/board"),
             ("flow_cpu", "flow"), ("server_cpu", "Prefect server"), ("endpoint_cpu", "endpoint"),
@@ -463,7 +472,7 @@ def main() -> int:
         print(table(sl, [("cost", "cost"), ("slope1", f"per board {sizes[0]}->{sizes[1]}"),
                          ("slope2", f"per board {sizes[1]}->{sizes[2]}"), ("ratio", "ratio")]))  # fmt: skip
         figures["slopes"] = sl
-    write_results("fleet_scale" + ("_quick" if args.quick else ""), figures, args.out)
+    print(f"figures: {write_results('fleet_scale' + ('_quick' if args.quick else ''), figures, args.out)}")
     bad = [r["boards"] for r in rows if not r["identical"]]
     if bad:
         print(

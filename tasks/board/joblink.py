@@ -95,11 +95,14 @@ class CommandLink:
 
 
 @contextlib.contextmanager
-def job_link(board: Board, conn: Transport | None = None) -> Iterator[JobLink]:
+def job_link(
+    board: Board, conn: Transport | None = None, upload: tuple[str, ...] | None = None
+) -> Iterator[JobLink]:
     """The link to ``board`` its inventory entry names, closed on exit (a caller's ``conn`` is the
-    caller's to close)."""
+    caller's to close). ``upload``: the outputs a pull-mode board sends back unasked (its default:
+    the inference model and the trained tensors); a host drives the others and fetches what it wants."""
     if board.transport == "pull":
-        yield PullLink(board)
+        yield PullLink(board) if upload is None else PullLink(board, upload=upload)
         return
     with connection(board, conn) as link:
         yield CommandLink(board, link)

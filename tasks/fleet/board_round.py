@@ -89,7 +89,7 @@ def board_round(
     )
     # local differential privacy: the board clips and noises its update before it leaves
     spec = dataclasses.replace(spec, privacy=local_privacy(inp.recipe.fleet.privacy))
-    deployed = stages.deploy(board, spec, files)
+    deployed = stages.deploy(board, spec, files, outputs=("trainable",))
     try:
         training = stages.train(board, spec, files, on_event=on_event, end_orphans=True, deadline=deadline)
     except Straggler:

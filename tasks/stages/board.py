@@ -75,9 +75,12 @@ def deploy(
     *,
     progress: ByteProgress | None = None,
     conn: Transport | None = None,
+    outputs: tuple[str, ...] | None = None,
 ) -> Deployment:
-    """Install/check the agent (refusing a board that cannot run ``spec``), upload missing blobs."""
-    with job_link(board, conn) as link:
+    """Install/check the agent (refusing a board that cannot run ``spec``), upload missing blobs;
+    ``outputs``: the only outputs the run will fetch (a pull-mode board then sends back only these:
+    a fleet round's trained tensors, not its inference model)."""
+    with job_link(board, conn, outputs) as link:
         done = link.deliver(spec, files, progress)
     return Deployment(board.name, done.info, tuple(done.uploaded), tuple(done.skipped), done.bytes_sent)
 

@@ -162,3 +162,23 @@ def test_runtimes_bench_compares_ort_and_autograd(tmp_path: Path) -> None:
         for figure in (row[f"{name}_samples_per_s"], row[f"{name}_peak_rss_mb"]):
             positive(figure, "median", "min", "max")
             assert figure["n"] == 1
+
+
+def test_fleet_scale_bench_closes_a_faulty_round_on_its_quorum_and_deadline(tmp_path: Path) -> None:
+    """20 real pull-mode agents, 8 at once: one vanishes once it took its job (5 %), one sends a
+    scaled update (x -10) and one NaN tensors (1 % each, rounded up). The round closes at its
+    deadline on its quorum (18), names the two it left out and why, flags the poisoned one, and the
+    trimmed mean's aggregate stays within the honest boards' range, coordinate by coordinate."""
+    if os.geteuid() != 0:
+        pytest.skip("fleet_scale counts bytes with nftables (root)")
+    (row,) = run_bench("fleet_scale", tmp_path)["rows"]
+    faults = row["faults"]
+    (vanished,), (poisoned,), (malformed,) = faults["vanish"], faults["poison"], faults["malformed"]
+    assert row["boards"] == 20 and row["took_part"] == 18 and row["min_boards"] == 18
+    assert sorted(row["left_out"]) == sorted([vanished, malformed]), row["left_out"]
+    assert row["left_out"][vanished].startswith("late: Straggler") and "deadline" in row["left_out"][vanished]
+    assert row["left_out"][malformed].startswith("rejected: ") and "NaN" in row["left_out"][malformed]
+    assert poisoned in row["outliers"] and row["identical"]  # within the honest range
+    assert row["wall_s"] >= 60 and row["services_at_once"] <= 8
+    positive(row, "host_cpu", "flow_cpu", "server_cpu", "endpoint_cpu", "requests", "endpoint_requests")
+    assert {"poll", "blobs", "result"} <= set(row["endpoint_routes"])
