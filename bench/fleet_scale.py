@@ -448,6 +448,9 @@ def main() -> int:
         return 0
     if os.geteuid() != 0:
         raise SystemExit("fleet_scale needs root (nftables counters on loopback)")
+    from tasks.vboard.venv import ensure_board_venv
+
+    ensure_board_venv(BOARD_VENV)  # the boards' environment: numpy and ONNX Runtime, no torch
     sizes = [20] if args.quick else [int(s) for s in args.boards.split(",")]
     if args.quick:
         args.wave, args.vanish, args.poison, args.malformed, args.deadline = 8, 0.05, 0.01, 0.01, 60

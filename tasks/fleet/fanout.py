@@ -24,6 +24,7 @@ import numpy as np
 from tasks.errors import FleetError, Straggler
 from tasks.fleet.board_round import BoardUpdate
 from tasks.fleet.weights import Weights
+from tasks.store import PgBlobStore, configured_store
 
 RESULT_TYPE = "odl-fleet-updates"  # the group run's artifact holding its boards' updates
 GROUP_DEPLOYMENT = "odl/fleet-group"
@@ -48,8 +49,6 @@ BY_HASH = "sha256:"  # a parameter or entry naming a blob of the shared store, n
 
 def _blobs() -> Any:
     """The shared store's blobs (``ODL_STORE_URL``), None without a store."""
-    from tasks.store import PgBlobStore, configured_store
-
     store = configured_store()
     return PgBlobStore(store) if store is not None else None
 

@@ -13,13 +13,20 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterType
+from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterFlowRunId,
+    ArtifactFilterType,
+    FlowRunFilter,
+    FlowRunFilterId,
+)
 from prefect.deployments import run_deployment
+from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventResourceFilter
 from prefect.states import Cancelling, Crashed
 
 from tasks.board.inventory import Board
@@ -28,7 +35,8 @@ from tasks.fleet.rounds import FleetRun
 
 log = logging.getLogger(__name__)
 MARGIN_S = 120.0  # past the round's deadline: a group run still going is given up
-POLL_S = 1.0
+POLL_S = 1.0  # the group runs' states: one request a tick for all of them
+HEARTBEAT_READ_S = 10.0  # the running group runs' heartbeats: one request this often
 
 
 def fan_out_round(
@@ -71,11 +79,19 @@ def _collect(
     out = fleet.folder / f"round-{r:03d}"
     with get_client(sync_client=True) as client:
         pending = {str(i): (part, i, False) for part, i in started}
+        checked = time.monotonic()  # the hosts' heartbeats are read every HEARTBEAT_READ_S, not each tick
         while pending:
-            for key, (part, run_id, again) in list(pending.items()):
-                run = client.read_flow_run(run_id)
-                late = time.time() > give_up
-                if not again and not late and _lost(client, run):
+            runs = {str(run.id): run for run in _read_runs(client, [i for _, i, _ in pending.values()])}
+            late = time.time() > give_up
+            silent: set[str] = set()
+            if not late and time.monotonic() - checked >= HEARTBEAT_READ_S:
+                checked = time.monotonic()
+                silent = _lost(client, [run for k, run in runs.items() if not pending[k][2]])
+            for key, (part, _, _) in list(pending.items()):
+                run = runs.get(key)
+                if run is None:
+                    continue
+                if key in silent:
                     why = f"its host went silent: no heartbeat for {stale_s():.0f} s"
                     client.set_flow_run_state(run.id, Crashed(message=why), force=True)
                     records.append({"boards": part, "flow_run_id": str(run.id), "state": "Crashed",
@@ -96,31 +112,40 @@ def _collect(
     return results, records
 
 
+def _read_runs(client: Any, ids: list[Any]) -> list[Any]:
+    """The flow runs ``ids``, read in one request (a round's group runs, every tick)."""
+    flt = FlowRunFilter(id=FlowRunFilterId(any_=list(ids)))
+    return client.read_flow_runs(flow_run_filter=flt, limit=len(ids))
+
+
 def stale_s() -> float:
     """Seconds without a heartbeat after which a running group run's host counts as lost
     (``ODL_GROUP_STALE_S``; default three of the hosts' 30 s heartbeats and a margin)."""
     return float(os.environ.get("ODL_GROUP_STALE_S") or 100)
 
 
-def _lost(client: Any, run: Any) -> bool:
-    """Whether ``run`` is Running but its last sign of life (its heartbeat, else its start) is older
-    than :func:`stale_s`."""
-    if not (run.state and run.state.is_running()):
-        return False
-    body = {
-        "filter": {
-            "resource": {"id": [f"prefect.flow-run.{run.id}"]},
-            "event": {"name": ["prefect.flow-run.heartbeat"]},
-        },
-        "limit": 1,
-    }  # newest first
-    found = client.request("POST", "/events/filter", json=body).json().get("events") or []
-    last = max([run.state.timestamp.timestamp()] + [_epoch(e["occurred"]) for e in found])
-    return time.time() - last > stale_s()
-
-
-def _epoch(stamp: str) -> float:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+def _lost(client: Any, runs: list[Any]) -> set[str]:
+    """The ids of those ``runs`` that are Running but whose last sign of life (a heartbeat, else their
+    start) is older than :func:`stale_s`: their heartbeats read in one request."""
+    running = [run for run in runs if run.state and run.state.is_running()]
+    if not running:
+        return set()
+    last = {f"prefect.flow-run.{run.id}": run.state.timestamp.timestamp() for run in running}
+    where = EventFilter(
+        occurred=EventOccurredFilter(since=datetime.fromtimestamp(time.time() - stale_s(), UTC)),
+        event=EventNameFilter(name=["prefect.flow-run.heartbeat"]),
+        resource=EventResourceFilter(id=list(last)),
+    )
+    page = client.read_events(where, limit=50)  # the heartbeats within stale_s, a page a request
+    while True:
+        for e in page.events:
+            rid = e.resource.id
+            if rid in last:
+                last[rid] = max(last[rid], e.occurred.timestamp())
+        if not page.next_page:
+            break
+        page = client.read_events_page(page.next_page)
+    return {rid.removeprefix("prefect.flow-run.") for rid, at in last.items() if time.time() - at > stale_s()}
 
 
 def _finished(client: Any, run: Any, part: list[str], out: Path, results: dict[str, Any], late: bool) -> dict:
