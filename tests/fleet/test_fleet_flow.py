@@ -90,7 +90,9 @@ def test_a_round_below_the_quorum_fails_the_run_naming_each_missing_board(prefec
 
     state = odl_fleet(FleetParams(group="trio", rounds=2, min_boards=3, epochs=1), return_state=True)
     assert state.is_failed()
-    with pytest.raises(Exception, match=r"round 1: 2 of 3 boards finished, the quorum is 3 .*\(f2\): DataError"):
+    with pytest.raises(
+        Exception, match=r"round 1: 2 of 3 boards finished, the quorum is 3 .*\(f2\): DataError"
+    ):
         state.result()
     report = (state_dir("reports", "digits_fleet-trio") / "fleet.md").read_text()
     assert "No aggregate: the quorum was not reached" in report
