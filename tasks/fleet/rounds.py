@@ -170,8 +170,8 @@ class FleetRun:
         return new
 
     def _loader(self, names: list[str], updates: list[tuple[Path, int]]) -> Any:
-        """``load(i)``: the i-th accepted update's tensors, read again from its file (checked when it
-        was accepted; a file changed since is refused)."""
+        """``load(i)``: the i-th accepted update's tensors, read again from its file in the run's folder
+        and checked again as when it was accepted (names, shapes, dtypes, finite values)."""
 
         def load(i: int) -> Weights:
             return read_update(updates[i][0], self.weights, names[i])

@@ -11,6 +11,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.concurrency.asyncio import ConcurrencySlotAcquisitionError
 from prefect.concurrency.sync import concurrency
 from prefect.states import Cancelled, State
 
@@ -22,7 +23,7 @@ from tasks.fleet.report import render_fleet_report
 from tasks.judge.report import report_key
 from tasks.paths import state_dir
 from tasks.prefect import boards
-from tasks.prefect.limits import ensure_board_limit, ensure_board_limits
+from tasks.prefect.limits import ensure_board_limit, ensure_board_limits, forget_board_limits
 from tasks.prepare import Prepared
 from tasks.stages import nightly
 
@@ -101,7 +102,11 @@ def board_wave(
         slots = (concurrency(limits, occupy=1, strict=True, lease_duration=lease, timeout_seconds=wait_s)
                  if limits else nullcontext())  # fmt: skip
         slots.__enter__()
-    except TimeoutError:
+    except (TimeoutError, ConcurrencySlotAcquisitionError) as exc:
+        if isinstance(
+            exc, ConcurrencySlotAcquisitionError
+        ):  # a limit removed by hand: made again, one by one
+            forget_board_limits()
         logger.info("a board of this wave is busy (another run holds its slot): each board waits for its own")
         results = waves.run_parts(list(by_name), lambda b: part(b, False))
     else:
