@@ -6,10 +6,12 @@ tick however many jobs a process follows. The round itself, on real agents, is
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -139,3 +141,17 @@ def test_a_process_following_many_pull_jobs_reads_the_mailbox_once_a_tick(tmp_pa
         t.join(10)
     assert len(seen) == 200 and all(m[0] == "cancelled" for m in seen.values())
     assert max(calls) == 200 and len(calls) <= 20, calls  # ~2 a second, for all of them
+
+
+def test_a_failed_mailbox_transaction_leaves_the_threads_kept_connection_clean(tmp_path):
+    """Each thread keeps its SQLite connection to the mailbox: a transaction that fails is rolled
+    back, and the next one on the same connection starts clean and commits."""
+    from tasks.board.pull.mailbox import Mailbox
+
+    mailbox = Mailbox(tmp_path)
+    with pytest.raises(sqlite3.IntegrityError), mailbox.tx() as db:
+        db.execute("INSERT INTO boards (name, state, since) VALUES ('b1', 'invited', 1)")
+        db.execute("INSERT INTO boards (name, state) VALUES ('b2', 'invited')")  # since is NOT NULL
+    assert mailbox.board("b1") is None  # the first insert went with the failed transaction
+    mailbox.invite("b1")
+    assert mailbox.board("b1").state == "invited"

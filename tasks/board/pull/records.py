@@ -234,10 +234,11 @@ class Store:
         db.execute(begin)
         try:
             yield Tx(db, SQLITE)
+            db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            if db.in_transaction:  # a failed query or commit: the kept connection starts clean next time
+                db.execute("ROLLBACK")
             raise
-        db.execute("COMMIT")
 
 
 _MADE: set[str] = set()  # the SQLite mailboxes (path and inode) whose tables this process has made sure of
