@@ -171,7 +171,7 @@ class PullLink:
         if self.mailbox.job(spec.job_id) is None:
             self.deliver(spec, files, None)
         watch = JobWatch.of(self.mailbox)
-        offset, last_seq, said, known = 0, -1, time.monotonic(), None
+        offset, last_seq, said, known = 0, -1, 0.0, None
         while True:
             left = WAIT_LOG_S if deadline is None else min(WAIT_LOG_S, deadline - time.monotonic())
             mark = watch.wait(spec.job_id, known, max(0.0, left))
@@ -261,7 +261,7 @@ class PullLink:
         """Queue a work item that is not a job and wait for the board's answer at a check-in."""
         self.accepted()
         self.mailbox.submit(self.board.name, item, files, time.time() + self.board.pull_deadline_h * 3600)
-        watch, known, said = JobWatch.of(self.mailbox), None, time.monotonic()
+        watch, known, said = JobWatch.of(self.mailbox), None, 0.0
         while known is None or known[0] not in FINAL:
             known = watch.wait(item["id"], known, WAIT_LOG_S) or known
             state = known[0] if known else "pending"
