@@ -453,7 +453,7 @@ def main() -> int:
     ensure_board_venv(BOARD_VENV)  # the boards' environment: numpy and ONNX Runtime, no torch
     sizes = [20] if args.quick else [int(s) for s in args.boards.split(",")]
     if args.quick:
-        args.wave, args.vanish, args.poison, args.malformed, args.deadline = 8, 0.05, 0.01, 0.01, 60
+        args.wave, args.vanish, args.poison, args.malformed, args.deadline = 8, 0.05, 0.01, 0.01, 40
     rows = [one_size(n, args) for n in sizes]
     cols = [("boards", "boards"), ("took_part", "updates"), ("wall_s", "wall s"), ("host_cpu", "host CPU s/board"),
             ("flow_cpu", "flow"), ("server_cpu", "Prefect server"), ("endpoint_cpu", "endpoint"),
