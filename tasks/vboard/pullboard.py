@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -75,7 +76,28 @@ def start_service(bdir: Path, state: dict[str, Any]) -> int:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env={**os.environ, "PYTHONPATH": ""})  # fmt: skip
     (bdir / "pull.pid").write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + 10  # until the service itself runs, past nsenter and runuser: a stop
+    while not _services(state["user"]) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # right after would otherwise race runuser and leave the service running
     return proc.pid
+
+
+def _services(user: str) -> list[int]:
+    """The pids of the pull services (``python -m device_agent ... pull``) of Unix user ``user``."""
+    try:
+        uid = pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return []
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and proc.stat().st_uid == uid:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+                if b"device_agent" in argv and b"pull" in argv:
+                    found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
 
 
 def service_alive(bdir: Path) -> bool:
@@ -102,4 +124,16 @@ def stop_service(bdir: Path, timeout: float = 10.0) -> bool:
             if not service_alive(bdir):
                 break
     (bdir / "pull.pid").unlink(missing_ok=True)
+    user = _user(bdir)
+    for pid in _services(user) if user else []:  # one its session's signal did not reach: none may stay
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            alive = True
     return alive
+
+
+def _user(bdir: Path) -> str | None:
+    try:
+        return str(json.loads((bdir / "state.json").read_text())["user"])
+    except (OSError, KeyError, ValueError):
+        return None
