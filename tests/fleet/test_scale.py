@@ -107,8 +107,8 @@ def test_a_rounds_boards_are_at_most_sixteen_waves_all_running_at_once():
 def test_a_process_following_many_pull_jobs_reads_the_mailbox_once_a_tick(tmp_path):
     """200 runs' threads follow 200 jobs of one mailbox: the watch reads them all in one query a
     tick, and each thread wakes when its own job moves."""
-    from tasks.board.pull.link import READ_S, JobWatch
     from tasks.board.pull.mailbox import Mailbox
+    from tasks.board.pull.watch import READ_S, JobWatch
 
     mailbox = Mailbox(tmp_path)
     for i in range(200):

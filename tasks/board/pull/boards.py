@@ -108,14 +108,3 @@ class Boards(Store):
                 (board, nonce, ts),
             )
         return cur.rowcount == 1
-
-    def checked_in(self, name: str, info: dict[str, Any] | None) -> None:
-        """A board's check-in: when, and what its agent said of itself."""
-        with self.tx() as db:
-            if info is None:
-                db.execute("UPDATE boards SET last_seen=? WHERE name=?", (time.time(), name))
-            else:
-                db.execute(
-                    "UPDATE boards SET last_seen=?, info=? WHERE name=?",
-                    (time.time(), json.dumps(info), name),
-                )

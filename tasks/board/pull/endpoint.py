@@ -114,7 +114,7 @@ def build_app(mailbox: Mailbox, max_inflight: int = MAX_INFLIGHT) -> ASGIApp:
                 record = await off_loop(mailbox.board, board)
                 if record is None or record.state == "revoked":  # revoked while it waited
                     raise Refused(403, f"board {board} is revoked")
-                work, sleep_s = await off_loop(mailbox.work_for, board)
+                work, sleep_s, _ = await off_loop(mailbox.poll, board, None)
             if not work:
                 sleep_s = SLEEP_BOUNDS_S[0]  # the hold was the wait: check in again at once
         low, high = SLEEP_BOUNDS_S

@@ -47,7 +47,7 @@ class Jobs(Blobs):
 
     def marks(self, ids: list[str]) -> dict[str, tuple[str, int]]:
         """Each known job of ``ids``: its state and the bytes of events it holds (one query for all
-        of them: what a process following many jobs reads each tick, :class:`~tasks.board.pull.link.JobWatch`)."""
+        of them: what a process following many jobs reads each tick, :class:`~tasks.board.pull.watch.JobWatch`)."""
         self.expire_overdue()
         out: dict[str, tuple[str, int]] = {}
         with self.read() as db:

@@ -20,29 +20,11 @@ SLEEP_BUSY_S = 2.0  # ... and this often while one of its jobs is open (events, 
 class Reports(Blobs):
     """The boards' side of the mailbox (its methods need ``job``, ``jobs`` and ``expire_overdue``)."""
 
-    def work_for(self, board: str) -> tuple[list[dict[str, Any]], float]:
-        """The work items to hand ``board`` now and how long it may sleep: its pending and offered
-        jobs (again, so a board that lost a reply gets them back), a stop for each stopping one."""
-        self.expire_overdue()  # type: ignore[attr-defined]
-        work = []
-        now = time.time()
-        for job in self.jobs(board):  # type: ignore[attr-defined]
-            if job.state == "stopping":
-                work.append({"kind": "stop", "id": job.id})
-            elif job.state in ("pending", "offered"):
-                work.append(job.item)
-                if job.state == "pending":
-                    with self.tx() as db:
-                        db.execute(
-                            "UPDATE jobs SET state='offered', offered=? WHERE id=? AND state='pending'",
-                            (now, job.id),
-                        )
-        busy = bool(self.jobs(board))  # type: ignore[attr-defined]
-        return work, SLEEP_BUSY_S if busy else SLEEP_IDLE_S
-
     def poll(self, board: str, info: dict[str, Any] | None) -> tuple[list[dict[str, Any]], float, bool]:
-        """A board's check-in in one transaction: when it was seen (and its ``info``), the work items to
-        hand it now (as :meth:`work_for`), how long it may sleep, and whether it has an open job."""
+        """A board's check-in in one transaction: when it was seen (and its ``info``: what its agent
+        said of itself), the work items to hand it now (its pending and offered jobs, again so that a
+        board that lost a reply gets them back, and a stop for each stopping one), how long it may
+        sleep, and whether it has an open job."""
         now = time.time()
         work = []
         with self.tx() as db:
